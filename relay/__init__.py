@@ -1,0 +1,8 @@
+"""relay: a leaderless relay mesh over ZeroMQ.
+
+Statically configured relays agree on every stream's timeline through quorum-agreed rolling
+digests, repair gaps by anti-entropy and fence themselves when they lose their quorum.
+`relay.core` is the pure protocol; `relay.sim` runs it deterministically under faults.
+"""
+
+__version__ = "0.1.0"

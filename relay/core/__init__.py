@@ -1,0 +1,1 @@
+"""The protocol core: pure, deterministic, no I/O."""

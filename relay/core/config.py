@@ -1,0 +1,106 @@
+"""What the core needs to know about the mesh, and every bound it enforces.
+
+The topology (which relays exist, which streams each serves) is static. Stream
+subscriptions may be exact names or patterns (`orders.*`, fnmatch syntax).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from relay.core.seq import MAX_RELAY_ID
+from relay.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every named bound of the protocol core. Times are milliseconds of the shell's clock."""
+
+    heartbeat_interval_ms: int = 20
+    suspect_timeout_ms: int = 150  # no message from a peer for this long: suspected
+    produce_timeout_ms: int = 2_000  # a producer is told `unknown` after this
+    repair_retry_ms: int = 100  # resend an unanswered repair or join request
+    repair_grace_ms: int = 50  # a commit above our watermark waits this long before repair
+    checkpoint_interval_ms: int = 10  # aligned report points while a stream is unsettled
+    max_checkpoints_per_report: int = 8
+    max_clock_ahead_ms: int = 5_000  # a peer whose floor runs further ahead is refused
+    buffer_max_entries: int = 1_000_000
+    buffer_max_bytes: int = 256 * 1024 * 1024
+    late_max_entries: int = 10_000
+    dedupe_window_entries: int = 262_144  # duplicates detected among this many committed
+    max_tx_bytes: int = 1024 * 1024
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_batch_entries: int = 4_096  # entries per TxBatch / RepairReply frame
+    max_batch_bytes: int = 4 * 1024 * 1024
+    max_pending_vote_points: int = 200_000
+    report_log_entries: int = 100_000  # own reports kept to answer gap fills
+    max_pending_produces: int = 100_000
+    max_streams: int = 10_000
+    max_stream_name_bytes: int = 255
+    max_producer_id_bytes: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"limit {name} must be a positive integer, got {value!r}")
+        if self.suspect_timeout_ms <= self.heartbeat_interval_ms:
+            raise ConfigError(
+                "limit suspect_timeout_ms must exceed heartbeat_interval_ms "
+                f"({self.suspect_timeout_ms} <= {self.heartbeat_interval_ms})"
+            )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """relay id -> subscription patterns. Relay ids fit the sequence layout (0..1023)."""
+
+    subscriptions: dict[int, tuple[str, ...]]
+    _cache: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.subscriptions:
+            raise ConfigError("topology has no relays")
+        for relay_id, patterns in self.subscriptions.items():
+            if not 0 <= relay_id <= MAX_RELAY_ID:
+                raise ConfigError(f"relay id {relay_id} outside 0..{MAX_RELAY_ID}")
+            if not patterns:
+                raise ConfigError(f"relay {relay_id} subscribes to no stream")
+
+    @property
+    def relay_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self.subscriptions))
+
+    def members(self, stream: str) -> tuple[int, ...]:
+        """R(S): the relays serving `stream`, ascending; empty if none does."""
+        found = self._cache.get(stream)
+        if found is None:
+            found = tuple(
+                relay_id
+                for relay_id in self.relay_ids
+                if any(fnmatch.fnmatchcase(stream, p) for p in self.subscriptions[relay_id])
+            )
+            if len(self._cache) < 100_000:  # bound the memo, not correctness
+                self._cache[stream] = found
+        return found
+
+    def serves(self, relay_id: int, stream: str) -> bool:
+        return relay_id in self.members(stream)
+
+
+def quorum(member_count: int) -> int:
+    """q(S) = floor(|R(S)| / 2) + 1: any two quorums of the same set intersect."""
+    if member_count <= 0:
+        raise ValueError("a stream needs at least one member")
+    return member_count // 2 + 1
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    relay_id: int
+    topology: Topology
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.relay_id not in self.topology.subscriptions:
+            raise ConfigError(f"relay {self.relay_id} is not in the topology")

@@ -1,0 +1,297 @@
+"""Messages between relays, and what the core hands to its shell.
+
+Peer messages are frozen dataclasses; the codec (`relay.core.codec`) turns each into one
+msgpack frame and back, validating every field where remote bytes enter. Every peer message
+starts with the same header: the sender's relay id, its incarnation (a number that grows
+with every start of the relay) and its floor (the sequence number it promises never to
+coordinate at or below).
+
+Messages about one stream (`TxBatch`, `Reports`, `JoinRequest`) are published on that
+stream's topic and carry `link_seq`: the sender's count of messages it has published for
+that stream in this incarnation (1, 2, 3 ...). A receiver that sees a jump knows a message
+was lost before any digest disagrees. Directed messages (to one relay) carry `target`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Channel(enum.Enum):
+    IN = "in"  # incoming transactions (and forwarded produces)
+    WR = "wr"  # write responses: digest reports, forward results
+    AE = "ae"  # anti-entropy: join, repair requests and data
+    HB = "hb"  # heartbeats, refusals
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    producer_id: bytes
+    producer_seq: int
+    key: bytes | None
+    value: bytes
+
+    def size_bytes(self) -> int:
+        return len(self.producer_id) + len(self.value) + (len(self.key) if self.key else 0) + 16
+
+
+# (seq, transaction): one timeline entry on the wire
+Entry = tuple[int, Transaction]
+# (point, digest): one digest report
+Report = tuple[int, bytes]
+# (producer_id, producer_seq, seq): one key of the deduplication window
+DedupeKey = tuple[bytes, int, int]
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"  # seq is the committed sequence number
+    REJECTED = "rejected"  # definitely never delivered; reason says why
+    UNKNOWN = "unknown"  # no definite answer in time; retry with the same producer seq
+    FENCED = "fenced"  # not accepted here; redirect lists relays to try
+
+
+class RejectReason(enum.Enum):
+    LATE = "late"  # a committed prefix beyond its seq does not contain it
+    UNKNOWN_STREAM = "unknown_stream"
+    TOO_LARGE = "too_large"
+    BUFFER_FULL = "buffer_full"
+    INVALID = "invalid"
+
+
+# --- peer messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TxBatch:
+    """New transactions a coordinator issued for a stream (channel `in`)."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    stream: str
+    link_seq: int
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reports:
+    """Digest reports, in increasing point order, never repeated (channel `wr`); also
+    announces the sender's highest committed (delivered) point and its digest."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    stream: str
+    link_seq: int
+    points: tuple[Report, ...]
+    committed_point: int
+    committed_digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    """A relay that starts without history asks the stream's members where the stream
+    stands (channel `ae`). `need_point` is -1 on the first round; later rounds ask for a
+    base at or above it."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    stream: str
+    link_seq: int
+    need_point: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatus:
+    stream: str
+    last_link_seq: int  # link_seq of the last message the sender published for the stream
+    committed_point: int
+    committed_digest: bytes
+    joined: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Liveness and floor, sent on `hb` every heartbeat interval (and promptly when the
+    floor moves while nothing else is being sent)."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    streams: tuple[StreamStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A produce received by a relay outside the stream's set, passed to a member."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    request_id: int
+    tx: Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardReply:
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    request_id: int
+    outcome: Outcome
+    seq: int
+    reason: str
+    redirect: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JoinReply:
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    fresh: bool  # the sender holds no history of the stream either
+    committed_point: int
+    committed_digest: bytes
+    max_seen_reported: int  # highest point the sender has seen reported by anyone, -1 none
+    dedupe: tuple[DedupeKey, ...] | None  # the dedupe window as of committed_point, if asked
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRequest:
+    """Ask `target` for its entries with lo < seq <= hi. origin >= 0 asks only for
+    transactions that relay coordinated (filling a gap on a link)."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    request_id: int
+    lo: int
+    hi: int
+    origin: int
+
+
+class RepairStatus(enum.Enum):
+    OK = "ok"
+    TOO_OLD = "too_old"  # lo lies before the responder's buffer
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReply:
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    request_id: int
+    status: RepairStatus
+    lo: int
+    hi: int  # entries cover lo < seq <= hi (may stop short of the request: `more`)
+    more: bool
+    entries: tuple[Entry, ...]
+    reports: tuple[Report, ...]  # the responder's own reports in (lo, hi]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Tells a peer its messages are being dropped, and why (e.g. its clock runs ahead)."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    reason: str
+
+
+PeerMessage = (
+    TxBatch
+    | Reports
+    | JoinRequest
+    | Heartbeat
+    | Forward
+    | ForwardReply
+    | JoinReply
+    | RepairRequest
+    | RepairReply
+    | Refusal
+)
+
+STREAM_MESSAGES = (TxBatch, Reports, JoinRequest)
+DIRECT_MESSAGES = (Forward, ForwardReply, JoinReply, RepairRequest, RepairReply, Refusal)
+
+CHANNEL_OF: dict[type, Channel] = {
+    TxBatch: Channel.IN,
+    Forward: Channel.IN,
+    Reports: Channel.WR,
+    ForwardReply: Channel.WR,
+    JoinRequest: Channel.AE,
+    JoinReply: Channel.AE,
+    RepairRequest: Channel.AE,
+    RepairReply: Channel.AE,
+    Heartbeat: Channel.HB,
+    Refusal: Channel.HB,
+}
+
+
+# --- between the core and its shell (never on the wire) ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A frame to publish. Exactly one of `stream` (to the stream's members), `target`
+    (to one relay) is set, or neither (heartbeat: to every peer)."""
+
+    channel: Channel
+    frame: bytes
+    stream: str | None = None
+    target: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    request_id: int
+    stream: str
+    tx: Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceReply:
+    request_id: int
+    outcome: Outcome
+    seq: int = -1
+    reason: str = ""
+    redirect: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Committed entries newly released to consumers, in order, duplicates removed."""
+
+    stream: str
+    entries: tuple[Entry, ...]
+
+
+class ReadStatus(enum.Enum):
+    OK = "ok"
+    REDIRECT = "redirect"  # this relay does not serve the stream
+    FENCED = "fenced"  # this relay cannot reach a quorum for the stream
+    NOT_READY = "not_ready"  # still joining the stream
+    OUT_OF_RANGE = "out_of_range"  # position older than the buffer
+    UNKNOWN_STREAM = "unknown_stream"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    status: ReadStatus
+    entries: tuple[Entry, ...] = ()
+    redirect: tuple[int, ...] = ()
+    oldest: int = -1  # lowest position `after_seq` that can still be read
+    committed: int = -1  # the relay's committed point for the stream

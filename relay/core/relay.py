@@ -1,0 +1,1158 @@
+"""RelayCore: every protocol decision of one relay, with no I/O of its own.
+
+Theory of operation (docs/protocol.md is the full spec):
+
+* Inputs: `receive(frame, now_ms)` for a peer's frame, `produce(request, now_ms)` for a
+  client's transaction, `tick(now_ms)` as time passes, `read(...)` for consumers.
+* Output: `ready()` drains what to publish, what to answer producers and what committed
+  entries to hand to consumers. The shell publishes every `Outgoing` in order on its one
+  PUB socket, so each peer link stays FIFO.
+* A member of stream S coordinates a produce by giving it the next sequence number of its
+  hybrid clock and publishing it on S's `in` topic. Every member inserts it in its timeline.
+  Once a point is *stable* (at or below the watermark W: the lowest floor of the live
+  members, taken from the last message of each that followed all earlier ones), the member
+  reports its digest there, once. A point commits when a quorum reports the same digest;
+  a member delivers the committed prefix when its own digest matches, and otherwise
+  repairs from members that reported the committed digest.
+* Safety rests only on: commit = quorum of identical reports at one point; each member
+  reports a point at most once, in increasing order; a member changes its reported prefix
+  only by adopting a committed digest; quorums intersect. Clocks and timeouts only decide
+  when things happen.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from relay.core import codec
+from relay.core import digest as dg
+from relay.core.config import CoreConfig, quorum
+from relay.core.messages import (
+    CHANNEL_OF,
+    Delivery,
+    Entry,
+    Forward,
+    ForwardReply,
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    Outcome,
+    Outgoing,
+    PeerMessage,
+    ProduceReply,
+    ProduceRequest,
+    ReadResult,
+    ReadStatus,
+    Refusal,
+    RejectReason,
+    RepairReply,
+    RepairRequest,
+    RepairStatus,
+    Report,
+    Reports,
+    StreamStatus,
+    Transaction,
+    TxBatch,
+)
+from relay.core.seq import HybridClock, end_of_ms, ms_of, relay_of
+from relay.core.timeline import NO_DIGEST, DedupeWindow, Timeline
+from relay.core.votes import VoteTally
+from relay.errors import FieldError, FrameError
+
+GENESIS_POINT = 0
+NEVER = -(1 << 62)  # a time long before anything happened
+REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across restarts
+
+
+@dataclass
+class Ready:
+    outgoing: list[Outgoing] = field(default_factory=list)
+    replies: list[ProduceReply] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass
+class LinkState:
+    """What this relay has received of one peer's messages about one stream."""
+
+    expected: int = 1  # next link_seq we expect
+    contig_floor: int = 0  # peer floor as of its last message with nothing missing before it
+    latest_floor: int = 0  # peer floor as of its latest message on this link
+    hole_lo: int = -1  # -1: no hole. Else transactions lo < seq <= hole_hi may be missing
+    hole_hi: int = -1
+    fill_request: int = 0
+    fill_sent_ms: int = NEVER
+    fill_lo: int = -1
+
+
+@dataclass
+class PeerState:
+    incarnation: int = -1
+    last_heard_ms: int = NEVER
+    refused_us_ms: int = NEVER
+    refusal_sent_ms: int = NEVER
+    links: dict[str, LinkState] = field(default_factory=dict)
+    joined: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Waiter:
+    request_id: int
+    origin: int | None  # None: a local client; else the relay that forwarded it
+
+
+@dataclass
+class RepairState:
+    point: int
+    digest: bytes
+    lo: int
+    candidates: list[int]
+    attempt: int = 0
+    request_id: int = 0
+    sent_ms: int = NEVER
+    entries: list[Entry] = field(default_factory=list)
+
+
+@dataclass
+class JoinState:
+    """Joining (no history) or rebasing (history too old to repair)."""
+
+    amnesiac: bool  # joining after a start: must hear every other member first
+    need_point: int = -1
+    replies: dict[int, JoinReply] = field(default_factory=dict)
+    first_round_done: bool = False
+    sent_ms: int = NEVER
+    asked_after_commit: int = -1  # highest known commit we already asked a base for
+
+
+class StreamState:
+    def __init__(self, stream: str, members: tuple[int, ...], me: int, cfg: CoreConfig) -> None:
+        limits = cfg.limits
+        self.stream = stream
+        self.members = members
+        self.peers = tuple(m for m in members if m != me)
+        self.q = quorum(len(members))
+        self.timeline = Timeline(stream, limits.dedupe_window_entries, limits.late_max_entries)
+        self.votes = VoteTally(members, limits.max_pending_vote_points)
+        self.link_seq_out = 0
+        self.out_entries: list[Entry] = []
+        self.out_reports: list[Report] = []
+        self.pending: dict[int, list[Waiter]] = {}  # own seq -> who waits for its outcome
+        self.pending_keys: dict[tuple[bytes, int], int] = {}  # (pid, pseq) -> own seq
+        self.pending_key_of: dict[int, tuple[bytes, int]] = {}  # own seq -> (pid, pseq)
+        self.pending_deadlines: deque[tuple[int, int]] = deque()  # (deadline_ms, seq)
+        self.known_commit: tuple[int, bytes] = (-1, NO_DIGEST)
+        self.commit_sources: set[int] = set()
+        self.announced_commit = -1
+        self.repair: RepairState | None = None
+        self.mismatch_since_ms = NEVER
+        self.join: JoinState | None = JoinState(amnesiac=True)
+        self.fenced = True
+        self.report_log: deque[Report] = deque(maxlen=limits.report_log_entries)
+
+
+class RelayCore:
+    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.topology = config.topology
+        self.id = config.relay_id
+        self.incarnation = incarnation
+        self.clock = HybridClock(self.id)
+        self.clock.follow_wall(now_ms)
+        self.now_ms = now_ms
+        self.counters: Counter[str] = Counter()
+        self.peers: dict[int, PeerState] = {
+            r: PeerState() for r in self.topology.relay_ids if r != self.id
+        }
+        self.streams: dict[str, StreamState] = {}
+        self._ready = Ready()
+        self._next_request = incarnation << REQUEST_ID_BITS
+        self._forwards: dict[int, tuple[int, int]] = {}  # our forward id -> (client req, deadline)
+        self._forward_deadlines: deque[tuple[int, int]] = deque()
+        self._last_heartbeat_ms = NEVER
+        self._floor_sent = -1
+        self._announce_floor = False
+        for pattern in self.topology.subscriptions[self.id]:
+            if not any(c in pattern for c in "*?["):
+                self._stream(pattern)  # named streams join at start; patterns on first use
+
+    # === inputs ==========================================================================
+
+    def receive(self, frame: bytes, now_ms: int) -> None:
+        """A frame from a peer. Never raises; a bad frame is counted and changes nothing."""
+        self.now_ms = now_ms
+        try:
+            msg = codec.decode(frame, self.limits.max_frame_bytes)
+            self._check(msg)
+        except FrameError as error:
+            self.counters[error.counter] += 1
+            return
+        peer = self.peers[msg.sender]
+        if msg.incarnation < peer.incarnation:
+            self.counters["stale_incarnation"] += 1
+            return
+        ahead_ms = self.clock.ahead_by_ms(msg.floor, now_ms)
+        if ahead_ms > self.limits.max_clock_ahead_ms:
+            self._refuse(peer, msg.sender, f"clock ahead by {ahead_ms} ms", now_ms)
+            return
+        if msg.incarnation > peer.incarnation:
+            self._new_incarnation(msg.sender, peer, msg.incarnation)
+        peer.last_heard_ms = now_ms
+        self.clock.raise_floor(msg.floor)
+        self._dispatch(msg, peer, now_ms)
+
+    def produce(self, request: ProduceRequest, now_ms: int) -> None:
+        self.now_ms = now_ms
+        self._accept(request.stream, request.tx, Waiter(request.request_id, None), now_ms)
+
+    def tick(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+        self.clock.follow_wall(now_ms)
+        if now_ms - self._last_heartbeat_ms >= self.limits.heartbeat_interval_ms:
+            self._send_heartbeat(now_ms)
+        for st in self.streams.values():
+            self._tick_stream(st, now_ms)
+        while self._forward_deadlines and self._forward_deadlines[0][0] <= now_ms:
+            _, fid = self._forward_deadlines.popleft()
+            found = self._forwards.pop(fid, None)
+            if found is not None:
+                self._ready.replies.append(ProduceReply(found[0], Outcome.UNKNOWN))
+
+    def ready(self) -> Ready:
+        """Drain what the shell must do now: publish, answer, deliver."""
+        for st in self.streams.values():
+            self._flush_stream(st)
+        if self._announce_floor and self.clock.floor > self._floor_sent:
+            self._send_heartbeat(self.now_ms)
+        self._announce_floor = False
+        out, self._ready = self._ready, Ready()
+        return out
+
+    # === queries =========================================================================
+
+    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult:
+        members = self.topology.members(stream)
+        if not members:
+            return ReadResult(ReadStatus.UNKNOWN_STREAM)
+        if self.id not in members:
+            return ReadResult(ReadStatus.REDIRECT, redirect=members)
+        if not self._can_open(stream):
+            return ReadResult(
+                ReadStatus.NOT_READY, redirect=tuple(m for m in members if m != self.id)
+            )
+        st = self._stream(stream)
+        redirect = self._redirect_for(st)
+        if st.join is not None and st.join.amnesiac:
+            return ReadResult(ReadStatus.NOT_READY, redirect=redirect)
+        if st.fenced:
+            return ReadResult(ReadStatus.FENCED, redirect=redirect)
+        tl = st.timeline
+        if after_seq >= 0 and after_seq < tl.base_point and tl.base_point != GENESIS_POINT:
+            return ReadResult(
+                ReadStatus.OUT_OF_RANGE, oldest=tl.base_point, committed=tl.committed_point
+            )
+        entries = tl.committed_after(after_seq, max_entries)
+        return ReadResult(
+            ReadStatus.OK, tuple(entries), oldest=tl.base_point, committed=tl.committed_point
+        )
+
+    def fenced(self, stream: str) -> bool:
+        st = self.streams.get(stream)
+        return st is None or st.fenced
+
+    def joined(self, stream: str) -> bool:
+        st = self.streams.get(stream)
+        return st is not None and (st.join is None or not st.join.amnesiac)
+
+    def committed_point(self, stream: str) -> int:
+        st = self.streams.get(stream)
+        return st.timeline.committed_point if st else -1
+
+    def status(self) -> dict[str, object]:
+        return {
+            "relay": self.id,
+            "incarnation": self.incarnation,
+            "floor": self.clock.floor,
+            "streams": {
+                name: {
+                    "joined": st.join is None,
+                    "fenced": st.fenced,
+                    "committed": st.timeline.committed_point,
+                    "reported": st.timeline.reported,
+                    "held": len(st.timeline),
+                    "held_bytes": st.timeline.held_bytes,
+                    "late": len(st.timeline.late),
+                    "pending": len(st.pending),
+                    "repairing": st.repair is not None,
+                }
+                for name, st in sorted(self.streams.items())
+            },
+            "peers_heard": sorted(
+                r
+                for r, p in self.peers.items()
+                if self.now_ms - p.last_heard_ms < self.limits.suspect_timeout_ms
+            ),
+            "counters": dict(self.counters),
+        }
+
+    # === validation of what a peer sent ================================================
+
+    def _check(self, msg: PeerMessage) -> None:
+        """Semantic checks the codec cannot make; raise FrameError before any state change."""
+        if msg.sender == self.id or msg.sender not in self.peers:
+            raise FieldError(f"sender {msg.sender} is not a peer of relay {self.id}")
+        target = getattr(msg, "target", None)
+        if target is not None and target != self.id and not isinstance(msg, RepairRequest):
+            raise FieldError(f"message for relay {target} reached relay {self.id}")
+        if isinstance(msg, RepairRequest) and msg.target != self.id:
+            raise FieldError(f"repair request for relay {msg.target} reached relay {self.id}")
+        stream = getattr(msg, "stream", None)
+        if stream is not None and not self._can_open(stream):
+            raise FieldError(f"relay {self.id} already tracks max_streams streams")
+        if stream is not None and not isinstance(msg, (Forward,)):
+            if not self.topology.serves(self.id, stream):
+                raise FieldError(f"relay {self.id} does not serve stream {stream!r}")
+            if not isinstance(
+                msg, (ForwardReply, RepairReply, JoinReply)
+            ) and not self.topology.serves(msg.sender, stream):
+                raise FieldError(f"relay {msg.sender} does not serve stream {stream!r}")
+        if isinstance(msg, TxBatch):
+            previous = -1
+            for seq, tx in msg.entries:
+                if relay_of(seq) != msg.sender or seq > msg.floor or seq <= previous:
+                    raise FieldError(f"transaction {seq} not issued in order by {msg.sender}")
+                if tx.size_bytes() > self.limits.max_tx_bytes:
+                    raise FieldError(f"transaction {seq} exceeds max_tx_bytes")
+                previous = seq
+        elif isinstance(msg, Reports):
+            previous = -1
+            for point, _ in msg.points:
+                if point <= previous or point > msg.floor:
+                    raise FieldError("report points must increase and not pass the floor")
+                previous = point
+        elif isinstance(msg, RepairReply):
+            previous = msg.lo
+            for seq, _ in msg.entries:
+                if seq <= previous or seq > msg.hi:
+                    raise FieldError("repair entries out of order or outside their range")
+                previous = seq
+        elif isinstance(msg, Forward) and not self.topology.serves(self.id, msg.stream):
+            raise FieldError(f"forward of stream {msg.stream!r} to a relay that does not serve it")
+
+    # === dispatch ========================================================================
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        if isinstance(msg, TxBatch):
+            st = self._stream(msg.stream)
+            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
+            self._on_tx_batch(st, msg)
+        elif isinstance(msg, Reports):
+            st = self._stream(msg.stream)
+            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
+            self._on_reports(st, msg, now_ms)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg, peer, now_ms)
+        elif isinstance(msg, JoinRequest):
+            st = self._stream(msg.stream)
+            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
+            self._on_join_request(st, msg)
+        elif isinstance(msg, JoinReply):
+            self._on_join_reply(self._stream(msg.stream), msg, now_ms)
+        elif isinstance(msg, Forward):
+            self._accept(msg.stream, msg.tx, Waiter(msg.request_id, msg.sender), now_ms)
+        elif isinstance(msg, ForwardReply):
+            self._on_forward_reply(msg)
+        elif isinstance(msg, RepairRequest):
+            self._on_repair_request(self._stream(msg.stream), msg)
+        elif isinstance(msg, RepairReply):
+            self._on_repair_reply(self._stream(msg.stream), msg, now_ms)
+        elif isinstance(msg, Refusal):
+            peer.refused_us_ms = now_ms
+            self.counters["refused_by_peer"] += 1
+
+    def _new_incarnation(self, sender: int, peer: PeerState, incarnation: int) -> None:
+        """A peer restarted with empty memory: forget its links and uncommitted votes."""
+        peer.incarnation = incarnation
+        peer.links.clear()
+        peer.joined.clear()
+        for st in self.streams.values():
+            if sender in st.members:
+                st.votes.drop_reporter(sender)
+                st.commit_sources.discard(sender)
+
+    # === links: gap detection ==========================================================
+
+    def _link(self, peer: PeerState, stream: str) -> LinkState:
+        link = peer.links.get(stream)
+        if link is None:
+            link = peer.links[stream] = LinkState()
+        return link
+
+    def _on_link_message(
+        self, st: StreamState, sender: int, peer: PeerState, link_seq: int, floor: int, now_ms: int
+    ) -> None:
+        link = self._link(peer, st.stream)
+        if link_seq < link.expected:
+            self.counters["link_duplicate"] += 1
+            return
+        if link_seq > link.expected:
+            self.counters["link_gap"] += 1
+            self._open_hole(st, sender, link, floor, now_ms)
+        link.expected = link_seq + 1
+        link.latest_floor = max(link.latest_floor, floor)
+        if link.hole_lo < 0:
+            link.contig_floor = link.latest_floor
+
+    def _open_hole(
+        self, st: StreamState, sender: int, link: LinkState, floor: int, now_ms: int
+    ) -> None:
+        if link.hole_lo < 0:
+            link.hole_lo = link.contig_floor
+            link.hole_hi = floor
+            self._request_fill(st, sender, link, link.hole_lo, now_ms)
+        else:
+            link.hole_hi = max(link.hole_hi, floor)
+
+    def _request_fill(
+        self, st: StreamState, sender: int, link: LinkState, lo: int, now_ms: int
+    ) -> None:
+        link.fill_request = self._request_id()
+        link.fill_sent_ms = now_ms
+        link.fill_lo = lo
+        self._send(
+            RepairRequest(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                sender,
+                st.stream,
+                link.fill_request,
+                lo,
+                link.hole_hi,
+                sender,
+            )
+        )
+
+    def _close_hole(self, link: LinkState) -> None:
+        link.hole_lo = link.hole_hi = -1
+        link.contig_floor = link.latest_floor
+
+    # === transactions ===================================================================
+
+    def _on_tx_batch(self, st: StreamState, msg: TxBatch) -> None:
+        tl = st.timeline
+        for seq, tx in msg.entries:
+            outcome = tl.insert(seq, tx)
+            if outcome != "inserted":
+                self.counters[f"tx_{outcome}"] += 1
+        if msg.entries:
+            self._announce_floor = True
+
+    def _accept(self, stream: str, tx: Transaction, waiter: Waiter, now_ms: int) -> None:
+        """A produce from a client (or forwarded by a non-member): coordinate or forward."""
+        limits = self.limits
+        members = self.topology.members(stream)
+        if not members:
+            return self._answer(waiter, Outcome.REJECTED, reason=RejectReason.UNKNOWN_STREAM.value)
+        if tx.size_bytes() > limits.max_tx_bytes:
+            return self._answer(waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)
+        if self.id not in members:
+            return self._forward(stream, tx, waiter, members, now_ms)
+        if not self._can_open(stream):
+            return self._answer(waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+        st = self._stream(stream)
+        if st.join is not None or st.fenced:
+            self.counters["produce_fenced"] += 1
+            return self._answer(waiter, Outcome.FENCED, redirect=self._redirect_for(st))
+        tl = st.timeline
+        first = tl.dedupe.first_copy(tx.producer_id, tx.producer_seq)
+        if first is not None:
+            self.counters["produce_dedupe_committed"] += 1
+            return self._answer(waiter, Outcome.COMMITTED, seq=first)
+        in_flight = st.pending_keys.get((tx.producer_id, tx.producer_seq))
+        if in_flight is not None:
+            st.pending[in_flight].append(waiter)
+            return None
+        if (
+            tl.is_full(limits.buffer_max_entries, limits.buffer_max_bytes)
+            or len(st.pending) >= limits.max_pending_produces
+        ):
+            self.counters["produce_buffer_full"] += 1
+            return self._answer(waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+        seq = self.clock.next_seq(now_ms)
+        tl.insert(seq, tx)
+        st.out_entries.append((seq, tx))
+        st.pending[seq] = [waiter]
+        st.pending_keys[(tx.producer_id, tx.producer_seq)] = seq
+        st.pending_key_of[seq] = (tx.producer_id, tx.producer_seq)
+        st.pending_deadlines.append((now_ms + limits.produce_timeout_ms, seq))
+        return None
+
+    def _forward(
+        self,
+        stream: str,
+        tx: Transaction,
+        waiter: Waiter,
+        members: tuple[int, ...],
+        now_ms: int,
+    ) -> None:
+        if waiter.origin is not None:  # never forward twice
+            return self._answer(waiter, Outcome.FENCED, redirect=members)
+        live = [m for m in members if self._is_live(self.peers[m], now_ms)]
+        if not live:
+            return self._answer(waiter, Outcome.FENCED, redirect=members)
+        fid = self._request_id()
+        target = live[fid % len(live)]
+        self._forwards[fid] = (waiter.request_id, now_ms + self.limits.produce_timeout_ms)
+        self._forward_deadlines.append((now_ms + self.limits.produce_timeout_ms, fid))
+        self._send(Forward(self.id, self.incarnation, self.clock.floor, target, stream, fid, tx))
+        return None
+
+    def _on_forward_reply(self, msg: ForwardReply) -> None:
+        found = self._forwards.pop(msg.request_id, None)
+        if found is None:
+            self.counters["forward_reply_unmatched"] += 1
+            return
+        self._ready.replies.append(
+            ProduceReply(found[0], msg.outcome, msg.seq, msg.reason, msg.redirect)
+        )
+
+    def _answer(
+        self,
+        waiter: Waiter,
+        outcome: Outcome,
+        *,
+        seq: int = -1,
+        reason: str = "",
+        redirect: tuple[int, ...] = (),
+    ) -> None:
+        if waiter.origin is None:
+            self._ready.replies.append(
+                ProduceReply(waiter.request_id, outcome, seq, reason, redirect)
+            )
+        else:
+            self._send(
+                ForwardReply(
+                    self.id,
+                    self.incarnation,
+                    self.clock.floor,
+                    waiter.origin,
+                    waiter.request_id,
+                    outcome,
+                    seq,
+                    reason,
+                    redirect,
+                )
+            )
+
+    # === reports, commits, delivery ======================================================
+
+    def _on_reports(self, st: StreamState, msg: Reports, now_ms: int) -> None:
+        votes = st.votes
+        committed_here: tuple[int, bytes] | None = None
+        for point, digest in msg.points:
+            if votes.add(msg.sender, point, digest):
+                committed_here = (point, digest)
+        if committed_here is not None:
+            self._learn_commit(st, *committed_here, sources=votes.reporters(*committed_here))
+        if msg.committed_point >= 0:
+            self._learn_commit(st, msg.committed_point, msg.committed_digest, [msg.sender])
+        self._advance(st, now_ms)
+
+    def _learn_commit(self, st: StreamState, point: int, digest: bytes, sources: list[int]) -> None:
+        if point > st.votes.max_seen:
+            st.votes.max_seen = point
+        known = st.known_commit[0]
+        if point > known:
+            st.known_commit = (point, digest)
+            st.commit_sources = set(sources)
+        elif point == known:
+            st.commit_sources.update(sources)
+
+    def _watermark(self, st: StreamState, now_ms: int) -> int:
+        """W: no live member will coordinate at or below it that we have not received."""
+        w = self.clock.floor
+        for m in st.peers:
+            peer = self.peers[m]
+            if now_ms - peer.last_heard_ms >= self.limits.suspect_timeout_ms:
+                continue  # suspected: left out (a liveness choice; digests keep us safe)
+            link = peer.links.get(st.stream)
+            floor = link.contig_floor if link is not None else 0
+            if floor < w:
+                w = floor
+        return w
+
+    def _unsettled(self, st: StreamState) -> bool:
+        tl = st.timeline
+        return (
+            tl.reported > tl.committed_point
+            or tl.delivered < len(tl.seqs)
+            or st.known_commit[0] > tl.committed_point
+        )
+
+    def _collect_reports(self, st: StreamState, now_ms: int) -> None:
+        tl = st.timeline
+        if st.join is not None or st.repair is not None:
+            return
+        w = self._watermark(st, now_ms)
+        if w <= tl.reported:
+            return
+        start = tl.index_after(tl.reported)
+        end = tl.index_after(w)
+        points: list[Report] = []
+        if end > start:
+            tl._digest_through(end - 1)
+            points.extend(zip(tl.seqs[start:end], tl.digests[start:end], strict=True))
+        if self._unsettled(st) or end > start:
+            checkpoints = self._checkpoints(tl.reported, w)
+            if checkpoints:
+                for p in checkpoints:
+                    d = tl.digest_at(p)
+                    if d is not None:
+                        points.append((p, d))
+                points.sort()
+        if not points:
+            return
+        tl.reported = points[-1][0]
+        st.out_reports.extend(points)
+        st.report_log.extend(points)
+        committed_here: tuple[int, bytes] | None = None
+        for point, digest in points:
+            if st.votes.add(self.id, point, digest):
+                committed_here = (point, digest)
+        if committed_here is not None:
+            self._learn_commit(st, *committed_here, sources=st.votes.reporters(*committed_here))
+
+    def _checkpoints(self, above: int, upto: int) -> list[int]:
+        """Aligned report points in (above, upto]: the end of every interval-th millisecond.
+        Relays pick the same points, so they can agree while no transaction arrives."""
+        interval = self.limits.checkpoint_interval_ms
+        lo_ms = max(ms_of(above), 0)
+        hi_ms = ms_of(upto)
+        first = lo_ms - lo_ms % interval + interval - 1
+        last = hi_ms - (hi_ms + 1) % interval
+        if last < first:
+            return []
+        count = (last - first) // interval + 1
+        skip = max(count - self.limits.max_checkpoints_per_report, 0)
+        points = [end_of_ms(first + (skip + k) * interval) for k in range(count - skip)]
+        return [p for p in points if above < p <= upto]
+
+    def _advance(self, st: StreamState, now_ms: int) -> None:
+        """Deliver up to the highest known commit if our prefix matches; else repair."""
+        point, digest = st.known_commit
+        tl = st.timeline
+        join = st.join
+        if join is not None:
+            # Joining: ask again as soon as a commit we can take a base from is visible.
+            if join.first_round_done and point >= join.need_point > join.asked_after_commit:
+                join.asked_after_commit = point
+                self._send_join_request(st, now_ms)
+            return
+        if point <= tl.committed_point:
+            return
+        own = tl.digest_at(point)
+        if own == digest:
+            self._deliver(st, point, digest)
+            return
+        if st.repair is not None:
+            return
+        if st.mismatch_since_ms == NEVER:
+            st.mismatch_since_ms = now_ms
+        behind = point <= tl.reported or point <= self._watermark(st, now_ms)
+        if behind or now_ms - st.mismatch_since_ms >= self.limits.repair_grace_ms:
+            self._start_repair(st, now_ms)
+
+    def _deliver(self, st: StreamState, point: int, digest: bytes) -> None:
+        tl = st.timeline
+        newly = tl.deliver_through(point, digest)
+        st.votes.settle_through(point)
+        st.mismatch_since_ms = NEVER
+        if st.repair is not None and st.repair.point <= point:
+            st.repair = None
+        fresh = tuple((seq, tx) for seq, tx, first in newly if first == seq)
+        if fresh:
+            self._ready.deliveries.append(Delivery(st.stream, fresh))
+        self.counters["delivered"] += len(fresh)
+        self.counters["dedupe_skipped"] += len(newly) - len(fresh)
+        for seq, _, first in newly:
+            waiters = st.pending.pop(seq, None)
+            if waiters is not None:
+                self._finish(st, seq, waiters, Outcome.COMMITTED, first)
+        self._resolve_excluded(st, point)
+        tl.evict(self.limits.buffer_max_entries, self.limits.buffer_max_bytes)
+
+    def _resolve_excluded(self, st: StreamState, point: int) -> None:
+        """Own transactions at or below a committed point that the prefix left out."""
+        while st.pending:
+            seq = next(iter(st.pending))
+            if seq > point:
+                break
+            waiters = st.pending.pop(seq)
+            tx = st.timeline.tx_at(seq)
+            first = None
+            if tx is not None:
+                first = st.timeline.dedupe.first_copy(tx.producer_id, tx.producer_seq)
+            if first is not None:
+                self._finish(st, seq, waiters, Outcome.COMMITTED, first)
+            else:
+                self.counters["produce_rejected_late"] += 1
+                self._finish(st, seq, waiters, Outcome.REJECTED, -1, RejectReason.LATE.value)
+
+    def _finish(
+        self,
+        st: StreamState,
+        seq: int,
+        waiters: list[Waiter],
+        outcome: Outcome,
+        result_seq: int,
+        reason: str = "",
+    ) -> None:
+        key = st.pending_key_of.pop(seq, None)
+        if key is not None:
+            st.pending_keys.pop(key, None)
+        for waiter in waiters:
+            self._answer(waiter, outcome, seq=result_seq, reason=reason)
+
+    # === repair ==========================================================================
+
+    def _start_repair(self, st: StreamState, now_ms: int) -> None:
+        point, digest = st.known_commit
+        tl = st.timeline
+        lo = tl.committed_point
+        # First try what we already hold, with the late arrivals we kept aside.
+        if tl.late:
+            merged = dict(tl.entries_between(lo, point))
+            merged.update((s, t) for s, t in tl.late.items() if lo < s <= point)
+            entries = sorted(merged.items())
+            if dg.chain_over(tl.committed_digest, entries) == digest:
+                self.counters["repair_local"] += 1
+                self._adopt_range(st, lo, point, digest, entries)
+                return
+        candidates = sorted(m for m in st.commit_sources if m != self.id)
+        if not candidates:
+            candidates = list(st.peers)
+        st.repair = RepairState(point, digest, lo, candidates)
+        self.counters["repair_started"] += 1
+        self._send_repair_request(st, lo, now_ms)
+
+    def _send_repair_request(self, st: StreamState, lo: int, now_ms: int) -> None:
+        rep = st.repair
+        assert rep is not None
+        rep.request_id = self._request_id()
+        rep.sent_ms = now_ms
+        target = rep.candidates[rep.attempt % len(rep.candidates)]
+        self._send(
+            RepairRequest(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                target,
+                st.stream,
+                rep.request_id,
+                lo,
+                rep.point,
+                -1,
+            )
+        )
+
+    def _on_repair_request(self, st: StreamState, msg: RepairRequest) -> None:
+        tl = st.timeline
+        if not tl.has_base or msg.lo < tl.base_point or msg.hi <= msg.lo:
+            status = RepairStatus.TOO_OLD if tl.has_base else RepairStatus.OK
+            self._send(
+                RepairReply(
+                    self.id,
+                    self.incarnation,
+                    self.clock.floor,
+                    msg.sender,
+                    st.stream,
+                    msg.request_id,
+                    status,
+                    msg.lo,
+                    msg.lo,
+                    False,
+                    (),
+                    (),
+                )
+            )
+            return
+        entries = tl.entries_between(msg.lo, msg.hi)
+        if msg.origin >= 0:
+            entries = [(s, t) for s, t in entries if relay_of(s) == msg.origin]
+        chunk: list[Entry] = []
+        size = 0
+        more = False
+        for seq, tx in entries:
+            size += tx.size_bytes()
+            if chunk and (
+                len(chunk) >= self.limits.max_batch_entries or size > self.limits.max_batch_bytes
+            ):
+                more = True
+                break
+            chunk.append((seq, tx))
+        hi = chunk[-1][0] if more else msg.hi
+        reports = tuple(r for r in st.report_log if msg.lo < r[0] <= hi)
+        self._send(
+            RepairReply(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                msg.sender,
+                st.stream,
+                msg.request_id,
+                RepairStatus.OK,
+                msg.lo,
+                hi,
+                more,
+                tuple(chunk),
+                reports,
+            )
+        )
+
+    def _on_repair_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
+        peer = self.peers[msg.sender]
+        link = peer.links.get(st.stream)
+        if link is not None and msg.request_id == link.fill_request and link.hole_lo >= 0:
+            self._on_fill_reply(st, msg.sender, link, msg, now_ms)
+            return
+        rep = st.repair
+        if rep is None or msg.request_id != rep.request_id:
+            self.counters["repair_reply_unmatched"] += 1
+            return
+        tl = st.timeline
+        if rep.lo != tl.committed_point:
+            st.repair = None  # we moved on meanwhile; start again from where we are
+            self._advance(st, now_ms)
+            return
+        if msg.status is RepairStatus.TOO_OLD:
+            self.counters["repair_too_old"] += 1
+            st.repair = None
+            self._start_rebase(st, rep.point, now_ms)
+            return
+        rep.entries.extend(msg.entries)
+        if msg.more:
+            self._send_repair_request(st, msg.hi, now_ms)
+            return
+        if dg.chain_over(tl.committed_digest, rep.entries) == rep.digest:
+            self._adopt_range(st, rep.lo, rep.point, rep.digest, rep.entries)
+        else:
+            self.counters["repair_mismatch"] += 1
+            rep.attempt += 1
+            rep.entries = []
+            self._send_repair_request(st, rep.lo, now_ms)
+
+    def _adopt_range(
+        self, st: StreamState, lo: int, point: int, digest: bytes, entries: list[Entry]
+    ) -> None:
+        self.counters["repair_adopted"] += 1
+        st.timeline.replace_range(lo, point, entries)
+        st.repair = None
+        self._deliver(st, point, digest)
+
+    def _on_fill_reply(
+        self, st: StreamState, sender: int, link: LinkState, msg: RepairReply, now_ms: int
+    ) -> None:
+        if msg.status is RepairStatus.OK:
+            for seq, tx in msg.entries:
+                outcome = st.timeline.insert(seq, tx)
+                self.counters[f"fill_{outcome}"] += 1
+            if msg.more:
+                self._request_fill(st, sender, link, msg.hi, now_ms)
+                return
+            if link.hole_hi > msg.hi:
+                self._request_fill(st, sender, link, msg.hi, now_ms)
+                return
+        self.counters["hole_closed"] += 1
+        self._close_hole(link)
+
+    def _start_rebase(self, st: StreamState, need_point: int, now_ms: int) -> None:
+        """Our history is too old to repair: take a base at or above need_point."""
+        st.join = JoinState(amnesiac=False, need_point=need_point, first_round_done=True)
+        self._send_join_request(st, now_ms)
+
+    # === joining ========================================================================
+
+    def _send_join_request(self, st: StreamState, now_ms: int) -> None:
+        assert st.join is not None
+        st.join.sent_ms = now_ms
+        st.link_seq_out += 1
+        self._send(
+            JoinRequest(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                st.stream,
+                st.link_seq_out,
+                st.join.need_point,
+            ),
+            stream=st.stream,
+        )
+
+    def _on_join_request(self, st: StreamState, msg: JoinRequest) -> None:
+        tl = st.timeline
+        joined = st.join is None or not st.join.amnesiac
+        keys = None
+        if joined and tl.has_base and tl.committed_point >= msg.need_point:
+            keys = tl.dedupe.keys()
+        self._send(
+            JoinReply(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                msg.sender,
+                st.stream,
+                not joined,
+                tl.committed_point,
+                tl.committed_digest,
+                max(st.votes.max_seen, tl.reported),
+                keys,
+            )
+        )
+
+    def _on_join_reply(self, st: StreamState, msg: JoinReply, now_ms: int) -> None:
+        join = st.join
+        if join is None:
+            return
+        join.replies[msg.sender] = msg
+        if not join.first_round_done:
+            if not all(p in join.replies for p in st.peers):
+                return
+            join.first_round_done = True
+            highest = max(
+                [r.max_seen_reported for r in join.replies.values()]
+                + [st.votes.max_seen, st.known_commit[0]]
+            )
+            if highest < 0 and all(r.fresh for r in join.replies.values()):
+                self._adopt_base(
+                    st,
+                    GENESIS_POINT,
+                    dg.genesis(st.stream),
+                    DedupeWindow(self.limits.dedupe_window_entries),
+                    GENESIS_POINT,
+                    now_ms,
+                )
+                return
+            join.need_point = max(highest, 0)
+            if not self._try_join_base(st, join, now_ms):
+                self._send_join_request(st, now_ms)  # ask again, now for a base
+            return
+        self._try_join_base(st, join, now_ms)
+
+    def _try_join_base(self, st: StreamState, join: JoinState, now_ms: int) -> bool:
+        for reply in join.replies.values():
+            if (
+                not reply.fresh
+                and reply.dedupe is not None
+                and reply.committed_point >= join.need_point
+            ):
+                window = DedupeWindow(self.limits.dedupe_window_entries, reply.dedupe)
+                self._adopt_base(
+                    st,
+                    reply.committed_point,
+                    reply.committed_digest,
+                    window,
+                    join.need_point,
+                    now_ms,
+                )
+                return True
+        return False
+
+    def _adopt_base(
+        self,
+        st: StreamState,
+        point: int,
+        digest: bytes,
+        window: DedupeWindow,
+        never_report_through: int,
+        now_ms: int,
+    ) -> None:
+        self.counters["base_adopted"] += 1
+        tl = st.timeline
+        tl.adopt_base(point, digest, window)
+        tl.reported = max(tl.reported, never_report_through)
+        st.votes.settle_through(point)
+        st.join = None
+        st.repair = None
+        st.mismatch_since_ms = NEVER
+        if point > st.known_commit[0]:
+            st.known_commit = (point, digest)
+        self._resolve_excluded(st, point)
+        self._advance(st, now_ms)
+
+    # === heartbeats, fencing, timers ===================================================
+
+    def _on_heartbeat(self, msg: Heartbeat, peer: PeerState, now_ms: int) -> None:
+        for status in msg.streams:
+            st = self.streams.get(status.stream)
+            if st is None:
+                if not self.topology.serves(self.id, status.stream) or not self._can_open(
+                    status.stream
+                ):
+                    continue
+                st = self._stream(status.stream)
+            if msg.sender not in st.members:
+                continue
+            peer.joined[status.stream] = status.joined
+            link = self._link(peer, status.stream)
+            if status.last_link_seq >= link.expected:
+                self.counters["link_gap_heartbeat"] += 1
+                self._open_hole(st, msg.sender, link, msg.floor, now_ms)
+                link.expected = status.last_link_seq + 1
+            if status.last_link_seq == link.expected - 1:
+                link.latest_floor = max(link.latest_floor, msg.floor)
+                if link.hole_lo < 0:
+                    link.contig_floor = link.latest_floor
+            if status.committed_point >= 0:
+                self._learn_commit(
+                    st, status.committed_point, status.committed_digest, [msg.sender]
+                )
+                self._advance(st, now_ms)
+
+    def _send_heartbeat(self, now_ms: int) -> None:
+        self._last_heartbeat_ms = now_ms
+        streams = tuple(
+            StreamStatus(
+                st.stream,
+                st.link_seq_out,
+                st.timeline.committed_point,
+                st.timeline.committed_digest,
+                st.join is None,
+            )
+            for st in self._served_streams()
+        )
+        self._send(Heartbeat(self.id, self.incarnation, self.clock.floor, streams))
+
+    def _served_streams(self) -> list[StreamState]:
+        return [self.streams[s] for s in sorted(self.streams)]
+
+    def _tick_stream(self, st: StreamState, now_ms: int) -> None:
+        limits = self.limits
+        heard = 1 + sum(
+            1
+            for m in st.peers
+            if self._is_live(self.peers[m], now_ms)
+            and now_ms - self.peers[m].refused_us_ms >= limits.suspect_timeout_ms
+        )
+        fenced = heard < st.q
+        if fenced != st.fenced:
+            self.counters["fenced" if fenced else "unfenced"] += 1
+            st.fenced = fenced
+        join = st.join
+        if join is not None and now_ms - join.sent_ms >= limits.repair_retry_ms:
+            self._send_join_request(st, now_ms)
+        while st.pending_deadlines and st.pending_deadlines[0][0] <= now_ms:
+            _, seq = st.pending_deadlines.popleft()
+            waiters = st.pending.pop(seq, None)
+            if waiters is not None:
+                self.counters["produce_unknown"] += 1
+                self._finish(st, seq, waiters, Outcome.UNKNOWN, -1)
+        rep = st.repair
+        if rep is not None and now_ms - rep.sent_ms >= limits.repair_retry_ms:
+            rep.attempt += 1
+            rep.entries = []
+            self.counters["repair_retry"] += 1
+            self._send_repair_request(st, rep.lo, now_ms)
+        for m in st.peers:
+            link = self.peers[m].links.get(st.stream)
+            if link is None or link.hole_lo < 0:
+                continue
+            if not self._is_live(self.peers[m], now_ms):
+                continue
+            if now_ms - link.fill_sent_ms >= limits.repair_retry_ms:
+                self._request_fill(st, m, link, link.fill_lo, now_ms)
+        self._advance(st, now_ms)
+
+    def _is_live(self, peer: PeerState, now_ms: int) -> bool:
+        return now_ms - peer.last_heard_ms < self.limits.suspect_timeout_ms
+
+    def _redirect_for(self, st: StreamState) -> tuple[int, ...]:
+        live = [
+            m
+            for m in st.peers
+            if self._is_live(self.peers[m], self.now_ms) and self.peers[m].joined.get(st.stream)
+        ]
+        return tuple(live) if live else st.peers
+
+    def _refuse(self, peer: PeerState, sender: int, reason: str, now_ms: int) -> None:
+        self.counters["refused_clock_ahead"] += 1
+        if now_ms - peer.refusal_sent_ms >= self.limits.heartbeat_interval_ms:
+            peer.refusal_sent_ms = now_ms
+            self._send(Refusal(self.id, self.incarnation, self.clock.floor, sender, reason))
+
+    # === output =========================================================================
+
+    def _flush_stream(self, st: StreamState) -> None:
+        if st.out_entries:
+            limits = self.limits
+            chunk: list[Entry] = []
+            size = 0
+            for entry in st.out_entries:
+                size += entry[1].size_bytes()
+                if chunk and (
+                    len(chunk) >= limits.max_batch_entries or size > limits.max_batch_bytes
+                ):
+                    self._send_tx_batch(st, chunk)
+                    chunk, size = [], entry[1].size_bytes()
+                chunk.append(entry)
+            self._send_tx_batch(st, chunk)
+            st.out_entries = []
+        self._collect_reports(st, self.now_ms)
+        committed = st.timeline.committed_point
+        if st.out_reports or committed > st.announced_commit:
+            st.link_seq_out += 1
+            st.announced_commit = committed
+            self._send(
+                Reports(
+                    self.id,
+                    self.incarnation,
+                    self.clock.floor,
+                    st.stream,
+                    st.link_seq_out,
+                    tuple(st.out_reports),
+                    committed,
+                    st.timeline.committed_digest,
+                ),
+                stream=st.stream,
+            )
+            st.out_reports = []
+
+    def _send_tx_batch(self, st: StreamState, chunk: list[Entry]) -> None:
+        st.link_seq_out += 1
+        self._send(
+            TxBatch(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                st.stream,
+                st.link_seq_out,
+                tuple(chunk),
+            ),
+            stream=st.stream,
+        )
+
+    def _send(self, msg: PeerMessage, stream: str | None = None) -> None:
+        target = getattr(msg, "target", None)
+        self._floor_sent = max(self._floor_sent, msg.floor)
+        self._ready.outgoing.append(
+            Outgoing(CHANNEL_OF[type(msg)], codec.encode(msg), stream=stream, target=target)
+        )
+
+    # === helpers ========================================================================
+
+    def _stream(self, stream: str) -> StreamState:
+        st = self.streams.get(stream)
+        if st is None:
+            members = self.topology.members(stream)
+            st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
+        return st
+
+    def _can_open(self, stream: str) -> bool:
+        """Bound the number of streams a relay tracks (patterns admit any name)."""
+        return stream in self.streams or len(self.streams) < self.limits.max_streams
+
+    def _request_id(self) -> int:
+        self._next_request += 1
+        return self._next_request

@@ -1,0 +1,282 @@
+"""One stream's timeline at one relay: the in-memory ring buffer and its digest chain.
+
+Regions of the timeline, by sequence number:
+
+    base_point < ... committed_point  : committed and delivered (frozen; evicted oldest first)
+    committed_point < ... reported    : reported but not yet committed (frozen: a point is
+                                        reported at most once, so nothing may enter here)
+    reported < ...                    : open; new transactions are inserted in seq order
+
+A transaction that arrives for a frozen region is *late*: it is kept aside (bounded) and
+can still enter through repair. Digests are computed lazily, only up to where they are
+needed (reports, commits), and recomputed above any insertion point.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+
+from relay.core import digest as dg
+from relay.core.messages import DedupeKey, Entry, Transaction
+
+NO_DIGEST = bytes(dg.DIGEST_BYTES)  # stands for "no digest yet" on the wire
+
+
+class DedupeWindow:
+    """(producer id, producer seq) -> seq of the first committed copy, for the last
+    `capacity` committed (non-duplicate) entries. A pure function of the committed prefix,
+    so every relay skips the same copies."""
+
+    def __init__(self, capacity: int, keys: tuple[DedupeKey, ...] = ()) -> None:
+        self.capacity = capacity
+        self._first: OrderedDict[tuple[bytes, int], int] = OrderedDict()
+        for pid, pseq, seq in keys:
+            self.add(pid, pseq, seq)
+
+    def first_copy(self, pid: bytes, pseq: int) -> int | None:
+        return self._first.get((pid, pseq))
+
+    def add(self, pid: bytes, pseq: int, seq: int) -> None:
+        self._first[(pid, pseq)] = seq
+        if len(self._first) > self.capacity:
+            self._first.popitem(last=False)
+
+    def keys(self) -> tuple[DedupeKey, ...]:
+        return tuple((pid, pseq, seq) for (pid, pseq), seq in self._first.items())
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+
+class Timeline:
+    def __init__(self, stream: str, dedupe_capacity: int, late_max_entries: int) -> None:
+        self.stream = stream
+        self.base_point = -1  # -1: no base yet (joining); everything <= base is summarised
+        self.base_digest = NO_DIGEST
+        self.committed_point = -1
+        self.committed_digest = NO_DIGEST
+        self.reported = -1  # highest point this relay reported (or froze by adoption)
+        self.dedupe = DedupeWindow(dedupe_capacity)
+        self.late: OrderedDict[int, Transaction] = OrderedDict()
+        self.late_max_entries = late_max_entries
+        # Held entries live in parallel lists from index `head` on (eviction moves head).
+        self.head = 0
+        self.seqs: list[int] = []
+        self.txs: list[Transaction] = []
+        self.hashes: list[bytes] = []
+        self.digests: list[bytes] = []  # valid for indexes < digested
+        self.skip: list[bool] = []  # a committed duplicate: not delivered
+        self.digested = 0
+        self.delivered = 0  # index one past the last committed entry
+        self.held_bytes = 0
+
+    # --- shape ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.seqs) - self.head
+
+    @property
+    def has_base(self) -> bool:
+        return self.base_point >= 0
+
+    def last_seq(self) -> int:
+        return self.seqs[-1] if len(self) else self.base_point
+
+    def index_after(self, point: int) -> int:
+        """Index of the first held entry with seq > point."""
+        return bisect_right(self.seqs, point, self.head)
+
+    def contains(self, seq: int) -> bool:
+        i = bisect_left(self.seqs, seq, self.head)
+        return i < len(self.seqs) and self.seqs[i] == seq
+
+    def tx_at(self, seq: int) -> Transaction | None:
+        i = bisect_left(self.seqs, seq, self.head)
+        if i < len(self.seqs) and self.seqs[i] == seq:
+            return self.txs[i]
+        return None
+
+    # --- inserting ----------------------------------------------------------------------
+
+    def insert(self, seq: int, tx: Transaction) -> str:
+        """Insert a transaction; returns 'inserted', 'duplicate', 'late' or 'conflict'."""
+        if seq <= self.reported or seq <= self.base_point:
+            if self.contains(seq):
+                return "duplicate"
+            self._keep_late(seq, tx)
+            return "late"
+        i = bisect_left(self.seqs, seq, self.head)
+        if i < len(self.seqs) and self.seqs[i] == seq:
+            return "duplicate" if self.txs[i] == tx else "conflict"
+        self.seqs.insert(i, seq)
+        self.txs.insert(i, tx)
+        self.hashes.insert(i, dg.tx_hash(tx))
+        self.skip.insert(i, False)
+        if i < len(self.digests):
+            del self.digests[i:]
+        self.digested = min(self.digested, i)
+        self.held_bytes += tx.size_bytes()
+        return "inserted"
+
+    def _keep_late(self, seq: int, tx: Transaction) -> None:
+        if seq <= self.committed_point:
+            return  # below the committed prefix: can never enter again
+        self.late[seq] = tx
+        while len(self.late) > self.late_max_entries:
+            self.late.popitem(last=False)
+
+    # --- digests ------------------------------------------------------------------------
+
+    def _digest_through(self, index: int) -> None:
+        """Make digests valid for every held index <= `index`."""
+        digests = self.digests
+        start = max(self.digested, self.head)
+        if start > index:
+            return
+        prev = digests[start - 1] if start > self.head else self.base_digest
+        chain = dg.chain
+        seqs, hashes = self.seqs, self.hashes
+        del digests[start:]
+        for i in range(start, index + 1):
+            prev = chain(prev, seqs[i], hashes[i])
+            digests.append(prev)
+        self.digested = index + 1
+
+    def digest_at(self, point: int) -> bytes | None:
+        """Digest of this relay's prefix up to `point`; None if the point lies below base."""
+        if not self.has_base or point < self.base_point:
+            return None
+        i = self.index_after(point) - 1
+        if i < self.head:
+            return self.base_digest
+        self._digest_through(i)
+        return self.digests[i]
+
+    def entries_between(self, lo: int, hi: int) -> list[Entry]:
+        """Held entries with lo < seq <= hi."""
+        a = self.index_after(lo)
+        b = self.index_after(hi)
+        return list(zip(self.seqs[a:b], self.txs[a:b], strict=True))
+
+    # --- committing -------------------------------------------------------------------
+
+    def deliver_through(self, point: int, digest: bytes) -> list[tuple[int, Transaction, int]]:
+        """Commit the prefix up to `point` (whose digest must match) and return the newly
+        committed entries as (seq, tx, first_seq): first_seq != seq marks a duplicate."""
+        end = self.index_after(point)
+        out: list[tuple[int, Transaction, int]] = []
+        dedupe = self.dedupe
+        for i in range(max(self.delivered, self.head), end):
+            seq, tx = self.seqs[i], self.txs[i]
+            first = dedupe.first_copy(tx.producer_id, tx.producer_seq)
+            if first is None:
+                dedupe.add(tx.producer_id, tx.producer_seq, seq)
+                out.append((seq, tx, seq))
+            else:
+                self.skip[i] = True
+                out.append((seq, tx, first))
+        self.delivered = max(self.delivered, end)
+        self.committed_point = point
+        self.committed_digest = digest
+        self.reported = max(self.reported, point)
+        self._drop_late_through(point)
+        return out
+
+    def _drop_late_through(self, point: int) -> None:
+        while self.late:
+            seq = next(iter(self.late))
+            if seq > point:
+                break
+            self.late.popitem(last=False)
+
+    # --- adopting what the quorum committed ------------------------------------------------
+
+    def replace_range(self, lo: int, hi: int, entries: list[Entry]) -> list[int]:
+        """Replace held entries in (lo, hi] with `entries` (already verified against the
+        committed digest). Returns the seqs that were held there and are now dropped."""
+        a = self.index_after(lo)
+        b = self.index_after(hi)
+        keep = {seq for seq, _ in entries}
+        dropped = [s for s in self.seqs[a:b] if s not in keep]
+        for tx in self.txs[a:b]:
+            self.held_bytes -= tx.size_bytes()
+        self.seqs[a:b] = [s for s, _ in entries]
+        self.txs[a:b] = [t for _, t in entries]
+        self.hashes[a:b] = [dg.tx_hash(t) for _, t in entries]
+        self.skip[a:b] = [False] * len(entries)
+        for _, tx in entries:
+            self.held_bytes += tx.size_bytes()
+        del self.digests[a:]
+        self.digested = min(self.digested, a)
+        for seq, _ in entries:
+            self.late.pop(seq, None)
+        self.reported = max(self.reported, hi)
+        return dropped
+
+    def adopt_base(self, point: int, digest: bytes, dedupe: DedupeWindow) -> list[int]:
+        """Start over from a committed point: drop everything at or below it. Returns the
+        dropped seqs."""
+        end = self.index_after(point)
+        dropped = self.seqs[self.head : end]
+        for tx in self.txs[self.head : end]:
+            self.held_bytes -= tx.size_bytes()
+        for lst in (self.seqs, self.txs, self.hashes, self.skip):
+            del lst[:end]
+        self.digests.clear()
+        self.head = 0
+        self.digested = 0
+        self.delivered = 0
+        self.base_point = point
+        self.base_digest = digest
+        self.committed_point = point
+        self.committed_digest = digest
+        self.reported = max(self.reported, point)
+        self.dedupe = dedupe
+        self._drop_late_through(point)
+        return dropped
+
+    # --- bounding -----------------------------------------------------------------------
+
+    def evict(self, max_entries: int, max_bytes: int) -> int:
+        """Drop the oldest committed entries while over a bound; returns how many."""
+        evicted = 0
+        while (len(self) > max_entries or self.held_bytes > max_bytes) and (
+            self.head < self.delivered
+        ):
+            i = self.head
+            self._digest_through(i)
+            self.base_point = self.seqs[i]
+            self.base_digest = self.digests[i]
+            self.held_bytes -= self.txs[i].size_bytes()
+            self.head += 1
+            evicted += 1
+        if self.head > 1024 and self.head * 2 > len(self.seqs):
+            self._compact()
+        return evicted
+
+    def _compact(self) -> None:
+        h = self.head
+        if self.digested < h:
+            self._digest_through(h - 1)
+        for lst in (self.seqs, self.txs, self.hashes, self.skip):
+            del lst[:h]
+        del self.digests[: min(h, len(self.digests))]
+        self.digested = max(self.digested - h, 0)
+        self.delivered = max(self.delivered - h, 0)
+        self.head = 0
+
+    def is_full(self, max_entries: int, max_bytes: int) -> bool:
+        return len(self) >= max_entries or self.held_bytes >= max_bytes
+
+    # --- reading ------------------------------------------------------------------------
+
+    def committed_after(self, after_seq: int, max_entries: int) -> list[Entry]:
+        """Committed, non-duplicate entries with seq > after_seq, oldest first."""
+        i = self.index_after(after_seq)
+        out: list[Entry] = []
+        while i < self.delivered and len(out) < max_entries:
+            if not self.skip[i]:
+                out.append((self.seqs[i], self.txs[i]))
+            i += 1
+        return out

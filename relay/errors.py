@@ -1,0 +1,97 @@
+"""The project's error tree. A leaf module: it imports nothing of ours.
+
+Every error says whether retrying can help (`retriable`) and, where a relay sent the client
+elsewhere, which relays to try (`redirect_to`).
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, redirect_to: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.redirect_to = redirect_to
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+class ConfigError(RelayError):
+    """A topology or limit is invalid. The message names the file, field and problem."""
+
+
+# --- frames from the network --------------------------------------------------------------
+
+
+class FrameError(RelayError):
+    """A frame from a peer or client could not be accepted. Counted, never raised out of
+    the core; the frame changes no state."""
+
+    counter = "frame_invalid"
+
+
+class MalformedFrame(FrameError):
+    """Not a msgpack array of the expected shape (truncated, garbage, wrong nesting)."""
+
+    counter = "frame_malformed"
+
+
+class UnknownMessageType(FrameError):
+    """The message type code is not one this version knows."""
+
+    counter = "frame_unknown_type"
+
+
+class FieldError(FrameError):
+    """A field has the wrong type or lies outside its allowed range."""
+
+    counter = "frame_bad_field"
+
+
+class OversizedFrame(FrameError):
+    """The frame exceeds the configured maximum frame size."""
+
+    counter = "frame_oversized"
+
+
+# --- what producers and consumers are told ---------------------------------------------
+
+
+class ClientError(RelayError):
+    """Base of the errors a producer or consumer sees."""
+
+
+class Rejected(ClientError):
+    """The transaction was definitely not and will never be delivered."""
+
+
+class Unknown(ClientError):
+    """No definite answer in time. Retrying with the same producer id and producer
+    sequence is safe: it never creates a duplicate."""
+
+    retriable = True
+
+
+class Fenced(ClientError):
+    """The relay cannot reach a quorum for the stream (or has not joined it yet); try
+    one of `redirect_to`."""
+
+    retriable = True
+
+
+class Redirect(ClientError):
+    """The relay does not serve the stream; `redirect_to` lists relays that do."""
+
+    retriable = True
+
+
+class UnknownStream(ClientError):
+    """No relay of the topology serves this stream."""
+
+
+class OutOfRange(ClientError):
+    """The requested position is older than what the relay still holds."""

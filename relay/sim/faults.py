@@ -1,0 +1,88 @@
+"""Which faults a simulation injects, and how hard.
+
+`FaultConfig.parse("all" | "none" | "drop,delay,...")` picks the fault kinds; the numbers
+(probabilities, durations) are drawn per seed by the world, inside the bounds given here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+FAULT_KINDS: tuple[str, ...] = (
+    "drop",  # a frame is lost
+    "delay",  # a latency spike on one link (head-of-line: later frames wait too)
+    "duplicate",  # a frame is delivered twice, the copy right after the original
+    "reorder",  # per-frame jitter: frames on different links interleave freely
+    "partition",  # symmetric: the relays split into two groups that cannot talk
+    "oneway",  # some directed links are cut while their reverse still works
+    "pause",  # a relay stops processing for a while; inbound frames queue
+    "crash",  # a relay dies and later restarts empty, with a higher incarnation
+    "clock_skew",  # a constant per-relay clock offset
+    "clock_step",  # a relay's clock jumps back or forward
+)
+
+# Bounds. Offsets stay well below the core's max_clock_ahead_ms (5000): any two relays'
+# clocks differ by at most 2 * MAX_TOTAL_OFFSET_MS.
+MAX_SKEW_MS = 2_000
+MAX_STEP_MS = 1_500
+MAX_TOTAL_OFFSET_MS = 2_400
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    drop: bool = False
+    delay: bool = False
+    duplicate: bool = False
+    reorder: bool = False
+    partition: bool = False
+    oneway: bool = False
+    pause: bool = False
+    crash: bool = False
+    clock_skew: bool = False
+    clock_step: bool = False
+
+    @classmethod
+    def all(cls) -> FaultConfig:
+        return cls(**dict.fromkeys(FAULT_KINDS, True))
+
+    @classmethod
+    def none(cls) -> FaultConfig:
+        return cls()
+
+    @classmethod
+    def parse(cls, text: str | FaultConfig) -> FaultConfig:
+        """`all`, `none`, or a comma list of fault names (e.g. `drop,crash`)."""
+        if isinstance(text, FaultConfig):
+            return text
+        spec = text.strip().lower()
+        if spec == "all":
+            return cls.all()
+        if spec in ("none", ""):
+            return cls.none()
+        chosen: dict[str, bool] = {}
+        for raw in spec.split(","):
+            name = raw.strip().replace("-", "_")
+            if not name:
+                continue
+            if name not in FAULT_KINDS:
+                raise ValueError(
+                    f"unknown fault {raw.strip()!r}; choose from all, none, "
+                    + ", ".join(FAULT_KINDS)
+                )
+            chosen[name] = True
+        return cls(**chosen)
+
+    def enabled(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self) if getattr(self, f.name))
+
+    def any(self) -> bool:
+        return bool(self.enabled())
+
+    def spec(self) -> str:
+        """The text `parse` turns back into this config."""
+        names = self.enabled()
+        if len(names) == len(FAULT_KINDS):
+            return "all"
+        if not names:
+            return "none"
+        return ",".join(names)

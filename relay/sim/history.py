@@ -1,0 +1,149 @@
+"""What the clients observed and what the relays delivered, recorded as plain data.
+
+A `History` is all the checkers see. The world fills it; tests build bad ones by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import xxhash
+
+from relay.core.messages import Transaction
+
+# Outcomes of one produce attempt as the producer saw it. The first four are the relay's
+# answers (messages.Outcome values); the last two are the client's own conclusions.
+COMMITTED = "committed"
+REJECTED = "rejected"
+UNKNOWN = "unknown"
+FENCED = "fenced"
+TIMEOUT = "timeout"  # no answer within the client timeout
+CRASHED = "crashed"  # the relay died with the attempt pending
+
+DelivEntry = tuple[int, Transaction]  # (seq, tx)
+OpKey = tuple[bytes, int]  # (producer_id, producer_seq)
+
+
+@dataclass
+class Attempt:
+    pid: bytes
+    pseq: int
+    stream: str
+    tx: Transaction
+    relay: int
+    incarnation: int
+    request_id: int
+    sent_ms: int
+    outcome: str | None = None  # None: never answered
+    seq: int = -1
+    reason: str = ""
+    answer_ms: int = -1
+
+
+@dataclass
+class Final:
+    """The final outcome of one (producer_id, producer_seq)."""
+
+    pid: bytes
+    pseq: int
+    stream: str
+    tx: Transaction
+    issued_ms: int
+    outcome: str  # COMMITTED, REJECTED or UNKNOWN
+    seq: int = -1
+    committed_seqs: list[int] = field(default_factory=list)  # every committed answer's seq
+
+
+@dataclass
+class FenceSample:
+    t: int
+    relay: int
+    incarnation: int
+    stream: str
+    fenced: bool
+    joined: bool
+
+
+@dataclass
+class RelayFinal:
+    """A relay's state when the run ended."""
+
+    relay: int
+    incarnation: int
+    up: bool  # not crashed and not paused
+    restarts: int = 0  # how often it crashed and came back (0: holds its whole history)
+    joined: dict[str, bool] = field(default_factory=dict)  # member streams only
+    fenced: dict[str, bool] = field(default_factory=dict)
+    committed_point: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ConsumerLog:
+    consumer: int
+    stream: str
+    received: list[DelivEntry] = field(default_factory=list)
+
+
+@dataclass
+class PhaseInfo:
+    """When the phases ended (simulated ms) and what the liveness checks expect."""
+
+    safety_end_ms: int
+    liveness_end_ms: int
+    end_ms: int
+    heal_bound_ms: int = 2_000  # relays must be joined and unfenced this long after healing
+    check_liveness: bool = True
+
+
+@dataclass
+class History:
+    members: dict[str, tuple[int, ...]] = field(default_factory=dict)  # stream -> relays
+    produced: dict[OpKey, tuple[str, Transaction]] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    finals: dict[OpKey, Final] = field(default_factory=dict)
+    # (relay, incarnation) -> stream -> delivered entries, in the order ready() gave them
+    delivered: dict[tuple[int, int], dict[str, list[DelivEntry]]] = field(default_factory=dict)
+    consumers: dict[int, ConsumerLog] = field(default_factory=dict)
+    fence_samples: list[FenceSample] = field(default_factory=list)
+    relay_finals: dict[int, RelayFinal] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    # protocol misbehaviour seen by the harness itself (e.g. two different answers to one
+    # request); check_all reports each
+    anomalies: list[str] = field(default_factory=list)
+
+    # --- recording helpers ---------------------------------------------------------------
+
+    def event(self, text: str) -> None:
+        self.events.append(text)
+
+    def record_delivery(
+        self, relay: int, incarnation: int, stream: str, entries: tuple[DelivEntry, ...]
+    ) -> None:
+        per_stream = self.delivered.setdefault((relay, incarnation), {})
+        per_stream.setdefault(stream, []).extend(entries)
+
+    def log_for(self, relay: int, incarnation: int, stream: str) -> list[DelivEntry]:
+        return self.delivered.get((relay, incarnation), {}).get(stream, [])
+
+
+def event_hash(events: list[str]) -> str:
+    """A digest of an event log: two runs of one seed must give the same value."""
+    h = xxhash.xxh3_128()
+    for line in events:
+        h.update(line.encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def final_outcome(attempts: list[Attempt]) -> tuple[str, int, list[int]]:
+    """(outcome, seq, committed seqs) from every attempt of one (pid, pseq).
+
+    COMMITTED if any attempt was answered committed; REJECTED only if every attempt was
+    answered rejected or fenced (both say: not accepted); else UNKNOWN.
+    """
+    committed = [a.seq for a in attempts if a.outcome == COMMITTED]
+    if committed:
+        return COMMITTED, committed[0], committed
+    if attempts and all(a.outcome in (REJECTED, FENCED) for a in attempts):
+        return REJECTED, -1, []
+    return UNKNOWN, -1, []

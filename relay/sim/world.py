@@ -1,0 +1,555 @@
+"""A deterministic simulated mesh: relays (RelayCore), a faulty network, clients.
+
+Everything follows from one integer seed through `random.Random` instances. Time is integer
+milliseconds from 0. Each millisecond: apply due fault events, deliver due frames, let the
+clients act, tick every running relay, then drain each relay's `ready()` (frames into the
+network, replies to producers, deliveries into the history).
+
+Phases: safety (faults on), then heal (partitions and pauses end, crashed relays restart,
+clocks stop stepping but keep their skew), liveness (no faults, producers continue), quiet
+(producers stop issuing; their in-flight retries end halfway through), then the checkers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from relay.core.config import CoreConfig, Limits, Topology, quorum
+from relay.core.messages import ProduceRequest, ReadResult, Transaction
+from relay.sim.clients import Consumer, Producer
+from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
+from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
+from relay.sim.network import Network, NetParams
+
+BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
+FENCE_SAMPLE_EVERY_MS = 5
+STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
+
+
+class CoreLike(Protocol):
+    counters: dict[str, int]
+
+    def receive(self, frame: bytes, now_ms: int) -> None: ...
+    def produce(self, request: ProduceRequest, now_ms: int) -> None: ...
+    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
+    def tick(self, now_ms: int) -> None: ...
+    def ready(self) -> Any: ...  # Ready(outgoing, replies, deliveries)
+    def fenced(self, stream: str) -> bool: ...
+    def joined(self, stream: str) -> bool: ...
+    def committed_point(self, stream: str) -> int: ...
+
+
+CoreFactory = Callable[[CoreConfig, int, int], CoreLike]  # (config, incarnation, now_ms)
+
+
+def default_core_factory() -> CoreFactory:
+    from relay.core.relay import RelayCore  # imported late: the core may not exist yet
+
+    return RelayCore
+
+
+class SimError(Exception):
+    """The core raised while the world drove it; the message says when and where."""
+
+
+@dataclass
+class Node:
+    rid: int
+    config: CoreConfig
+    core: CoreLike | None = None
+    incarnation: int = 1
+    restarts: int = 0
+    epoch: int = 0  # grows at every crash; frames addressed to an older epoch are discarded
+    paused_until: int = -1  # >= 0 while paused
+    inbox: list[tuple[bool, Any]] = field(default_factory=list)  # (is_frame, frame | request)
+    skew: int = 0
+    step: int = 0
+    streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
+
+
+def build_topology(rng: random.Random, relay_count: int) -> Topology:
+    """Stream `all` on every relay; `a.*`, `b.*`, `c.*` on seeded subsets (3, 5, 3-4)."""
+    ids = list(range(relay_count))
+
+    def subset(k: int) -> set[int]:
+        return set(rng.sample(ids, min(k, relay_count)))
+
+    a = subset(3)
+    b = subset(5 if relay_count >= 5 else 3)
+    c = subset(rng.choice((3, 4)))
+    subs: dict[int, tuple[str, ...]] = {}
+    for r in ids:
+        patterns = ["all"]
+        for name, group in (("a.*", a), ("b.*", b), ("c.*", c)):
+            if r in group:
+                patterns.append(name)
+        subs[r] = tuple(patterns)
+    return Topology(subs)
+
+
+class World:
+    def __init__(
+        self,
+        seed: int,
+        relay_count: int,
+        faults: FaultConfig | str = "all",
+        *,
+        safety_ms: int = 3_000,
+        liveness_ms: int = 3_000,
+        quiet_ms: int = 2_000,
+        heal_bound_ms: int = 2_000,
+        producers: int = 3,
+        produce_interval_ms: tuple[int, int] = (15, 60),
+        consumers_per_stream: int = 1,
+        limits: Limits | None = None,
+        core_factory: CoreFactory | None = None,
+        log_frames: bool = True,
+    ) -> None:
+        if not 1 <= relay_count <= 64:
+            raise ValueError(f"relay count {relay_count} outside 1..64")
+        self.seed = seed
+        self.faults = FaultConfig.parse(faults)
+        self.safety_end = safety_ms
+        self.liveness_end = safety_ms + liveness_ms
+        self.stop_retry = self.liveness_end + quiet_ms // 2
+        self.end = self.liveness_end + quiet_ms
+        self.heal_bound_ms = heal_bound_ms
+        self.core_factory = core_factory or default_core_factory()
+        self.now = 0
+        self.history = History()
+        self.events = self.history.events
+
+        master = random.Random(seed)
+        topo_rng = random.Random(master.getrandbits(64))
+        net_rng = random.Random(master.getrandbits(64))
+        self.fault_rng = random.Random(master.getrandbits(64))
+        client_rng = random.Random(master.getrandbits(64))
+        self.base_ms = BASE_UNIX_MS + master.randint(0, 86_400_000)
+
+        self.topology = build_topology(topo_rng, relay_count)
+        self.ids = self.topology.relay_ids
+        self.limits = limits or Limits()
+        self.members = {s: self.topology.members(s) for s in STREAMS}
+        self.history.members = dict(self.members)
+        self.network = Network(
+            net_rng, NetParams.draw(net_rng, self.faults), self.events if log_frames else None
+        )
+        self.nodes: dict[int, Node] = {}
+        for r in self.ids:
+            node = Node(r, CoreConfig(r, self.topology, self.limits))
+            node.streams = tuple(s for s in STREAMS if r in self.members[s])
+            if self.faults.clock_skew:
+                node.skew = self.fault_rng.randint(-MAX_SKEW_MS, MAX_SKEW_MS)
+            self.nodes[r] = node
+        self.stats: dict[str, int] = {
+            "crashes": 0,
+            "crash_refused": 0,
+            "restarts": 0,
+            "pauses": 0,
+            "partitions": 0,
+            "oneways": 0,
+            "clock_steps": 0,
+        }
+
+        self._next_request = 1
+        self._owner: dict[int, Producer] = {}
+        self.producers = [
+            Producer(i, random.Random(client_rng.getrandbits(64)), STREAMS, self.history,
+                     produce_interval_ms)
+            for i in range(producers)
+        ]
+        self.consumers: list[Consumer] = []
+        for stream in STREAMS:
+            for _ in range(consumers_per_stream):
+                crng = random.Random(client_rng.getrandbits(64))
+                self.consumers.append(
+                    Consumer(len(self.consumers), stream, crng, crng.choice(self.ids),
+                             self.history)
+                )
+        self._faults_heap: list[tuple[int, int, str, tuple[Any, ...]]] = []
+        self._nfault = 0
+        self._plan_faults()
+        self._last_sample: dict[tuple[int, str], tuple[int, bool, bool]] = {}
+
+    # --- clocks ------------------------------------------------------------------------------
+
+    def clock(self, r: int) -> int:
+        node = self.nodes[r]
+        return self.base_ms + self.now + node.skew + node.step
+
+    # --- the client port ---------------------------------------------------------------------
+
+    def relay_ids(self) -> tuple[int, ...]:
+        return self.ids
+
+    def alive(self, relay: int) -> bool:
+        return self.nodes[relay].core is not None
+
+    def paused(self, relay: int) -> bool:
+        return self.nodes[relay].paused_until >= 0
+
+    def submit(self, relay: int, stream: str, tx: Transaction) -> tuple[int, int]:
+        request_id = self._next_request
+        self._next_request += 1
+        node = self.nodes[relay]
+        request = ProduceRequest(request_id, stream, tx)
+        if node.core is None:
+            self._refused.append((relay, node.incarnation))
+        elif node.paused_until >= 0:
+            node.inbox.append((False, request))
+        else:
+            node.core.produce(request, self.clock(relay))
+        return node.incarnation, request_id
+
+    def read(self, relay: int, stream: str, after_seq: int, max_entries: int) -> ReadResult:
+        core = self.nodes[relay].core
+        assert core is not None
+        return core.read(stream, after_seq, max_entries)
+
+    # --- fault plan --------------------------------------------------------------------------
+
+    def _at(self, t: int, kind: str, *args: Any) -> None:
+        self._nfault += 1
+        heapq.heappush(self._faults_heap, (t, self._nfault, kind, args))
+
+    def _plan_faults(self) -> None:
+        rng = self.fault_rng
+        f = self.faults
+        span = self.safety_end
+        if span < 50:
+            return
+        per_kind = 1 + span // 1_000
+
+        def window(lo: int, hi: int) -> tuple[int, int]:
+            start = rng.randint(0, span - 20)
+            return start, min(start + rng.randint(lo, hi), span - 1)
+
+        for kind, enabled, lo, hi in (
+            ("partition", f.partition, 20, 800),
+            ("oneway", f.oneway, 20, 800),
+            ("pause", f.pause, 10, 600),
+            ("crash", f.crash, 20, 1_200),
+        ):
+            if not enabled:
+                continue
+            for _ in range(rng.randint(1, per_kind)):
+                start, end = window(lo, hi)
+                self._at(start, kind, end)
+        if f.clock_step:
+            for _ in range(rng.randint(1, per_kind)):
+                self._at(rng.randint(0, span - 1), "clock_step")
+
+    def _apply_fault(self, kind: str, args: tuple[Any, ...]) -> None:
+        rng = self.fault_rng
+        now = self.now
+        n = len(self.ids)
+        if kind == "partition":
+            if n < 2:
+                return
+            order = list(self.ids)
+            rng.shuffle(order)
+            cut_at = rng.randint(1, n - 1)
+            left, right = sorted(order[:cut_at]), sorted(order[cut_at:])
+            links = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
+            self.network.cut(links)
+            self.stats["partitions"] += 1
+            self.events.append(f"{now} partition {left}|{right} until {args[0]}")
+            self._at(args[0], "uncut", links)
+        elif kind == "oneway":
+            if n < 2:
+                return
+            mode = rng.randint(0, 2)
+            victim = rng.choice(self.ids)
+            if mode == 0:
+                links = [(victim, o) for o in self.ids if o != victim]
+            elif mode == 1:
+                links = [(o, victim) for o in self.ids if o != victim]
+            else:
+                pairs = [(a, b) for a in self.ids for b in self.ids if a != b]
+                links = sorted(rng.sample(pairs, rng.randint(1, len(pairs) // 2 or 1)))
+            self.network.cut(links)
+            self.stats["oneways"] += 1
+            self.events.append(f"{now} oneway {links} until {args[0]}")
+            self._at(args[0], "uncut", links)
+        elif kind == "uncut":
+            self.network.uncut(args[0])
+            self.events.append(f"{now} uncut {len(args[0])}")
+        elif kind == "pause":
+            r = rng.choice(self.ids)
+            node = self.nodes[r]
+            if node.core is None or node.paused_until >= 0:
+                return
+            node.paused_until = args[0]
+            self.stats["pauses"] += 1
+            self.events.append(f"{now} pause {r} until {args[0]}")
+            self._at(args[0], "resume", r, node.epoch)
+        elif kind == "resume":
+            r, epoch = args
+            if self.nodes[r].epoch == epoch:
+                self._resume(r)
+        elif kind == "crash":
+            candidates = [r for r in self.ids if self.nodes[r].core is not None]
+            if not candidates:
+                return
+            r = rng.choice(candidates)
+            if not self.may_crash(r):
+                self.stats["crash_refused"] += 1
+                self.events.append(f"{now} crash {r} refused")
+                return
+            self._crash(r)
+            self._at(args[0], "restart", r, self.nodes[r].epoch)
+        elif kind == "restart":
+            r, epoch = args
+            node = self.nodes[r]
+            if node.core is None and node.epoch == epoch:
+                self._restart(r)
+        elif kind == "clock_step":
+            r = rng.choice(self.ids)
+            node = self.nodes[r]
+            delta = rng.randint(-MAX_STEP_MS, MAX_STEP_MS)
+            total = max(-MAX_TOTAL_OFFSET_MS, min(MAX_TOTAL_OFFSET_MS, node.skew + node.step + delta))
+            node.step = total - node.skew
+            self.stats["clock_steps"] += 1
+            self.events.append(f"{now} clock_step {r} {delta} -> offset {total}")
+
+    def may_crash(self, r: int) -> bool:
+        """The tolerated fault model: after crashing `r`, every stream it serves keeps a
+        quorum of members that are up and joined."""
+        for stream in self.nodes[r].streams:
+            members = self.members[stream]
+            holding = 0
+            for m in members:
+                core = self.nodes[m].core
+                if m != r and core is not None and core.joined(stream):
+                    holding += 1
+            if holding < quorum(len(members)):
+                return False
+        return True
+
+    def _crash(self, r: int) -> None:
+        node = self.nodes[r]
+        node.core = None
+        node.epoch += 1
+        node.paused_until = -1
+        node.inbox.clear()
+        self.stats["crashes"] += 1
+        self.events.append(f"{self.now} crash {r}/{node.incarnation}")
+        for producer in self.producers:
+            producer.on_crash(r, node.incarnation, self.now)
+
+    def _start(self, r: int) -> None:
+        node = self.nodes[r]
+        node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
+
+    def _restart(self, r: int) -> None:
+        node = self.nodes[r]
+        node.incarnation += 1
+        node.restarts += 1
+        self._start(r)
+        self.stats["restarts"] += 1
+        self.events.append(f"{self.now} restart {r}/{node.incarnation}")
+
+    def _resume(self, r: int) -> None:
+        node = self.nodes[r]
+        node.paused_until = -1
+        core = node.core
+        self.events.append(f"{self.now} resume {r} inbox {len(node.inbox)}")
+        if core is None:
+            return
+        inbox, node.inbox = node.inbox, []
+        for is_frame, item in inbox:
+            if is_frame:
+                core.receive(item, self.clock(r))
+            else:
+                core.produce(item, self.clock(r))
+
+    def heal(self) -> None:
+        """End of the safety phase: every fault ends, crashed relays restart."""
+        self.events.append(f"{self.now} heal")
+        self._faults_heap.clear()
+        self.network.heal()
+        for r in self.ids:
+            node = self.nodes[r]
+            if node.core is None:
+                self._restart(r)
+            elif node.paused_until >= 0:
+                self._resume(r)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _drain(self, node: Node) -> None:
+        core = node.core
+        assert core is not None
+        ready = core.ready()
+        src = node.rid
+        now = self.now
+        if ready.outgoing:
+            send = self.network.send
+            nodes = self.nodes
+            for out in ready.outgoing:
+                if out.stream is not None:
+                    dsts = self.members.get(out.stream) or self.topology.members(out.stream)
+                elif out.target is not None:
+                    dsts = (out.target,)
+                else:
+                    dsts = self.ids
+                for d in dsts:
+                    if d != src and d in nodes:
+                        send(now, src, d, out.frame, nodes[d].epoch)
+        for reply in ready.replies:
+            owner = self._owner.get(reply.request_id)
+            if owner is None:
+                self.history.anomalies.append(
+                    f"{now} ms: relay {src} answered unknown request {reply.request_id}"
+                )
+            else:
+                owner.on_reply(reply, now)
+        for delivery in ready.deliveries:
+            if delivery.entries:
+                self.history.record_delivery(src, node.incarnation, delivery.stream,
+                                             delivery.entries)
+                self.events.append(
+                    f"{now} deliver {src}/{node.incarnation} {delivery.stream} "
+                    f"{delivery.entries[0][0]}..{delivery.entries[-1][0]} "
+                    f"n{len(delivery.entries)}"
+                )
+
+    def _sample(self) -> None:
+        for r in self.ids:
+            node = self.nodes[r]
+            core = node.core
+            for stream in node.streams:
+                if core is None:
+                    state = (node.incarnation, True, False)
+                else:
+                    state = (node.incarnation, core.fenced(stream), core.joined(stream))
+                key = (r, stream)
+                if self._last_sample.get(key) != state:
+                    self._last_sample[key] = state
+                    self.history.fence_samples.append(
+                        FenceSample(self.now, r, state[0], stream, state[1], state[2])
+                    )
+                    self.events.append(
+                        f"{self.now} state {r}/{state[0]} {stream} "
+                        f"fenced={int(state[1])} joined={int(state[2])}"
+                    )
+
+    def run(self) -> History:
+        self._refused: list[tuple[int, int]] = []
+        for r in self.ids:
+            self._start(r)
+        bound = self.safety_end + self.heal_bound_ms
+        for now in range(self.end):
+            self.now = now
+            try:
+                self._step(now, bound)
+            except Exception as exc:  # a bug in the core or the world: report with context
+                raise SimError(
+                    f"seed {self.seed} at {now} ms: {type(exc).__name__}: {exc}\n"
+                    + "".join(traceback.format_exception(exc)[-6:])
+                ) from exc
+        self.now = self.end
+        self._sample()
+        return self._finish()
+
+    def _step(self, now: int, bound: int) -> None:
+        if now == self.safety_end:
+            self.heal()
+        if now == self.liveness_end:
+            for p in self.producers:
+                p.issuing = False
+        if now == self.stop_retry:
+            for p in self.producers:
+                p.retrying = False
+        heap = self._faults_heap
+        while heap and heap[0][0] <= now:
+            _, _, kind, args = heapq.heappop(heap)
+            self._apply_fault(kind, args)
+        nodes = self.nodes
+        for _src, dst, epoch, frame in self.network.due(now):
+            node = nodes[dst]
+            if node.core is None or node.epoch != epoch:
+                self.network.stats.stale += 1
+            elif node.paused_until >= 0:
+                node.inbox.append((True, frame))
+            else:
+                self.network.stats.delivered += 1
+                node.core.receive(frame, self.clock(dst))
+        for p in self.producers:
+            before = self._next_request
+            p.step(self)
+            for rid in range(before, self._next_request):
+                self._owner[rid] = p
+        if self._refused:
+            refused, self._refused = self._refused, []
+            for r, inc in refused:
+                for p in self.producers:
+                    p.on_crash(r, inc, now)
+        for c in self.consumers:
+            c.step(self)
+        for r in self.ids:
+            node = nodes[r]
+            if node.core is not None and node.paused_until < 0:
+                node.core.tick(self.clock(r))
+                self._drain(node)
+        if now % FENCE_SAMPLE_EVERY_MS == 0 or now == bound:
+            self._sample()
+
+    def _finish(self) -> History:
+        h = self.history
+        for p in self.producers:
+            for final in p.finals():
+                h.finals[(final.pid, final.pseq)] = final
+        for r in self.ids:
+            node = self.nodes[r]
+            core = node.core
+            rf = RelayFinal(r, node.incarnation, core is not None and node.paused_until < 0,
+                            node.restarts)
+            if core is not None:
+                for stream in node.streams:
+                    rf.joined[stream] = core.joined(stream)
+                    rf.fenced[stream] = core.fenced(stream)
+                    rf.committed_point[stream] = core.committed_point(stream)
+            h.relay_finals[r] = rf
+        return h
+
+    def phase_info(self) -> PhaseInfo:
+        return PhaseInfo(
+            safety_end_ms=self.safety_end,
+            liveness_end_ms=self.liveness_end,
+            end_ms=self.end,
+            heal_bound_ms=self.heal_bound_ms,
+            check_liveness=True,
+        )
+
+    def summary(self) -> dict[str, int]:
+        h = self.history
+        net = self.network.stats
+        finals = list(h.finals.values())
+        out = {
+            "relays": len(self.ids),
+            "sim_ms": self.end,
+            "txs": len(finals),
+            "committed": sum(f.outcome == "committed" for f in finals),
+            "rejected": sum(f.outcome == "rejected" for f in finals),
+            "unknown": sum(f.outcome == "unknown" for f in finals),
+            "attempts": len(h.attempts),
+            "frames_sent": net.sent,
+            "frames_delivered": net.delivered,
+            "frames_dropped": net.dropped,
+            "frames_cut": net.cut,
+            "frames_duplicated": net.duplicated,
+            "frames_delayed": net.delayed,
+            "frames_stale": net.stale,
+            "delivered_entries": sum(len(log) for per in h.delivered.values()
+                                     for log in per.values()),
+            "consumer_entries": sum(len(c.received) for c in h.consumers.values()),
+            "consumer_reconnects": sum(c.reconnects for c in self.consumers),
+        }
+        out.update(self.stats)
+        return out

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian machine with python3 (3.11+):
+#   - creates .venv if missing, upgrades pip, installs the project with `pip install -e '.[dev]'`
+#     (skipped when pyproject.toml is unchanged since the last successful install;
+#     RELAY_SETUP_FORCE=1 forces it);
+#   - checks for Java 17+ (needed later by the Spark-built store) and, if missing, installs
+#     openjdk-17-jre-headless with apt-get when running as root. Java problems only warn.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP="$VENV/.relay-setup-stamp"
+LOG="$VENV/setup.log"
+
+say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    printf 'setup: ERROR: %s not found; install Python 3.11+ first\n' "$PYTHON" >&2
+    exit 1
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    printf 'setup: ERROR: Python 3.11+ required, found %s\n' "$("$PYTHON" --version 2>&1)" >&2
+    exit 1
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+have=$(cat "$STAMP" 2>/dev/null || true)
+if [ "${RELAY_SETUP_FORCE:-0}" = 1 ] || [ "$want" != "$have" ] || [ ! -x "$VENV/bin/relay" ]; then
+    say "installing relay[dev] into $VENV (log: $LOG)"
+    if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip \
+        && "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[dev]'; } \
+        >"$LOG" 2>&1; then
+        tail -n 30 "$LOG" >&2
+        printf 'setup: ERROR: pip install failed; full log in %s\n' "$LOG" >&2
+        exit 1
+    fi
+    echo "$want" >"$STAMP"
+else
+    say "$VENV up to date"
+fi
+
+# Java 17+ (for the Spark store of a later issue): never fails the set-up.
+java_major() {
+    local v
+    v=$(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1)
+    case "$v" in
+        1.*) v=${v#1.} ;;
+    esac
+    printf '%s\n' "${v%%[.+-]*}"
+}
+major=""
+if command -v java >/dev/null 2>&1; then
+    major=$(java_major)
+fi
+if [ -n "$major" ] && [ "$major" -ge 17 ] 2>/dev/null; then
+    say "java $major ok"
+elif [ "$(id -u)" != 0 ]; then
+    warn "Java 17+ not found (needed later for Spark); as root run: apt-get install openjdk-17-jre-headless"
+elif ! command -v apt-get >/dev/null 2>&1; then
+    warn "Java 17+ not found and apt-get is unavailable; install a Java 17+ runtime by hand"
+else
+    say "installing openjdk-17-jre-headless"
+    if DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; then
+        say "java $(java_major) installed"
+    else
+        warn "could not install openjdk-17-jre-headless; Spark steps will not work"
+    fi
+fi

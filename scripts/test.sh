@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's test command (CI runs exactly this): set-up, lint, type check, tests.
+#
+#   bash scripts/test.sh [PYTEST ARGS...]
+#
+# Slow suites (soak runs, many simulator seeds) are deselected by default. RELAY_SLOW=1
+# selects every test (`-m "slow or not slow"`) and raises the simulator seeds to 2000
+# (`--sim-seeds 2000`):
+#
+#   RELAY_SLOW=1 bash scripts/test.sh
+#
+# Extra arguments go to pytest, after these, so they win (e.g. `--sim-seeds 500`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+
+echo "== ruff"
+.venv/bin/ruff check relay tests scripts
+echo "== mypy"
+.venv/bin/mypy relay
+echo "== pytest"
+slow=()
+if [ "${RELAY_SLOW:-0}" = 1 ]; then
+    slow=(-m "slow or not slow" --sim-seeds 2000)
+fi
+.venv/bin/pytest -q "${slow[@]}" "$@"

@@ -1,0 +1,626 @@
+"""The wire codec: round trips for every message type, and a decoder that only ever raises
+FrameError subclasses, whatever bytes arrive."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from relay.core.codec import TYPE_CODES, decode, encode
+from relay.core.messages import (
+    Forward,
+    ForwardReply,
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    Outcome,
+    Refusal,
+    RepairReply,
+    RepairRequest,
+    RepairStatus,
+    Reports,
+    StreamStatus,
+    Transaction,
+    TxBatch,
+)
+from relay.errors import (
+    FieldError,
+    FrameError,
+    MalformedFrame,
+    OversizedFrame,
+    UnknownMessageType,
+)
+
+MAX = 64 * 1024 * 1024
+U63 = 2**63 - 1
+U64 = 2**64 - 1
+D = b"\x11" * 16
+
+# --- strategies -----------------------------------------------------------------------------
+
+relay_ids = st.integers(0, 1023)
+incarnations = st.integers(0, U64)
+u63 = st.integers(0, U63)
+u63_or_none = st.integers(-1, U63)
+u64 = st.integers(0, U64)
+digests = st.binary(min_size=16, max_size=16)
+producer_ids = st.binary(min_size=1, max_size=64)
+reasons = st.text(max_size=40)
+streams = st.one_of(
+    st.text(
+        alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00|"),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from(["orders.eu", "a", "x" * 255, "é" * 127]),
+).filter(lambda s: len(s.encode()) <= 255)
+transactions = st.builds(
+    Transaction,
+    producer_ids,
+    u64,
+    st.none() | st.binary(max_size=32),
+    st.binary(max_size=64),
+)
+entries = st.lists(st.tuples(u63, transactions), max_size=5).map(tuple)
+report_points = st.lists(st.tuples(u63, digests), max_size=5).map(tuple)
+stream_statuses = st.builds(StreamStatus, streams, u63, u63_or_none, digests, st.booleans())
+dedupe_keys = st.tuples(producer_ids, u64, u63)
+
+messages: dict[type, st.SearchStrategy[Any]] = {
+    TxBatch: st.builds(TxBatch, relay_ids, incarnations, u63, streams, u63, entries),
+    Reports: st.builds(
+        Reports, relay_ids, incarnations, u63, streams, u63, report_points, u63_or_none, digests
+    ),
+    JoinRequest: st.builds(JoinRequest, relay_ids, incarnations, u63, streams, u63, u63_or_none),
+    Heartbeat: st.builds(
+        Heartbeat,
+        relay_ids,
+        incarnations,
+        u63,
+        st.lists(stream_statuses, max_size=4).map(tuple),
+    ),
+    Forward: st.builds(
+        Forward, relay_ids, incarnations, u63, relay_ids, streams, u63, transactions
+    ),
+    ForwardReply: st.builds(
+        ForwardReply,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        u63,
+        st.sampled_from(Outcome),
+        u63_or_none,
+        reasons,
+        st.lists(relay_ids, max_size=5).map(tuple),
+    ),
+    JoinReply: st.builds(
+        JoinReply,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        streams,
+        st.booleans(),
+        u63_or_none,
+        digests,
+        u63_or_none,
+        st.none() | st.lists(dedupe_keys, max_size=4).map(tuple),
+    ),
+    RepairRequest: st.builds(
+        RepairRequest,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        streams,
+        u63,
+        u63,
+        u63,
+        st.integers(-1, 1023),
+    ),
+    RepairReply: st.builds(
+        RepairReply,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        streams,
+        u63,
+        st.sampled_from(RepairStatus),
+        u63,
+        u63,
+        st.booleans(),
+        entries,
+        report_points,
+    ),
+    Refusal: st.builds(Refusal, relay_ids, incarnations, u63, relay_ids, reasons),
+}
+any_message = st.one_of(*messages.values())
+
+# msgpack values of any shape, to put where a field is expected
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), U64)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=10)
+    | st.binary(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def outcome_of(frame: bytes) -> object:
+    """decode's result, or the FrameError it raised; anything else propagates and fails."""
+    try:
+        return decode(frame, MAX)
+    except FrameError as e:
+        return e
+
+
+def wire(frame: bytes) -> list[Any]:
+    decoded: list[Any] = msgpack.unpackb(frame, raw=False)
+    return decoded
+
+
+def frame_of(*items: Any) -> bytes:
+    packed: bytes = msgpack.packb(list(items), use_bin_type=True)
+    return packed
+
+
+def tx_batch(**changes: Any) -> TxBatch:
+    base = TxBatch(
+        sender=1,
+        incarnation=2,
+        floor=3,
+        stream="orders.eu",
+        link_seq=4,
+        entries=((5, Transaction(b"p", 6, None, b"v")), (7, Transaction(b"q", 8, b"k", b""))),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def as_list(m: Any) -> list[Any]:
+    return wire(encode(m))
+
+
+# --- round trips ----------------------------------------------------------------------------
+
+
+def test_type_codes() -> None:
+    expected = {
+        TxBatch: 1,
+        Reports: 2,
+        JoinRequest: 3,
+        Heartbeat: 4,
+        Forward: 5,
+        ForwardReply: 6,
+        JoinReply: 7,
+        RepairRequest: 8,
+        RepairReply: 9,
+        Refusal: 10,
+    }
+    assert expected == TYPE_CODES
+
+
+@pytest.mark.parametrize("cls", list(messages), ids=lambda c: c.__name__)
+@settings(max_examples=150)
+@given(data=st.data())
+def test_round_trip_each_type(cls: type, data: st.DataObject) -> None:
+    m = data.draw(messages[cls])
+    frame = encode(m)
+    assert isinstance(frame, bytes)
+    assert wire(frame)[0] == TYPE_CODES[cls]
+    back = decode(frame, MAX)
+    assert back == m
+    assert type(back) is cls
+    hash(back)  # every container came back as a tuple, so the whole message is hashable
+
+
+@given(any_message)
+def test_decoded_frame_fits_exactly(m: Any) -> None:
+    frame = encode(m)
+    assert decode(frame, len(frame)) == m
+    with pytest.raises(OversizedFrame):
+        decode(frame, len(frame) - 1)
+
+
+def test_wire_layout() -> None:
+    assert as_list(tx_batch()) == [
+        1,
+        1,
+        2,
+        3,
+        "orders.eu",
+        4,
+        [[5, b"p", 6, None, b"v"], [7, b"q", 8, b"k", b""]],
+    ]
+    assert as_list(Forward(1, 2, 3, 4, "s", 5, Transaction(b"p", 6, b"", b"v"))) == [
+        5,
+        1,
+        2,
+        3,
+        4,
+        "s",
+        5,
+        [b"p", 6, b"", b"v"],
+    ]
+    reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
+    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D]
+    hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
+    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True]]]
+    reply = ForwardReply(1, 2, 3, 4, 5, Outcome.REJECTED, -1, "late", (7, 8))
+    assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
+    join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
+    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None]
+    join = dataclasses.replace(join, dedupe=((b"p", 1, 2),))
+    assert as_list(join)[-1] == [[b"p", 1, 2]]
+    rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
+    assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
+    assert as_list(Refusal(1, 2, 3, 4, "clock ahead")) == [10, 1, 2, 3, 4, "clock ahead"]
+
+
+def test_bytes_use_the_bin_type() -> None:
+    frame = encode(tx_batch())
+    # str and bin must stay distinct on the wire: raw=True would otherwise not tell them apart
+    raw = msgpack.unpackb(frame, raw=True)
+    assert raw[4] == b"orders.eu"
+    assert msgpack.unpackb(frame, raw=False)[6][0][1] == b"p"
+
+
+def test_encode_rejects_non_messages() -> None:
+    with pytest.raises(TypeError):
+        encode(Transaction(b"p", 1, None, b"v"))  # type: ignore[arg-type]
+
+
+def test_boundary_values_round_trip() -> None:
+    m = TxBatch(1023, U64, U63, "x" * 255, U63, ((U63, Transaction(b"p" * 64, U64, b"", b"")),))
+    assert decode(encode(m), MAX) == m
+    m = TxBatch(0, 0, 0, "x", 0, ((0, Transaction(b"p", 0, None, b"")),))
+    assert decode(encode(m), MAX) == m
+
+
+# --- any bytes: only FrameError ------------------------------------------------------------
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=200))
+@example(b"")
+@example(b"\x91" * 100_000)  # nesting deeper than the unpacker's stack
+@example(b"\xdd\xff\xff\xff\xff")  # an array header claiming 4 billion items
+@example(b"\xdf\xff\xff\xff\xff")  # a map header claiming 4 billion pairs
+@example(b"\xc6\xff\xff\xff\xff")  # a bin header claiming 4 GiB
+@example(b"\xc1")  # the one byte msgpack never uses
+@example(b"\xd6\xff\x00\x00\x00\x00")  # a timestamp extension
+def test_arbitrary_bytes_raise_only_frame_errors(frame: bytes) -> None:
+    result = outcome_of(frame)
+    if not isinstance(result, FrameError):
+        assert type(result) in TYPE_CODES
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(any_message, st.data())
+def test_truncated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
+    frame = encode(m)
+    cut = data.draw(st.integers(0, len(frame) - 1))
+    assert isinstance(outcome_of(frame[:cut]), MalformedFrame)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(any_message, st.data())
+def test_mutated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
+    frame = bytearray(encode(m))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(frame) - 1))
+        frame[i] = data.draw(st.integers(0, 255))
+    result = outcome_of(bytes(frame))
+    if not isinstance(result, FrameError):
+        # whatever decodes must be a valid message again
+        assert type(result) in TYPE_CODES
+        assert decode(encode(result), MAX) == result  # type: ignore[arg-type]
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(any_message, st.data())
+def test_fields_replaced_by_any_value_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
+    items = wire(encode(m))
+    i = data.draw(st.integers(1, len(items) - 1))
+    items[i] = data.draw(msgpack_values)
+    result = outcome_of(frame_of(*items))
+    if not isinstance(result, FrameError):
+        assert type(result) is type(m)
+        assert decode(encode(result), MAX) == result  # type: ignore[arg-type]
+
+
+@settings(max_examples=300)
+@given(st.integers(-(2**63), 1000), st.lists(msgpack_values, max_size=14))
+def test_any_array_raises_only_frame_errors(code: int, fields: list[Any]) -> None:
+    result = outcome_of(frame_of(code, *fields))
+    if code not in TYPE_CODES.values():
+        assert isinstance(result, UnknownMessageType)
+
+
+def test_non_bytes_input_is_malformed() -> None:
+    with pytest.raises(MalformedFrame):
+        decode(None, MAX)  # type: ignore[arg-type]
+    with pytest.raises(MalformedFrame):
+        decode("not bytes", MAX)  # type: ignore[arg-type]
+
+
+# --- each error, by name --------------------------------------------------------------------
+
+
+def test_oversized_is_checked_before_unpacking() -> None:
+    with pytest.raises(OversizedFrame):
+        decode(encode(tx_batch()), 10)
+    with pytest.raises(OversizedFrame):
+        decode(b"\xc1" * 11, 10)  # garbage, but too long is what is reported
+
+
+def test_empty_frame() -> None:
+    with pytest.raises(MalformedFrame):
+        decode(b"", MAX)
+
+
+def test_truncated() -> None:
+    frame = encode(tx_batch())
+    with pytest.raises(MalformedFrame):
+        decode(frame[:-1], MAX)
+    with pytest.raises(MalformedFrame):
+        decode(frame[:1], MAX)
+
+
+def test_trailing_garbage_after_a_valid_frame() -> None:
+    frame = encode(tx_batch())
+    with pytest.raises(MalformedFrame, match="trailing"):
+        decode(frame + b"\x00", MAX)
+    with pytest.raises(MalformedFrame):
+        decode(frame + frame, MAX)
+
+
+def test_not_msgpack() -> None:
+    with pytest.raises(MalformedFrame):
+        decode(b"\xc1", MAX)
+
+
+def test_invalid_utf8_is_malformed() -> None:
+    with pytest.raises(MalformedFrame):
+        decode(b"\x92\x01\xa2\xff\xfe", MAX)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        frame_of(),  # empty array
+        msgpack.packb(1),  # not an array
+        msgpack.packb({"a": 1}),
+        msgpack.packb(b"bytes"),
+        frame_of("1", 1, 2, 3),  # type code is not an int
+        frame_of(True, 1, 2, 3),  # type code is a bool
+        frame_of(1.0, 1, 2, 3),
+    ],
+)
+def test_wrong_top_level_shape(frame: bytes) -> None:
+    with pytest.raises(MalformedFrame):
+        decode(frame, MAX)
+
+
+def test_unknown_type_code() -> None:
+    with pytest.raises(UnknownMessageType):
+        decode(frame_of(99, 1, 2, 3), MAX)
+    with pytest.raises(UnknownMessageType):
+        decode(frame_of(0), MAX)
+    with pytest.raises(UnknownMessageType):
+        decode(frame_of(-1, 1), MAX)
+
+
+def test_wrong_array_lengths() -> None:
+    items = as_list(tx_batch())
+    with pytest.raises(MalformedFrame):
+        decode(frame_of(*items[:-1]), MAX)
+    with pytest.raises(MalformedFrame):
+        decode(frame_of(*items, 0), MAX)
+    entry = items[6][0]
+    with pytest.raises(MalformedFrame):
+        decode(frame_of(*items[:6], [entry[:4]]), MAX)
+    with pytest.raises(MalformedFrame):
+        decode(frame_of(*items[:6], [[*entry, b""]]), MAX)
+    with pytest.raises(MalformedFrame):  # entries not an array
+        decode(frame_of(*items[:6], b""), MAX)
+    with pytest.raises(MalformedFrame):  # an entry not an array
+        decode(frame_of(*items[:6], [5]), MAX)
+    with pytest.raises(MalformedFrame):  # a report not a pair
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D), MAX)
+    with pytest.raises(MalformedFrame):  # a stream status of the wrong length
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D]]), MAX)
+    with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
+        decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None]), MAX)
+
+
+def test_wrong_digest_length() -> None:
+    with pytest.raises(FieldError, match="digest"):
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D), MAX)
+    with pytest.raises(FieldError, match="committed_digest"):
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00"), MAX)
+    with pytest.raises(FieldError):  # a digest must be bin, not str
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16), MAX)
+
+
+@pytest.mark.parametrize(
+    "stream", ["orders|eu", "|", "a\x00b", "", "x" * 256, "é" * 128, b"orders", 5, None]
+)
+def test_bad_stream_names(stream: Any) -> None:
+    with pytest.raises(FieldError, match="stream"):
+        decode(frame_of(3, 1, 2, 3, stream, 4, -1), MAX)
+
+
+def test_stream_name_limit_is_in_utf8_bytes() -> None:
+    assert decode(frame_of(3, 1, 2, 3, "é" * 127, 4, -1), MAX) == JoinRequest(
+        1, 2, 3, "é" * 127, 4, -1
+    )
+
+
+def test_bool_where_int_expected() -> None:
+    items = as_list(tx_batch())
+    for i in (1, 2, 3, 5):
+        bad = list(items)
+        bad[i] = True
+        with pytest.raises(FieldError, match=r"expected .*, got True"):
+            decode(frame_of(*bad), MAX)
+    with pytest.raises(FieldError, match="seq"):
+        decode(frame_of(*items[:6], [[False, b"p", 6, None, b"v"]]), MAX)
+    with pytest.raises(FieldError, match="producer_seq"):
+        decode(frame_of(*items[:6], [[5, b"p", True, None, b"v"]]), MAX)
+
+
+def test_int_where_bool_expected() -> None:
+    with pytest.raises(FieldError, match="joined"):
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1]]), MAX)
+
+
+def test_negative_relay_id() -> None:
+    items = as_list(tx_batch())
+    items[1] = -1
+    with pytest.raises(FieldError, match="sender"):
+        decode(frame_of(*items), MAX)
+
+
+def test_relay_id_1024() -> None:
+    items = as_list(tx_batch())
+    items[1] = 1024
+    with pytest.raises(FieldError, match="sender"):
+        decode(frame_of(*items), MAX)
+    with pytest.raises(FieldError, match="target"):
+        decode(frame_of(10, 1, 2, 3, 1024, "why"), MAX)
+    with pytest.raises(FieldError, match="redirect"):
+        decode(frame_of(6, 1, 2, 3, 4, 5, "fenced", -1, "", [1, 1024]), MAX)
+
+
+def test_repair_origin_is_minus_one_or_a_relay_id() -> None:
+    for origin in (-1, 0, 1023):
+        m = decode(frame_of(8, 1, 2, 3, 4, "s", 5, 6, 7, origin), MAX)
+        assert isinstance(m, RepairRequest)
+        assert m.origin == origin
+    for bad in (-2, 1024, True, None, -1.0):
+        with pytest.raises(FieldError, match="origin"):
+            decode(frame_of(8, 1, 2, 3, 4, "s", 5, 6, 7, bad), MAX)
+
+
+def test_minus_one_only_where_documented() -> None:
+    assert decode(frame_of(3, 1, 2, 3, "s", 4, -1), MAX) == JoinRequest(1, 2, 3, "s", 4, -1)
+    with pytest.raises(FieldError, match="need_point"):
+        decode(frame_of(3, 1, 2, 3, "s", 4, -2), MAX)
+    with pytest.raises(FieldError, match="floor"):
+        decode(frame_of(3, 1, 2, -1, "s", 4, 0), MAX)
+    with pytest.raises(FieldError, match="incarnation"):
+        decode(frame_of(3, 1, -1, 3, "s", 4, 0), MAX)
+    with pytest.raises(FieldError, match="link_seq"):
+        decode(frame_of(3, 1, 2, 3, "s", -1, 0), MAX)
+    with pytest.raises(FieldError, match="point"):
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D), MAX)
+    with pytest.raises(FieldError, match="seq"):
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b""]]), MAX)
+    with pytest.raises(FieldError, match="request_id"):
+        decode(frame_of(8, 1, 2, 3, 4, "s", -1, 6, 7, -1), MAX)
+    with pytest.raises(FieldError, match="lo"):
+        decode(frame_of(8, 1, 2, 3, 4, "s", 5, -1, 7, -1), MAX)
+    with pytest.raises(FieldError, match="committed_point"):
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D), MAX)
+    with pytest.raises(FieldError, match="max_seen_reported"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None), MAX)
+
+
+def test_forward_reply_seq_may_be_minus_one() -> None:
+    # ProduceReply.seq defaults to -1 for every outcome but `committed`; a forwarded reply
+    # relays it unchanged, so the wire must accept it.
+    reply = ForwardReply(1, 2, 3, 4, 5, Outcome.UNKNOWN, -1, "", ())
+    assert decode(encode(reply), MAX) == reply
+
+
+def test_sequence_fields_above_int63_are_refused() -> None:
+    with pytest.raises(FieldError, match="floor"):
+        decode(frame_of(3, 1, 2, 2**63, "s", 4, -1), MAX)
+    with pytest.raises(FieldError, match="seq"):
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[2**63, b"p", 1, None, b""]]), MAX)
+    # producer sequences use the full unsigned 64-bit range
+    m = decode(frame_of(1, 1, 2, 3, "s", 4, [[1, b"p", U64, None, b""]]), MAX)
+    assert isinstance(m, TxBatch)
+    assert m.entries[0][1].producer_seq == U64
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ([5, b"", 6, None, b"v"], "producer_id"),
+        ([5, b"p" * 65, 6, None, b"v"], "producer_id"),
+        ([5, "p", 6, None, b"v"], "producer_id"),
+        ([5, b"p", -1, None, b"v"], "producer_seq"),
+        ([5, b"p", 6, "k", b"v"], "key"),
+        ([5, b"p", 6, 0, b"v"], "key"),
+        ([5, b"p", 6, None, "v"], "value"),
+        ([5, b"p", 6, None, None], "value"),
+        ([5.0, b"p", 6, None, b"v"], "seq"),
+    ],
+)
+def test_bad_transaction_fields(entry: list[Any], field: str) -> None:
+    with pytest.raises(FieldError, match=field):
+        decode(frame_of(1, 1, 2, 3, "s", 4, [entry]), MAX)
+    if field != "seq":
+        with pytest.raises(FieldError, match=field):
+            decode(frame_of(5, 1, 2, 3, 4, "s", 5, entry[1:]), MAX)
+        with pytest.raises(FieldError, match=field):
+            decode(frame_of(9, 1, 2, 3, 4, "s", 5, "ok", 0, 9, False, [entry], []), MAX)
+
+
+def test_bad_enum_values() -> None:
+    with pytest.raises(FieldError, match="outcome"):
+        decode(frame_of(6, 1, 2, 3, 4, 5, "COMMITTED", 6, "", []), MAX)
+    with pytest.raises(FieldError, match="outcome"):
+        decode(frame_of(6, 1, 2, 3, 4, 5, 1, 6, "", []), MAX)
+    with pytest.raises(FieldError, match="status"):
+        decode(frame_of(9, 1, 2, 3, 4, "s", 5, "stale", 0, 9, False, [], []), MAX)
+
+
+def test_bad_dedupe_keys() -> None:
+    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]]), MAX)
+    assert isinstance(ok, JoinReply)
+    assert ok.dedupe == ((b"p", 1, 2),)
+    with pytest.raises(MalformedFrame):
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]]), MAX)
+    with pytest.raises(FieldError, match="producer_id"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]]), MAX)
+    with pytest.raises(MalformedFrame):  # dedupe must be nil or an array
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b""), MAX)
+
+
+def test_reason_must_be_str() -> None:
+    with pytest.raises(FieldError, match="reason"):
+        decode(frame_of(10, 1, 2, 3, 4, b"why"), MAX)
+
+
+def test_maps_and_extensions_where_fields_belong() -> None:
+    with pytest.raises(FrameError):
+        decode(frame_of(10, 1, 2, 3, 4, {"a": 1}), MAX)
+    with pytest.raises(FrameError):
+        decode(frame_of(10, 1, 2, 3, 4, msgpack.ExtType(5, b"x")), MAX)
+    with pytest.raises(MalformedFrame):  # a map with an int key (strict_map_key)
+        decode(msgpack.packb([10, 1, 2, 3, 4, {1: 2}]), MAX)
+
+
+def test_decoded_containers_are_tuples() -> None:
+    m = decode(encode(tx_batch()), MAX)
+    assert isinstance(m, TxBatch)
+    assert type(m.entries) is tuple
+    assert all(type(e) is tuple for e in m.entries)
+    reply = decode(frame_of(6, 1, 2, 3, 4, 5, "fenced", -1, "", [1, 2]), MAX)
+    assert isinstance(reply, ForwardReply)
+    assert reply.redirect == (1, 2)
+    assert reply.outcome is Outcome.FENCED

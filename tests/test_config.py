@@ -1,0 +1,116 @@
+"""Configuration: quorum sizes, topology membership, limit validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from relay.core.config import CoreConfig, Limits, Topology, quorum
+from relay.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("n", "q"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4), (8, 5), (9, 5)]
+)
+def test_quorum_sizes(n: int, q: int) -> None:
+    assert quorum(n) == q
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_any_two_quorums_intersect(n: int) -> None:
+    q = quorum(n)
+    subsets = [set(c) for c in itertools.combinations(range(n), q)]
+    assert all(a & b for a, b in itertools.combinations_with_replacement(subsets, 2))
+    # and the quorum is the smallest size with that property
+    if q > 1:
+        smaller = [set(c) for c in itertools.combinations(range(n), q - 1)]
+        assert any(not (a & b) for a, b in itertools.combinations(smaller, 2))
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_quorum_of_no_members_raises(n: int) -> None:
+    with pytest.raises(ValueError):
+        quorum(n)
+
+
+def topology() -> Topology:
+    return Topology(
+        {
+            7: ("orders.*",),
+            2: ("orders.eu", "payments"),
+            5: ("payments",),
+            1: ("*",),
+        }
+    )
+
+
+def test_members_exact_and_patterns_sorted() -> None:
+    topo = topology()
+    assert topo.members("orders.eu") == (1, 2, 7)
+    assert topo.members("orders.us") == (1, 7)
+    assert topo.members("payments") == (1, 2, 5)
+    assert topo.members("ordersx") == (1,)
+    assert topo.relay_ids == (1, 2, 5, 7)
+
+
+def test_pattern_dot_is_literal() -> None:
+    topo = Topology({3: ("orders.*",)})
+    assert topo.members("orders.eu") == (3,)
+    assert topo.members("ordersx") == ()
+    assert topo.members("orders") == ()
+    assert topo.members("Orders.eu") == ()  # case-sensitive
+
+
+def test_members_of_unknown_stream_is_empty() -> None:
+    topo = Topology({3: ("orders.*",), 4: ("payments",)})
+    assert topo.members("unknown") == ()
+    assert topo.members("payment") == ()
+    assert not topo.serves(3, "payments")
+    assert topo.serves(4, "payments")
+
+
+def test_memoised_answers_stay_correct() -> None:
+    topo = topology()
+    for _ in range(3):
+        assert topo.members("orders.eu") == (1, 2, 7)
+        assert topo.members("nothing-serves-this") == (1,)
+
+
+@pytest.mark.parametrize("subscriptions", [{}, {1024: ("a",)}, {-1: ("a",)}, {1: ()}])
+def test_bad_topologies(subscriptions: dict[int, tuple[str, ...]]) -> None:
+    with pytest.raises(ConfigError):
+        Topology(subscriptions)
+
+
+def test_default_limits_are_valid() -> None:
+    Limits()
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Limits)])
+@pytest.mark.parametrize("value", [0, -1])
+def test_non_positive_limits_raise_naming_the_field(name: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Limits(**{name: value})
+
+
+@pytest.mark.parametrize("value", [1.5, "10", None])
+def test_non_integer_limits_raise(value: object) -> None:
+    with pytest.raises(ConfigError, match="max_tx_bytes"):
+        Limits(max_tx_bytes=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("heartbeat", "suspect"), [(20, 20), (20, 19), (100, 50)])
+def test_suspect_must_exceed_heartbeat(heartbeat: int, suspect: int) -> None:
+    with pytest.raises(ConfigError, match="suspect_timeout_ms"):
+        Limits(heartbeat_interval_ms=heartbeat, suspect_timeout_ms=suspect)
+    Limits(heartbeat_interval_ms=heartbeat, suspect_timeout_ms=heartbeat + 1)
+
+
+def test_core_config() -> None:
+    topo = topology()
+    config = CoreConfig(relay_id=2, topology=topo)
+    assert config.limits == Limits()
+    with pytest.raises(ConfigError, match="3"):
+        CoreConfig(relay_id=3, topology=topo)
