@@ -114,3 +114,18 @@ def test_core_config() -> None:
     assert config.limits == Limits()
     with pytest.raises(ConfigError, match="3"):
         CoreConfig(relay_id=3, topology=topo)
+
+
+def test_topology_rejects_a_bare_string_subscription() -> None:
+    with pytest.raises(ConfigError, match="subscriptions must be a list"):
+        Topology({1: "orders.*"})  # type: ignore[dict-item]
+
+
+def test_topology_rejects_a_non_integer_relay_id() -> None:
+    with pytest.raises(ConfigError, match="must be an integer"):
+        Topology({"1": ("a",)})  # type: ignore[dict-item]
+
+
+def test_limits_reject_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="heartbeat_interval_ms"):
+        Limits(heartbeat_interval_ms=True)

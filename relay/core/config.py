@@ -42,7 +42,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"limit {name} must be a positive integer, got {value!r}")
         if self.suspect_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError(
@@ -62,6 +62,15 @@ class Topology:
         if not self.subscriptions:
             raise ConfigError("topology has no relays")
         for relay_id, patterns in self.subscriptions.items():
+            if not isinstance(relay_id, int) or isinstance(relay_id, bool):
+                raise ConfigError(f"relay id {relay_id!r} must be an integer")
+            if not isinstance(patterns, tuple | list) or not all(
+                isinstance(p, str) and p for p in patterns
+            ):
+                raise ConfigError(
+                    f"relay {relay_id}: subscriptions must be a list of stream names or "
+                    f"patterns, got {patterns!r}"
+                )
             if not 0 <= relay_id <= MAX_RELAY_ID:
                 raise ConfigError(f"relay id {relay_id} outside 0..{MAX_RELAY_ID}")
             if not patterns:

@@ -70,13 +70,17 @@ class Ready:
     outgoing: list[Outgoing] = field(default_factory=list)
     replies: list[ProduceReply] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
+    # (stream, point): this relay's delivered history now starts after `point` (it joined,
+    # or its gap was older than every member's buffer). Entries between the last one
+    # delivered before and `point` are not held here; consumers must read them elsewhere.
+    rebases: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
 class LinkState:
     """What this relay has received of one peer's messages about one stream."""
 
-    expected: int = 1  # next link_seq we expect
+    expected: int = 1  # next link_seq we expect; 0: not yet synchronised (first contact)
     contig_floor: int = 0  # peer floor as of its last message with nothing missing before it
     latest_floor: int = 0  # peer floor as of its latest message on this link
     hole_lo: int = -1  # -1: no hole. Else transactions lo < seq <= hole_hi may be missing
@@ -94,6 +98,7 @@ class PeerState:
     refusal_sent_ms: int = NEVER
     links: dict[str, LinkState] = field(default_factory=dict)
     joined: dict[str, bool] = field(default_factory=dict)
+    sync_links: bool = True  # a new link takes the first link_seq it sees as its start
 
 
 @dataclass
@@ -112,6 +117,19 @@ class RepairState:
     request_id: int = 0
     sent_ms: int = NEVER
     entries: list[Entry] = field(default_factory=list)
+    too_old: set[int] = field(default_factory=set)  # candidates whose buffer starts later
+
+
+@dataclass
+class ResetState:
+    """Rebuilding our uncommitted zone (lo, hi] as the union of what the members hold,
+    after every point we reported there turned out dead."""
+
+    lo: int
+    hi: int
+    awaiting: dict[int, int]  # request id -> peer
+    started_ms: int
+    entries: dict[int, Transaction] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +168,14 @@ class StreamState:
         self.join: JoinState | None = JoinState(amnesiac=True)
         self.fenced = True
         self.report_log: deque[Report] = deque(maxlen=limits.report_log_entries)
+        # Votes of member m are all known at points <= known_through[m] (its report
+        # stream arrived with nothing missing); a restart of m leaves its earlier
+        # incarnation's later votes unknowable (votes_unknowable_above).
+        self.known_through: dict[int, int] = {}
+        self.votes_unknowable_above: dict[int, int] = {}
+        self.reset: ResetState | None = None
+        self.progress_ms = NEVER  # last time the committed point moved
+        self.dead_check_ms = NEVER
 
 
 class RelayCore:
@@ -346,18 +372,18 @@ class RelayCore:
     def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
         if isinstance(msg, TxBatch):
             st = self._stream(msg.stream)
-            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
-            self._on_tx_batch(st, msg)
+            if self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                self._on_tx_batch(st, msg)
         elif isinstance(msg, Reports):
             st = self._stream(msg.stream)
-            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
-            self._on_reports(st, msg, now_ms)
+            if self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                self._on_reports(st, msg, now_ms)
         elif isinstance(msg, Heartbeat):
             self._on_heartbeat(msg, peer, now_ms)
         elif isinstance(msg, JoinRequest):
             st = self._stream(msg.stream)
-            self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms)
-            self._on_join_request(st, msg)
+            if self._on_link_message(st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                self._on_join_request(st, msg)
         elif isinstance(msg, JoinReply):
             self._on_join_reply(self._stream(msg.stream), msg, now_ms)
         elif isinstance(msg, Forward):
@@ -373,30 +399,42 @@ class RelayCore:
             self.counters["refused_by_peer"] += 1
 
     def _new_incarnation(self, sender: int, peer: PeerState, incarnation: int) -> None:
-        """A peer restarted with empty memory: forget its links and uncommitted votes."""
+        """First contact with a peer, or the peer restarted with empty memory."""
+        restarted = peer.incarnation >= 0
         peer.incarnation = incarnation
         peer.links.clear()
         peer.joined.clear()
+        # On first contact we join its message streams wherever they are; after a restart
+        # they begin again at 1, and anything missing from there is a real gap.
+        peer.sync_links = not restarted
+        if not restarted:
+            return
         for st in self.streams.values():
             if sender in st.members:
-                st.votes.drop_reporter(sender)
                 st.commit_sources.discard(sender)
+                frozen = st.known_through.get(sender, -1)
+                st.votes_unknowable_above[sender] = min(
+                    st.votes_unknowable_above.get(sender, frozen), frozen
+                )
 
     # === links: gap detection ==========================================================
 
     def _link(self, peer: PeerState, stream: str) -> LinkState:
         link = peer.links.get(stream)
         if link is None:
-            link = peer.links[stream] = LinkState()
+            link = peer.links[stream] = LinkState(expected=0 if peer.sync_links else 1)
         return link
 
     def _on_link_message(
         self, st: StreamState, sender: int, peer: PeerState, link_seq: int, floor: int, now_ms: int
-    ) -> None:
+    ) -> bool:
+        """Track the peer's per-stream message counter; False for a duplicate."""
         link = self._link(peer, st.stream)
+        if link.expected == 0:
+            link.expected = link_seq
         if link_seq < link.expected:
             self.counters["link_duplicate"] += 1
-            return
+            return False
         if link_seq > link.expected:
             self.counters["link_gap"] += 1
             self._open_hole(st, sender, link, floor, now_ms)
@@ -404,6 +442,7 @@ class RelayCore:
         link.latest_floor = max(link.latest_floor, floor)
         if link.hole_lo < 0:
             link.contig_floor = link.latest_floor
+        return True
 
     def _open_hole(
         self, st: StreamState, sender: int, link: LinkState, floor: int, now_ms: int
@@ -550,16 +589,32 @@ class RelayCore:
     # === reports, commits, delivery ======================================================
 
     def _on_reports(self, st: StreamState, msg: Reports, now_ms: int) -> None:
-        votes = st.votes
-        committed_here: tuple[int, bytes] | None = None
-        for point, digest in msg.points:
-            if votes.add(msg.sender, point, digest):
-                committed_here = (point, digest)
-        if committed_here is not None:
-            self._learn_commit(st, *committed_here, sources=votes.reporters(*committed_here))
+        self._count_votes(st, msg.sender, msg.points)
+        self._update_known_through(st, msg.sender)
         if msg.committed_point >= 0:
             self._learn_commit(st, msg.committed_point, msg.committed_digest, [msg.sender])
         self._advance(st, now_ms)
+
+    def _count_votes(self, st: StreamState, reporter: int, points: tuple[Report, ...]) -> None:
+        votes = st.votes
+        committed_here: tuple[int, bytes] | None = None
+        for point, digest in points:
+            if votes.add(reporter, point, digest):
+                committed_here = (point, digest)
+        if committed_here is not None:
+            self._learn_commit(st, *committed_here, sources=votes.reporters(*committed_here))
+
+    def _update_known_through(self, st: StreamState, member: int) -> None:
+        link = self.peers[member].links.get(st.stream)
+        if link is not None and link.hole_lo < 0:
+            last = st.votes.last_point.get(member, -1)
+            if last > st.known_through.get(member, -1):
+                st.known_through[member] = last
+
+    def _vote_known(self, st: StreamState, member: int, point: int) -> bool:
+        if point > st.votes_unknowable_above.get(member, point):
+            return False
+        return point <= st.known_through.get(member, -1)
 
     def _learn_commit(self, st: StreamState, point: int, digest: bytes, sources: list[int]) -> None:
         if point > st.votes.max_seen:
@@ -594,7 +649,7 @@ class RelayCore:
 
     def _collect_reports(self, st: StreamState, now_ms: int) -> None:
         tl = st.timeline
-        if st.join is not None or st.repair is not None:
+        if st.join is not None or st.repair is not None or st.reset is not None:
             return
         w = self._watermark(st, now_ms)
         if w <= tl.reported:
@@ -669,6 +724,7 @@ class RelayCore:
         tl = st.timeline
         newly = tl.deliver_through(point, digest)
         st.votes.settle_through(point)
+        st.progress_ms = self.now_ms
         st.mismatch_since_ms = NEVER
         if st.repair is not None and st.repair.point <= point:
             st.repair = None
@@ -684,22 +740,26 @@ class RelayCore:
         self._resolve_excluded(st, point)
         tl.evict(self.limits.buffer_max_entries, self.limits.buffer_max_bytes)
 
-    def _resolve_excluded(self, st: StreamState, point: int) -> None:
-        """Own transactions at or below a committed point that the prefix left out."""
+    def _resolve_excluded(self, st: StreamState, point: int, prefix_seen: bool = True) -> None:
+        """Own transactions at or below a newly committed point that we did not deliver.
+        If we saw the committed prefix, the transaction is definitely out (rejected), unless
+        another copy of it committed. After a rebase we did not see the skipped range, so
+        all we can honestly say is unknown."""
         while st.pending:
             seq = next(iter(st.pending))
             if seq > point:
                 break
             waiters = st.pending.pop(seq)
-            tx = st.timeline.tx_at(seq)
-            first = None
-            if tx is not None:
-                first = st.timeline.dedupe.first_copy(tx.producer_id, tx.producer_seq)
+            key = st.pending_key_of.get(seq)
+            first = st.timeline.dedupe.first_copy(*key) if key is not None else None
             if first is not None:
                 self._finish(st, seq, waiters, Outcome.COMMITTED, first)
-            else:
+            elif prefix_seen:
                 self.counters["produce_rejected_late"] += 1
                 self._finish(st, seq, waiters, Outcome.REJECTED, -1, RejectReason.LATE.value)
+            else:
+                self.counters["produce_unknown"] += 1
+                self._finish(st, seq, waiters, Outcome.UNKNOWN, -1)
 
     def _finish(
         self,
@@ -731,19 +791,34 @@ class RelayCore:
                 self.counters["repair_local"] += 1
                 self._adopt_range(st, lo, point, digest, entries)
                 return
-        candidates = sorted(m for m in st.commit_sources if m != self.id)
-        if not candidates:
-            candidates = list(st.peers)
-        st.repair = RepairState(point, digest, lo, candidates)
+        st.repair = RepairState(point, digest, lo, self._repair_candidates(st))
         self.counters["repair_started"] += 1
         self._send_repair_request(st, lo, now_ms)
+
+    def _repair_candidates(self, st: StreamState) -> list[int]:
+        """Members known to hold the committed digest first, then every other member."""
+        sources = sorted(m for m in st.commit_sources if m != self.id)
+        return sources + [m for m in st.peers if m not in sources]
+
+    def _retry_repair(self, st: StreamState, now_ms: int) -> None:
+        rep = st.repair
+        assert rep is not None
+        if st.known_commit[0] > rep.point:
+            st.repair = None  # a newer commit is known: repair towards it instead
+            self._start_repair(st, now_ms)
+            return
+        rep.attempt += 1
+        rep.entries = []
+        rep.candidates = self._repair_candidates(st)
+        self._send_repair_request(st, rep.lo, now_ms)
 
     def _send_repair_request(self, st: StreamState, lo: int, now_ms: int) -> None:
         rep = st.repair
         assert rep is not None
         rep.request_id = self._request_id()
         rep.sent_ms = now_ms
-        target = rep.candidates[rep.attempt % len(rep.candidates)]
+        usable = [c for c in rep.candidates if c not in rep.too_old] or rep.candidates
+        target = usable[rep.attempt % len(usable)]
         self._send(
             RepairRequest(
                 self.id,
@@ -761,7 +836,11 @@ class RelayCore:
     def _on_repair_request(self, st: StreamState, msg: RepairRequest) -> None:
         tl = st.timeline
         if not tl.has_base or msg.lo < tl.base_point or msg.hi <= msg.lo:
-            status = RepairStatus.TOO_OLD if tl.has_base else RepairStatus.OK
+            # Without a base we hold nothing: we coordinated nothing (a gap fill gets an
+            # empty range) and cannot serve a repair (too old).
+            status = (
+                RepairStatus.OK if not tl.has_base and msg.origin >= 0 else RepairStatus.TOO_OLD
+            )
             self._send(
                 RepairReply(
                     self.id,
@@ -772,7 +851,7 @@ class RelayCore:
                     msg.request_id,
                     status,
                     msg.lo,
-                    msg.lo,
+                    max(msg.hi, msg.lo),
                     False,
                     (),
                     (),
@@ -818,6 +897,9 @@ class RelayCore:
         if link is not None and msg.request_id == link.fill_request and link.hole_lo >= 0:
             self._on_fill_reply(st, msg.sender, link, msg, now_ms)
             return
+        if st.reset is not None and msg.request_id in st.reset.awaiting:
+            self._on_reset_reply(st, msg, now_ms)
+            return
         rep = st.repair
         if rep is None or msg.request_id != rep.request_id:
             self.counters["repair_reply_unmatched"] += 1
@@ -829,8 +911,12 @@ class RelayCore:
             return
         if msg.status is RepairStatus.TOO_OLD:
             self.counters["repair_too_old"] += 1
-            st.repair = None
-            self._start_rebase(st, rep.point, now_ms)
+            rep.too_old.add(msg.sender)
+            if rep.too_old.issuperset(st.peers):
+                st.repair = None  # nobody holds our gap any more: start from a base
+                self._start_rebase(st, rep.point, now_ms)
+            else:
+                self._retry_repair(st, now_ms)
             return
         rep.entries.extend(msg.entries)
         if msg.more:
@@ -840,9 +926,7 @@ class RelayCore:
             self._adopt_range(st, rep.lo, rep.point, rep.digest, rep.entries)
         else:
             self.counters["repair_mismatch"] += 1
-            rep.attempt += 1
-            rep.entries = []
-            self._send_repair_request(st, rep.lo, now_ms)
+            self._retry_repair(st, now_ms)
 
     def _adopt_range(
         self, st: StreamState, lo: int, point: int, digest: bytes, entries: list[Entry]
@@ -859,6 +943,7 @@ class RelayCore:
             for seq, tx in msg.entries:
                 outcome = st.timeline.insert(seq, tx)
                 self.counters[f"fill_{outcome}"] += 1
+            self._count_votes(st, sender, msg.reports)
             if msg.more:
                 self._request_fill(st, sender, link, msg.hi, now_ms)
                 return
@@ -867,11 +952,95 @@ class RelayCore:
                 return
         self.counters["hole_closed"] += 1
         self._close_hole(link)
+        self._update_known_through(st, sender)
 
     def _start_rebase(self, st: StreamState, need_point: int, now_ms: int) -> None:
         """Our history is too old to repair: take a base at or above need_point."""
         st.join = JoinState(amnesiac=False, need_point=need_point, first_round_done=True)
         self._send_join_request(st, now_ms)
+
+    # === dead points: rebuilding an uncommitted zone ======================================
+
+    def _maybe_reset(self, st: StreamState, now_ms: int) -> None:
+        """If every point we reported above our committed point is dead (no digest can
+        reach a quorum there any more), nobody can ever commit them, so our prefix there
+        may change without breaking rule iii. Rebuild it as the union of what the members
+        hold, so the members converge and commit again at later points."""
+        tl = st.timeline
+        limits = self.limits
+        if st.join is not None or st.repair is not None or st.reset is not None:
+            return
+        if tl.reported <= tl.committed_point or st.known_commit[0] > tl.committed_point:
+            return
+        if now_ms - max(st.progress_ms, st.dead_check_ms) < limits.repair_retry_ms:
+            return
+        st.dead_check_ms = now_ms
+        log = st.report_log
+        if not log or log[-1][0] <= tl.committed_point:
+            return  # we reported nothing above our committed point
+        if len(log) == log.maxlen and log[0][0] > tl.committed_point:
+            return  # our own early reports fell out of the log: cannot prove them dead
+        others = [m for m in st.members if m != self.id]
+        for point, _ in reversed(log):
+            if point <= tl.committed_point:
+                break
+            unknown = sum(1 for m in others if not self._vote_known(st, m, point))
+            if not st.votes.dead(point, unknown):
+                return
+        live = [m for m in st.peers if self._is_live(self.peers[m], now_ms)]
+        self.counters["reset_started"] += 1
+        st.reset = ResetState(tl.committed_point, tl.reported, {}, now_ms)
+        for m in live:
+            self._send_reset_request(st, m, st.reset.lo)
+        if not live:
+            self._finish_reset(st, now_ms)
+
+    def _send_reset_request(self, st: StreamState, peer: int, lo: int) -> None:
+        reset = st.reset
+        assert reset is not None
+        rid = self._request_id()
+        reset.awaiting[rid] = peer
+        self._send(
+            RepairRequest(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                peer,
+                st.stream,
+                rid,
+                lo,
+                reset.hi,
+                -1,
+            )
+        )
+
+    def _on_reset_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
+        reset = st.reset
+        assert reset is not None
+        peer = reset.awaiting.pop(msg.request_id)
+        if msg.status is RepairStatus.OK:
+            for seq, tx in msg.entries:
+                reset.entries.setdefault(seq, tx)
+            if msg.more:
+                self._send_reset_request(st, peer, msg.hi)
+        if not reset.awaiting:
+            self._finish_reset(st, now_ms)
+
+    def _finish_reset(self, st: StreamState, now_ms: int) -> None:
+        reset = st.reset
+        assert reset is not None
+        tl = st.timeline
+        st.reset = None
+        if tl.committed_point != reset.lo:
+            return  # a commit arrived meanwhile: it decides, not the union
+        union = dict(tl.entries_between(reset.lo, reset.hi))
+        for seq, tx in list(reset.entries.items()) + list(tl.late.items()):
+            if reset.lo < seq <= reset.hi:
+                union.setdefault(seq, tx)
+        entries = sorted(union.items())
+        tl.replace_range(reset.lo, reset.hi, entries)
+        self.counters["reset_done"] += 1
+        st.progress_ms = now_ms
 
     # === joining ========================================================================
 
@@ -925,21 +1094,32 @@ class RelayCore:
                 [r.max_seen_reported for r in join.replies.values()]
                 + [st.votes.max_seen, st.known_commit[0]]
             )
-            if highest < 0 and all(r.fresh for r in join.replies.values()):
-                self._adopt_base(
-                    st,
-                    GENESIS_POINT,
-                    dg.genesis(st.stream),
-                    DedupeWindow(self.limits.dedupe_window_entries),
-                    GENESIS_POINT,
-                    now_ms,
-                )
+            holders = [r for r in join.replies.values() if not r.fresh]
+            if len(holders) < st.q:
+                # Fewer than a quorum of members hold any state, so nothing can commit
+                # without the joiners: take the best state the holders have (the empty
+                # genesis if none), and still never vote where anyone already reported.
+                self._join_without_quorum(st, holders, highest, now_ms)
                 return
             join.need_point = max(highest, 0)
             if not self._try_join_base(st, join, now_ms):
                 self._send_join_request(st, now_ms)  # ask again, now for a base
             return
         self._try_join_base(st, join, now_ms)
+
+    def _join_without_quorum(
+        self, st: StreamState, holders: list[JoinReply], highest: int, now_ms: int
+    ) -> None:
+        self.counters["joined_without_quorum"] += 1
+        with_window = [r for r in holders if r.dedupe is not None]
+        if with_window:
+            best = max(with_window, key=lambda r: r.committed_point)
+            point, digest = best.committed_point, best.committed_digest
+            window = DedupeWindow(self.limits.dedupe_window_entries, best.dedupe or ())
+        else:
+            point, digest = GENESIS_POINT, dg.genesis(st.stream)
+            window = DedupeWindow(self.limits.dedupe_window_entries)
+        self._adopt_base(st, point, digest, window, max(highest, point), now_ms)
 
     def _try_join_base(self, st: StreamState, join: JoinState, now_ms: int) -> bool:
         for reply in join.replies.values():
@@ -972,6 +1152,7 @@ class RelayCore:
         self.counters["base_adopted"] += 1
         tl = st.timeline
         tl.adopt_base(point, digest, window)
+        self._ready.rebases.append((st.stream, point))
         tl.reported = max(tl.reported, never_report_through)
         st.votes.settle_through(point)
         st.join = None
@@ -979,7 +1160,7 @@ class RelayCore:
         st.mismatch_since_ms = NEVER
         if point > st.known_commit[0]:
             st.known_commit = (point, digest)
-        self._resolve_excluded(st, point)
+        self._resolve_excluded(st, point, prefix_seen=False)
         self._advance(st, now_ms)
 
     # === heartbeats, fencing, timers ===================================================
@@ -997,6 +1178,8 @@ class RelayCore:
                 continue
             peer.joined[status.stream] = status.joined
             link = self._link(peer, status.stream)
+            if link.expected == 0:
+                link.expected = status.last_link_seq + 1
             if status.last_link_seq >= link.expected:
                 self.counters["link_gap_heartbeat"] += 1
                 self._open_hole(st, msg.sender, link, msg.floor, now_ms)
@@ -1051,10 +1234,11 @@ class RelayCore:
                 self._finish(st, seq, waiters, Outcome.UNKNOWN, -1)
         rep = st.repair
         if rep is not None and now_ms - rep.sent_ms >= limits.repair_retry_ms:
-            rep.attempt += 1
-            rep.entries = []
             self.counters["repair_retry"] += 1
-            self._send_repair_request(st, rep.lo, now_ms)
+            self._retry_repair(st, now_ms)
+        if st.reset is not None and now_ms - st.reset.started_ms >= 3 * limits.repair_retry_ms:
+            self._finish_reset(st, now_ms)  # proceed with the members that answered
+        self._maybe_reset(st, now_ms)
         for m in st.peers:
             link = self.peers[m].links.get(st.stream)
             if link is None or link.hole_lo < 0:

@@ -1,6 +1,15 @@
 """Digest reports per point, and the commit rule: a point commits when a quorum of the
-stream's members reported the same digest there. Reports of one member arrive in
-increasing point order and are never repeated (rule ii of the spec)."""
+stream's members reported the same digest there.
+
+A member reports each point at most once (rule ii of the spec), so a vote is a fact: the
+first digest counted for (member, point) stays; a second, different one is a protocol
+violation by that member and is counted, not used. Votes of a member's earlier incarnation
+stay too: a quorum that counted them was a real quorum.
+
+A point is *dead* when no digest can reach a quorum any more: the votes already known,
+plus every member whose vote there is still unknown, fall short for every digest. A member
+may rewrite its prefix at points it reported only if all of them are dead (see relay.py).
+"""
 
 from __future__ import annotations
 
@@ -16,12 +25,13 @@ class VoteTally:
         self.last_point: dict[int, int] = {}  # reporter -> highest point it reported
         self.max_seen = -1  # highest point seen reported by anyone (or announced committed)
         self.floor = -1  # points at or below are settled (committed here): ignored
+        self.evicted_through = -1  # votes at or below were dropped to bound memory
+        self.conflicts = 0
 
     def add(self, reporter: int, point: int, digest: bytes) -> bool:
         """Count one report; True if it completed a quorum at `point`."""
-        if point <= self.last_point.get(reporter, -1):
-            return False  # a repeat or out of order: a member reports each point once
-        self.last_point[reporter] = point
+        if point > self.last_point.get(reporter, -1):
+            self.last_point[reporter] = point
         if point > self.max_seen:
             self.max_seen = point
         if point <= self.floor:
@@ -29,9 +39,17 @@ class VoteTally:
         by_digest = self.points.get(point)
         if by_digest is None:
             if len(self.points) >= self.max_points:
-                del self.points[min(self.points)]  # bounded memory; a later point commits
+                lowest = min(self.points)
+                del self.points[lowest]  # bounded memory; a later point commits
+                self.evicted_through = max(self.evicted_through, lowest)
             by_digest = self.points[point] = {}
-        mask = by_digest.get(digest, 0) | (1 << reporter)
+        bit = 1 << reporter
+        for other, mask in by_digest.items():
+            if mask & bit:
+                if other != digest:
+                    self.conflicts += 1
+                return False
+        mask = by_digest.get(digest, 0) | bit
         by_digest[digest] = mask
         return mask.bit_count() == self.q
 
@@ -47,12 +65,10 @@ class VoteTally:
         for p in [p for p in self.points if p <= point]:
             del self.points[p]
 
-    def drop_reporter(self, reporter: int) -> None:
-        """A member restarted: its earlier, uncommitted reports no longer count."""
-        bit = 1 << reporter
-        for by_digest in self.points.values():
-            for d in list(by_digest):
-                by_digest[d] &= ~bit
-                if not by_digest[d]:
-                    del by_digest[d]
-        self.last_point.pop(reporter, None)
+    def dead(self, point: int, unknown: int) -> bool:
+        """No digest can reach a quorum at `point`, with `unknown` members whose vote
+        there may still come (or may have been counted somewhere we cannot see)."""
+        if point <= self.evicted_through:
+            return False  # we no longer know the votes there
+        best = max((mask.bit_count() for mask in self.points.get(point, {}).values()), default=0)
+        return best + unknown < self.q
