@@ -103,11 +103,11 @@ def sim(
     Prints a line per failing seed (replay it with --seed S) and ends with
     `N passed, M failed`; the exit code is non-zero if any seed failed.
     """
-    try:
-        from relay.sim.runner import run_cli
-    except ModuleNotFoundError as e:
-        if e.name not in ("relay.sim", "relay.sim.runner"):
-            raise
-        raise click.ClickException("the simulator (relay.sim.runner) is not available") from e
+    from relay.sim.faults import FaultConfig
+    from relay.sim.runner import run_cli
 
+    try:
+        FaultConfig.parse(",".join(faults))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--faults") from None
     sys.exit(run_cli(seeds=seeds, seed=seed, relays=relays, faults=faults, first_seed=first_seed))

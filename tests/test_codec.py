@@ -68,13 +68,33 @@ transactions = st.builds(
 )
 entries = st.lists(st.tuples(u63, transactions), max_size=5).map(tuple)
 report_points = st.lists(st.tuples(u63, digests), max_size=5).map(tuple)
-stream_statuses = st.builds(StreamStatus, streams, u63, u63_or_none, digests, st.booleans())
+acks = st.lists(st.tuples(relay_ids, u63), max_size=5).map(tuple)
+stream_statuses = st.builds(
+    StreamStatus,
+    streams,
+    u63,
+    u63_or_none,
+    digests,
+    st.booleans(),
+    acks,
+    report_points,
+    u63_or_none,
+)
 dedupe_keys = st.tuples(producer_ids, u64, u63)
 
 messages: dict[type, st.SearchStrategy[Any]] = {
     TxBatch: st.builds(TxBatch, relay_ids, incarnations, u63, streams, u63, entries),
     Reports: st.builds(
-        Reports, relay_ids, incarnations, u63, streams, u63, report_points, u63_or_none, digests
+        Reports,
+        relay_ids,
+        incarnations,
+        u63,
+        streams,
+        u63,
+        report_points,
+        u63_or_none,
+        digests,
+        acks,
     ),
     JoinRequest: st.builds(JoinRequest, relay_ids, incarnations, u63, streams, u63, u63_or_none),
     Heartbeat: st.builds(
@@ -111,6 +131,7 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         digests,
         u63_or_none,
         st.none() | st.lists(dedupe_keys, max_size=4).map(tuple),
+        report_points,
     ),
     RepairRequest: st.builds(
         RepairRequest,
@@ -254,15 +275,20 @@ def test_wire_layout() -> None:
         [b"p", 6, b"", b"v"],
     ]
     reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
-    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D]
+    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, []]
+    reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)))
+    assert as_list(reports)[-1] == [[6, 7], [8, 9]]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
-    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True]]]
+    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1]]]
+    hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8),))
+    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8]]]
+    assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1]
     reply = ForwardReply(1, 2, 3, 4, 5, Outcome.REJECTED, -1, "late", (7, 8))
     assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
     join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
-    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None]
-    join = dataclasses.replace(join, dedupe=((b"p", 1, 2),))
-    assert as_list(join)[-1] == [[b"p", 1, 2]]
+    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, []]
+    join = dataclasses.replace(join, dedupe=((b"p", 1, 2),), your_votes=((6, D),))
+    assert as_list(join)[-2:] == [[[b"p", 1, 2]], [[6, D]]]
     rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
     assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
     assert as_list(Refusal(1, 2, 3, 4, "clock ahead")) == [10, 1, 2, 3, 4, "clock ahead"]
@@ -437,21 +463,26 @@ def test_wrong_array_lengths() -> None:
         decode(frame_of(*items[:6], b""), MAX)
     with pytest.raises(MalformedFrame):  # an entry not an array
         decode(frame_of(*items[:6], [5]), MAX)
-    with pytest.raises(MalformedFrame):  # a report not a pair
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D), MAX)
-    with pytest.raises(MalformedFrame):  # a stream status of the wrong length
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D]]), MAX)
+    with pytest.raises(MalformedFrame, match=r"points\[0\]"):  # a report not a pair
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D, []), MAX)
+    for status in (
+        ["s", 4, -1, D],
+        ["s", 4, -1, D, True],  # the layout before acks and inherited votes
+        ["s", 4, -1, D, True, [], [], -1, 0],
+    ):
+        with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
+            decode(frame_of(4, 1, 2, 3, [status]), MAX)
     with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
         decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None]), MAX)
 
 
 def test_wrong_digest_length() -> None:
     with pytest.raises(FieldError, match="digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D, []), MAX)
     with pytest.raises(FieldError, match="committed_digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00"), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00", []), MAX)
     with pytest.raises(FieldError):  # a digest must be bin, not str
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16, []), MAX)
 
 
 @pytest.mark.parametrize(
@@ -483,7 +514,7 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1]]), MAX)
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1]]), MAX)
 
 
 def test_negative_relay_id() -> None:
@@ -525,7 +556,7 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="link_seq"):
         decode(frame_of(3, 1, 2, 3, "s", -1, 0), MAX)
     with pytest.raises(FieldError, match="point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, []), MAX)
     with pytest.raises(FieldError, match="seq"):
         decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b""]]), MAX)
     with pytest.raises(FieldError, match="request_id"):
@@ -533,9 +564,9 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="lo"):
         decode(frame_of(8, 1, 2, 3, 4, "s", 5, -1, 7, -1), MAX)
     with pytest.raises(FieldError, match="committed_point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, []), MAX)
     with pytest.raises(FieldError, match="max_seen_reported"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, []), MAX)
 
 
 def test_forward_reply_seq_may_be_minus_one() -> None:
@@ -590,15 +621,15 @@ def test_bad_enum_values() -> None:
 
 
 def test_bad_dedupe_keys() -> None:
-    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]]), MAX)
+    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], []), MAX)
     assert isinstance(ok, JoinReply)
     assert ok.dedupe == ((b"p", 1, 2),)
-    with pytest.raises(MalformedFrame):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]]), MAX)
+    with pytest.raises(MalformedFrame, match=r"dedupe\[0\]"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]], []), MAX)
     with pytest.raises(FieldError, match="producer_id"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]]), MAX)
-    with pytest.raises(MalformedFrame):  # dedupe must be nil or an array
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b""), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]], []), MAX)
+    with pytest.raises(MalformedFrame, match="dedupe"):  # dedupe must be nil or an array
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", []), MAX)
 
 
 def test_reason_must_be_str() -> None:
@@ -624,3 +655,110 @@ def test_decoded_containers_are_tuples() -> None:
     assert isinstance(reply, ForwardReply)
     assert reply.redirect == (1, 2)
     assert reply.outcome is Outcome.FENCED
+
+
+# --- acks, inherited votes ------------------------------------------------------------------
+
+
+def reports_frame(acks: Any) -> bytes:
+    return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks)
+
+
+def status_frame(acks: Any = (), inherited: Any = (), inherited_through: Any = -1) -> bytes:
+    """A heartbeat with one stream status, with the given acks and inherited votes."""
+    # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
+    return frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, acks, inherited, inherited_through]])
+
+
+def heartbeat_frame(acks: Any) -> bytes:
+    return status_frame(acks=acks)
+
+
+@given(acks)
+def test_acks_round_trip(a: tuple[tuple[int, int], ...]) -> None:
+    reports = Reports(1, 2, 3, "s", 4, ((5, D),), 5, D, a)
+    assert decode(encode(reports), MAX) == reports
+    statuses = (StreamStatus("s", 4, -1, D, True, a), StreamStatus("t", 0, 0, D, False))
+    hb = Heartbeat(1, 2, 3, statuses)
+    back = decode(encode(hb), MAX)
+    assert back == hb
+    assert isinstance(back, Heartbeat)
+    assert back.streams[0].acks == a
+    assert back.streams[1].acks == ()
+
+
+def test_acks_boundaries_and_containers() -> None:
+    edge = ((0, 0), (1023, U63))
+    m = decode(reports_frame([list(p) for p in edge]), MAX)
+    assert isinstance(m, Reports)
+    assert m.acks == edge
+    assert type(m.acks) is tuple
+    assert all(type(p) is tuple for p in m.acks)
+    hb = decode(heartbeat_frame([[1023, U63]]), MAX)
+    assert isinstance(hb, Heartbeat)
+    assert hb.streams[0].acks == ((1023, U63),)
+    hash(m)
+    hash(hb)
+
+
+@pytest.mark.parametrize(
+    ("ack", "field"),
+    [
+        ([1024, 5], "relay"),
+        ([-1, 5], "relay"),
+        ([True, 5], "relay"),
+        ([None, 5], "relay"),
+        ([5, -1], "point"),
+        ([5, 2**63], "point"),
+        ([5, 1.0], "point"),
+        ([5, False], "point"),
+    ],
+)
+@pytest.mark.parametrize("make", [reports_frame, heartbeat_frame], ids=["reports", "heartbeat"])
+def test_bad_ack_fields(make: Any, ack: list[Any], field: str) -> None:
+    with pytest.raises(FieldError, match=rf"acks\[1\]\.{field}"):
+        decode(make([[0, 0], ack]), MAX)
+
+
+@pytest.mark.parametrize("ack", [[5], [5, 6, 7], [], 5, b"\x05\x06", None])
+@pytest.mark.parametrize("make", [reports_frame, heartbeat_frame], ids=["reports", "heartbeat"])
+def test_ack_of_wrong_arity(make: Any, ack: Any) -> None:
+    with pytest.raises(MalformedFrame, match=r"acks\[0\]"):
+        decode(make([ack]), MAX)
+
+
+@pytest.mark.parametrize("acks_value", [None, b"", 5, "acks", {"a": 1}])
+@pytest.mark.parametrize("make", [reports_frame, heartbeat_frame], ids=["reports", "heartbeat"])
+def test_acks_must_be_an_array(make: Any, acks_value: Any) -> None:
+    with pytest.raises(MalformedFrame, match="acks"):
+        decode(make(acks_value), MAX)
+
+
+def test_inherited_through_may_be_minus_one() -> None:
+    for through in (-1, 0, U63):
+        m = decode(status_frame(inherited_through=through), MAX)
+        assert m == Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True, (), (), through),))
+    m = decode(status_frame(inherited=([6, D], [7, D]), inherited_through=7), MAX)
+    assert isinstance(m, Heartbeat)
+    assert m.streams[0].inherited == ((6, D), (7, D))
+    for bad in (-2, 2**63, True, None, -1.0):
+        with pytest.raises(FieldError, match="inherited_through"):
+            decode(status_frame(inherited_through=bad), MAX)
+
+
+def test_bad_inherited_and_your_votes() -> None:
+    with pytest.raises(FieldError, match=r"inherited\[0\]\.digest"):
+        decode(status_frame(inherited=([6, D[:15]],)), MAX)
+    with pytest.raises(FieldError, match=r"inherited\[0\]\.point"):
+        decode(status_frame(inherited=([-1, D],)), MAX)
+    with pytest.raises(MalformedFrame, match=r"inherited\[0\]"):
+        decode(status_frame(inherited=([6, D, 7],)), MAX)
+    with pytest.raises(MalformedFrame, match="inherited"):
+        decode(status_frame(inherited=None), MAX)
+    votes = decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, D]]), MAX)
+    assert isinstance(votes, JoinReply)
+    assert votes.your_votes == ((6, D),)
+    with pytest.raises(FieldError, match=r"your_votes\[0\]\.digest"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]]), MAX)
+    with pytest.raises(MalformedFrame, match="your_votes"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None), MAX)

@@ -101,6 +101,7 @@ def _enc_reports(m: Reports) -> tuple[Any, ...]:
         m.points,
         m.committed_point,
         m.committed_digest,
+        m.acks,
     )
 
 
@@ -110,7 +111,16 @@ def _enc_join_request(m: JoinRequest) -> tuple[Any, ...]:
 
 def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
     streams = [
-        (s.stream, s.last_link_seq, s.committed_point, s.committed_digest, s.joined)
+        (
+            s.stream,
+            s.last_link_seq,
+            s.committed_point,
+            s.committed_digest,
+            s.joined,
+            s.acks,
+            s.inherited,
+            s.inherited_through,
+        )
         for s in m.streams
     ]
     return (4, m.sender, m.incarnation, m.floor, streams)
@@ -150,6 +160,7 @@ def _enc_join_reply(m: JoinReply) -> tuple[Any, ...]:
         m.committed_digest,
         m.max_seen_reported,
         m.dedupe,
+        m.your_votes,
     )
 
 
@@ -369,6 +380,14 @@ def _reports(v: Any, name: str) -> tuple[tuple[int, bytes], ...]:
     return tuple(out)
 
 
+def _acks(v: Any, name: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for i, r in enumerate(_array(v, name)):
+        relay, point = _array(r, f"{name}[{i}]", 2)
+        out.append((_relay_id(relay, f"{name}[{i}].relay"), _u63(point, f"{name}[{i}].point")))
+    return tuple(out)
+
+
 _OUTCOMES = {o.value: o for o in Outcome}
 _REPAIR_STATUSES = {s.value: s for s in RepairStatus}
 
@@ -406,6 +425,7 @@ def _dec_reports(a: list[Any]) -> Reports:
         _reports(a[6], "Reports.points"),
         _u63_or_none(a[7], "Reports.committed_point"),
         _digest(a[8], "Reports.committed_digest"),
+        _acks(a[9], "Reports.acks"),
     )
 
 
@@ -423,9 +443,16 @@ def _dec_join_request(a: list[Any]) -> JoinRequest:
 def _dec_heartbeat(a: list[Any]) -> Heartbeat:
     streams = []
     for i, s in enumerate(_array(a[4], "Heartbeat.streams")):
-        stream, last_link_seq, committed_point, committed_digest, joined = _array(
-            s, f"Heartbeat.streams[{i}]", 5
-        )
+        (
+            stream,
+            last_link_seq,
+            committed_point,
+            committed_digest,
+            joined,
+            acks,
+            inherited,
+            inherited_through,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 8)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -434,6 +461,9 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 _u63_or_none(committed_point, name + ".committed_point"),
                 _digest(committed_digest, name + ".committed_digest"),
                 _bool(joined, name + ".joined"),
+                _acks(acks, name + ".acks"),
+                _reports(inherited, name + ".inherited"),
+                _u63_or_none(inherited_through, name + ".inherited_through"),
             )
         )
     return Heartbeat(
@@ -502,6 +532,7 @@ def _dec_join_reply(a: list[Any]) -> JoinReply:
         _digest(a[8], "JoinReply.committed_digest"),
         _u63_or_none(a[9], "JoinReply.max_seen_reported"),
         dedupe,
+        _reports(a[11], "JoinReply.your_votes"),
     )
 
 

@@ -42,6 +42,8 @@ Entry = tuple[int, Transaction]
 Report = tuple[int, bytes]
 # (producer_id, producer_seq, seq): one key of the deduplication window
 DedupeKey = tuple[bytes, int, int]
+# (relay, point): "I have received every report of `relay` up to `point`"
+Ack = tuple[int, int]
 
 
 class Outcome(enum.Enum):
@@ -87,6 +89,7 @@ class Reports:
     points: tuple[Report, ...]
     committed_point: int
     committed_digest: bytes
+    acks: tuple[Ack, ...] = ()  # the sender's knowledge of the other members' reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,12 @@ class StreamStatus:
     committed_point: int
     committed_digest: bytes
     joined: bool
+    acks: tuple[Ack, ...] = ()
+    # After a restart: the reports of the sender's earlier incarnations that any member
+    # saw (those above its committed point), and the point up to which they are all its
+    # votes: it never reports at or below that point again. -1: nothing inherited.
+    inherited: tuple[Report, ...] = ()
+    inherited_through: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,7 @@ class JoinReply:
     committed_digest: bytes
     max_seen_reported: int  # highest point the sender has seen reported by anyone, -1 none
     dedupe: tuple[DedupeKey, ...] | None  # the dedupe window as of committed_point, if asked
+    your_votes: tuple[Report, ...] = ()  # reports of the requester's earlier incarnations seen
 
 
 @dataclass(frozen=True, slots=True)

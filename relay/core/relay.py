@@ -174,6 +174,17 @@ class StreamState:
         self.known_through: dict[int, int] = {}
         self.votes_unknowable_above: dict[int, int] = {}
         self.reset: ResetState | None = None
+        self.reports_paused = False  # a split was seen: add no points until it is rebuilt
+        # Our own reports count towards a commit we recognise only once some member has
+        # acknowledged receiving them: then every vote that ever helped a commit is known
+        # to a member that survives us, which is what lets our next incarnation inherit.
+        self.own_unacked: deque[Report] = deque()
+        self.own_acked_through = -1
+        self.acks_sent: dict[int, int] = {}
+        # After a restart: our earlier incarnations' reports that members saw, all of
+        # them up to inherited_through (we never report at or below it again).
+        self.inherited: tuple[Report, ...] = ()
+        self.inherited_through = -1
         self.progress_ms = NEVER  # last time the committed point moved
         self.dead_check_ms = NEVER
 
@@ -187,7 +198,8 @@ class RelayCore:
         self.incarnation = incarnation
         self.clock = HybridClock(self.id)
         self.clock.follow_wall(now_ms)
-        self.now_ms = now_ms
+        self.wall_ms = now_ms
+        self.now_ms = now_ms  # monotonic time; the first input with mono_ms replaces it
         self.counters: Counter[str] = Counter()
         self.peers: dict[int, PeerState] = {
             r: PeerState() for r in self.topology.relay_ids if r != self.id
@@ -206,9 +218,18 @@ class RelayCore:
 
     # === inputs ==========================================================================
 
-    def receive(self, frame: bytes, now_ms: int) -> None:
-        """A frame from a peer. Never raises; a bad frame is counted and changes nothing."""
-        self.now_ms = now_ms
+    def _set_time(self, wall_ms: int, mono_ms: int | None) -> int:
+        """Two clocks come in: the wall clock (Unix ms) only feeds sequence numbers and the
+        skew check; every timer runs on the monotonic clock, so a wall clock stepping back
+        does not silence heartbeats or hide dead peers. Returns the monotonic time."""
+        self.wall_ms = wall_ms
+        self.now_ms = wall_ms if mono_ms is None else mono_ms
+        return self.now_ms
+
+    def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None:
+        """A frame from a peer. Never raises; a bad frame is counted and changes nothing.
+        `now_ms`: wall clock (Unix ms); `mono_ms`: monotonic clock (defaults to now_ms)."""
+        now_ms = self._set_time(now_ms, mono_ms)
         try:
             msg = codec.decode(frame, self.limits.max_frame_bytes)
             self._check(msg)
@@ -219,7 +240,7 @@ class RelayCore:
         if msg.incarnation < peer.incarnation:
             self.counters["stale_incarnation"] += 1
             return
-        ahead_ms = self.clock.ahead_by_ms(msg.floor, now_ms)
+        ahead_ms = self.clock.ahead_by_ms(msg.floor, self.wall_ms)
         if ahead_ms > self.limits.max_clock_ahead_ms:
             self._refuse(peer, msg.sender, f"clock ahead by {ahead_ms} ms", now_ms)
             return
@@ -229,13 +250,13 @@ class RelayCore:
         self.clock.raise_floor(msg.floor)
         self._dispatch(msg, peer, now_ms)
 
-    def produce(self, request: ProduceRequest, now_ms: int) -> None:
-        self.now_ms = now_ms
+    def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
+        now_ms = self._set_time(now_ms, mono_ms)
         self._accept(request.stream, request.tx, Waiter(request.request_id, None), now_ms)
 
-    def tick(self, now_ms: int) -> None:
-        self.now_ms = now_ms
-        self.clock.follow_wall(now_ms)
+    def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
+        now_ms = self._set_time(now_ms, mono_ms)
+        self.clock.follow_wall(self.wall_ms)
         if now_ms - self._last_heartbeat_ms >= self.limits.heartbeat_interval_ms:
             self._send_heartbeat(now_ms)
         for st in self.streams.values():
@@ -520,7 +541,7 @@ class RelayCore:
         ):
             self.counters["produce_buffer_full"] += 1
             return self._answer(waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
-        seq = self.clock.next_seq(now_ms)
+        seq = self.clock.next_seq(self.wall_ms)
         tl.insert(seq, tx)
         st.out_entries.append((seq, tx))
         st.pending[seq] = [waiter]
@@ -591,6 +612,7 @@ class RelayCore:
     def _on_reports(self, st: StreamState, msg: Reports, now_ms: int) -> None:
         self._count_votes(st, msg.sender, msg.points)
         self._update_known_through(st, msg.sender)
+        self._on_acks(st, msg.acks)
         if msg.committed_point >= 0:
             self._learn_commit(st, msg.committed_point, msg.committed_digest, [msg.sender])
         self._advance(st, now_ms)
@@ -645,11 +667,14 @@ class RelayCore:
             tl.reported > tl.committed_point
             or tl.delivered < len(tl.seqs)
             or st.known_commit[0] > tl.committed_point
+            or st.votes.max_seen > tl.reported  # a member reports above us: join in
         )
 
     def _collect_reports(self, st: StreamState, now_ms: int) -> None:
         tl = st.timeline
         if st.join is not None or st.repair is not None or st.reset is not None:
+            return
+        if st.reports_paused:
             return
         w = self._watermark(st, now_ms)
         if w <= tl.reported:
@@ -673,12 +698,27 @@ class RelayCore:
         tl.reported = points[-1][0]
         st.out_reports.extend(points)
         st.report_log.extend(points)
-        committed_here: tuple[int, bytes] | None = None
-        for point, digest in points:
-            if st.votes.add(self.id, point, digest):
-                committed_here = (point, digest)
-        if committed_here is not None:
-            self._learn_commit(st, *committed_here, sources=st.votes.reporters(*committed_here))
+        if st.peers:
+            st.own_unacked.extend(points)
+            self._count_acked_own(st)
+        else:
+            self._count_votes(st, self.id, tuple(points))  # a stream of one: nobody to ack
+
+    def _on_acks(self, st: StreamState, acks: tuple[tuple[int, int], ...]) -> None:
+        for relay, point in acks:
+            if relay == self.id and point > st.own_acked_through:
+                st.own_acked_through = point
+                self._count_acked_own(st)
+
+    def _count_acked_own(self, st: StreamState) -> None:
+        acked: list[Report] = []
+        while st.own_unacked and st.own_unacked[0][0] <= st.own_acked_through:
+            acked.append(st.own_unacked.popleft())
+        if acked:
+            self._count_votes(st, self.id, tuple(acked))
+
+    def _acks(self, st: StreamState) -> tuple[tuple[int, int], ...]:
+        return tuple((m, p) for m in st.peers if (p := st.known_through.get(m, -1)) >= 0)
 
     def _checkpoints(self, above: int, upto: int) -> list[int]:
         """Aligned report points in (above, upto]: the end of every interval-th millisecond.
@@ -725,6 +765,7 @@ class RelayCore:
         newly = tl.deliver_through(point, digest)
         st.votes.settle_through(point)
         st.progress_ms = self.now_ms
+        st.reports_paused = False
         st.mismatch_since_ms = NEVER
         if st.repair is not None and st.repair.point <= point:
             st.repair = None
@@ -980,13 +1021,15 @@ class RelayCore:
             return  # we reported nothing above our committed point
         if len(log) == log.maxlen and log[0][0] > tl.committed_point:
             return  # our own early reports fell out of the log: cannot prove them dead
-        others = [m for m in st.members if m != self.id]
-        for point, _ in reversed(log):
-            if point <= tl.committed_point:
-                break
-            unknown = sum(1 for m in others if not self._vote_known(st, m, point))
-            if not st.votes.dead(point, unknown):
-                return
+        own = [p for p, _ in log if p > tl.committed_point]
+        if not self._dead(st, own[0]):
+            st.reports_paused = False  # no split in sight (yet)
+            return
+        # A split: stop adding points, so the members' votes at all of ours become known,
+        # and rebuild the zone once every point we reported in it is dead.
+        st.reports_paused = True
+        if not all(self._dead(st, p) for p in own):
+            return
         live = [m for m in st.peers if self._is_live(self.peers[m], now_ms)]
         self.counters["reset_started"] += 1
         st.reset = ResetState(tl.committed_point, tl.reported, {}, now_ms)
@@ -994,6 +1037,10 @@ class RelayCore:
             self._send_reset_request(st, m, st.reset.lo)
         if not live:
             self._finish_reset(st, now_ms)
+
+    def _dead(self, st: StreamState, point: int) -> bool:
+        unknown = sum(1 for m in st.peers if not self._vote_known(st, m, point))
+        return st.votes.dead(point, unknown)
 
     def _send_reset_request(self, st: StreamState, peer: int, lo: int) -> None:
         reset = st.reset
@@ -1032,6 +1079,7 @@ class RelayCore:
         tl = st.timeline
         st.reset = None
         if tl.committed_point != reset.lo:
+            st.reports_paused = False
             return  # a commit arrived meanwhile: it decides, not the union
         union = dict(tl.entries_between(reset.lo, reset.hi))
         for seq, tx in list(reset.entries.items()) + list(tl.late.items()):
@@ -1041,6 +1089,7 @@ class RelayCore:
         tl.replace_range(reset.lo, reset.hi, entries)
         self.counters["reset_done"] += 1
         st.progress_ms = now_ms
+        st.reports_paused = False
 
     # === joining ========================================================================
 
@@ -1078,6 +1127,19 @@ class RelayCore:
                 tl.committed_digest,
                 max(st.votes.max_seen, tl.reported),
                 keys,
+                self._votes_of(st, msg.sender),
+            )
+        )
+
+    def _votes_of(self, st: StreamState, member: int) -> tuple[Report, ...]:
+        """The reports of `member` (any incarnation) we hold above our committed point."""
+        bit = 1 << member
+        return tuple(
+            sorted(
+                (point, digest)
+                for point, by_digest in st.votes.points.items()
+                for digest, mask in by_digest.items()
+                if mask & bit
             )
         )
 
@@ -1086,14 +1148,27 @@ class RelayCore:
         if join is None:
             return
         join.replies[msg.sender] = msg
+        self._on_join_round(st, now_ms)
+
+    def _on_join_round(self, st: StreamState, now_ms: int) -> None:
+        join = st.join
+        assert join is not None
         if not join.first_round_done:
             if not all(p in join.replies for p in st.peers):
                 return
             join.first_round_done = True
+            inherited: dict[int, bytes] = {}
+            for reply in join.replies.values():
+                for point, digest in reply.your_votes:
+                    inherited.setdefault(point, digest)
+            st.inherited = tuple(sorted(inherited.items()))
             highest = max(
                 [r.max_seen_reported for r in join.replies.values()]
                 + [st.votes.max_seen, st.known_commit[0]]
             )
+            # We will never report at or below this point: members may count our earlier
+            # incarnations' votes as known up to it (see _on_inherited).
+            st.inherited_through = max(highest, 0)
             holders = [r for r in join.replies.values() if not r.fresh]
             if len(holders) < st.q:
                 # Fewer than a quorum of members hold any state, so nothing can commit
@@ -1153,7 +1228,9 @@ class RelayCore:
         tl = st.timeline
         tl.adopt_base(point, digest, window)
         self._ready.rebases.append((st.stream, point))
-        tl.reported = max(tl.reported, never_report_through)
+        # Never report where we promised not to (the points members may have seen our
+        # earlier incarnations report, and everything we promised while joining).
+        tl.reported = max(tl.reported, never_report_through, st.inherited_through)
         st.votes.settle_through(point)
         st.join = None
         st.repair = None
@@ -1188,6 +1265,8 @@ class RelayCore:
                 link.latest_floor = max(link.latest_floor, msg.floor)
                 if link.hole_lo < 0:
                     link.contig_floor = link.latest_floor
+            self._on_acks(st, status.acks)
+            self._on_inherited(st, msg.sender, status.inherited, status.inherited_through)
             if status.committed_point >= 0:
                 self._learn_commit(
                     st, status.committed_point, status.committed_digest, [msg.sender]
@@ -1203,10 +1282,37 @@ class RelayCore:
                 st.timeline.committed_point,
                 st.timeline.committed_digest,
                 st.join is None,
+                self._acks(st),
+                self._inherited(st),
+                st.inherited_through,
             )
             for st in self._served_streams()
         )
         self._send(Heartbeat(self.id, self.incarnation, self.clock.floor, streams))
+
+    def _inherited(self, st: StreamState) -> tuple[Report, ...]:
+        """Inherited reports still worth telling: those above our committed point."""
+        join = st.join
+        if join is not None and join.amnesiac and join.first_round_done:
+            # Still joining, we vote nowhere: promise never to vote where anyone has
+            # reported so far, so members can count our votes there as known (none).
+            st.inherited_through = max(st.inherited_through, st.votes.max_seen)
+        committed = st.timeline.committed_point
+        if st.inherited and st.inherited[0][0] <= committed:
+            st.inherited = tuple(r for r in st.inherited if r[0] > committed)
+        return st.inherited
+
+    def _on_inherited(
+        self, st: StreamState, member: int, inherited: tuple[Report, ...], through: int
+    ) -> None:
+        """A restarted member tells which of its earlier reports anyone saw: with them, all
+        its votes up to `through` are known again."""
+        if through < 0:
+            return
+        self._count_votes(st, member, inherited)
+        if through > st.known_through.get(member, -1):
+            st.known_through[member] = through
+        st.votes_unknowable_above.pop(member, None)
 
     def _served_streams(self) -> list[StreamState]:
         return [self.streams[s] for s in sorted(self.streams)]
@@ -1224,6 +1330,9 @@ class RelayCore:
             self.counters["fenced" if fenced else "unfenced"] += 1
             st.fenced = fenced
         join = st.join
+        if join is not None and not st.peers and join.amnesiac:
+            self._on_join_round(st, now_ms)  # a stream of one: nobody to ask
+            return
         if join is not None and now_ms - join.sent_ms >= limits.repair_retry_ms:
             self._send_join_request(st, now_ms)
         while st.pending_deadlines and st.pending_deadlines[0][0] <= now_ms:
@@ -1285,9 +1394,12 @@ class RelayCore:
             st.out_entries = []
         self._collect_reports(st, self.now_ms)
         committed = st.timeline.committed_point
-        if st.out_reports or committed > st.announced_commit:
+        acks = self._acks(st)
+        acks_moved = any(st.acks_sent.get(m, -1) < p for m, p in acks)
+        if st.out_reports or committed > st.announced_commit or acks_moved:
             st.link_seq_out += 1
             st.announced_commit = committed
+            st.acks_sent = dict(acks)
             self._send(
                 Reports(
                     self.id,
@@ -1298,6 +1410,7 @@ class RelayCore:
                     tuple(st.out_reports),
                     committed,
                     st.timeline.committed_digest,
+                    acks,
                 ),
                 stream=st.stream,
             )

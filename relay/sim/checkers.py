@@ -7,6 +7,7 @@ ended with a fault-free liveness phase and a quiet period (see `PhaseInfo`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import pairwise
 
 from relay.core.messages import Transaction
 from relay.sim.history import COMMITTED, REJECTED, DelivEntry, History, OpKey, PhaseInfo
@@ -19,11 +20,16 @@ def _fmt_tx(tx: Transaction) -> str:
 
 
 def _relay_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
-    """(label, stream, log) for every relay incarnation's delivered log, in a fixed order."""
+    """(label, stream, log) for every piece of a relay's delivered history, in a fixed
+    order: one per incarnation, split again where the relay restarted from a base."""
     for relay, inc in sorted(history.delivered):
         per_stream = history.delivered[(relay, inc)]
         for stream in sorted(per_stream):
-            yield f"relay {relay}/{inc}", stream, per_stream[stream]
+            log = per_stream[stream]
+            cuts = [0, *history.rebases.get((relay, inc, stream), []), len(log)]
+            for part, (a, b) in enumerate(pairwise(sorted(set(cuts)))):
+                suffix = f" part {part}" if len(cuts) > 3 else ""
+                yield f"relay {relay}/{inc}{suffix}", stream, log[a:b]
 
 
 def _consumer_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
@@ -114,7 +120,7 @@ def timelines_agree(history: History) -> list[str]:
 def _gaps(label: str, stream: str, log: list[DelivEntry], index: dict[int, int]) -> list[str]:
     out: list[str] = []
     order = sorted(index, key=index.__getitem__)
-    for (a, _), (b, _) in zip(log, log[1:], strict=False):
+    for (a, _), (b, _) in pairwise(log):
         if b > a and index[b] - index[a] > 1:
             missing = order[index[a] + 1 : index[b]]
             out.append(
@@ -134,7 +140,9 @@ def nothing_invented(history: History) -> list[str]:
                 continue
             reported.add((stream, seq))
             if produced is None:
-                out.append(f"invented: {label} {stream} seq {seq} holds {_fmt_tx(tx)}, never produced")
+                out.append(
+                    f"invented: {label} {stream} seq {seq} holds {_fmt_tx(tx)}, never produced"
+                )
             else:
                 out.append(
                     f"invented: {label} {stream} seq {seq} holds {_fmt_tx(tx)} unlike the "
@@ -172,12 +180,16 @@ def committed_seq_matches(history: History) -> list[str]:
             continue
         name = _fmt_tx(final.tx)
         if len(set(final.committed_seqs)) > 1:
-            out.append(f"committed twice: {name} answered committed at seqs "
-                       f"{sorted(set(final.committed_seqs))}")
+            out.append(
+                f"committed twice: {name} answered committed at seqs "
+                f"{sorted(set(final.committed_seqs))}"
+            )
         at = canon.get(final.stream, {}).get(final.seq)
         if at is not None and at != final.tx:
-            out.append(f"wrong seq: {name} committed at {final.stream} seq {final.seq}, "
-                       f"which holds {_fmt_tx(at)}")
+            out.append(
+                f"wrong seq: {name} committed at {final.stream} seq {final.seq}, "
+                f"which holds {_fmt_tx(at)}"
+            )
         where = placed.get(key)
         if where is not None and where != final.seq:
             out.append(f"wrong seq: {name} committed at seq {final.seq} but delivered at {where}")
@@ -186,8 +198,8 @@ def committed_seq_matches(history: History) -> list[str]:
 
 def acknowledged_delivered(history: History) -> list[str]:
     """Every COMMITTED answer is in the canonical timeline and in the final log of every up,
-    joined member whose current incarnation's log starts at or below it (a relay never
-    restarted must hold all of them)."""
+    joined member whose current incarnation's log starts at or below it (a relay starting
+    with empty memory joins at its peers' committed point and need not hold older ones)."""
     canon, _ = canonical(history)
     out: list[str] = []
     seqsets: dict[tuple[int, int, str], set[int]] = {}
@@ -197,23 +209,25 @@ def acknowledged_delivered(history: History) -> list[str]:
             continue
         name = _fmt_tx(final.tx)
         if canon.get(final.stream, {}).get(final.seq) is None:
-            out.append(f"lost: {name} committed at {final.stream} seq {final.seq} "
-                       "is in no relay's timeline")
+            out.append(
+                f"lost: {name} committed at {final.stream} seq {final.seq} "
+                "is in no relay's timeline"
+            )
         for relay in history.members.get(final.stream, ()):
             rf = history.relay_finals.get(relay)
             if rf is None or not rf.up or not rf.joined.get(final.stream, False):
                 continue
-            log = history.log_for(relay, rf.incarnation, final.stream)
-            restarted = any(r == relay and i != rf.incarnation for r, i in history.delivered) \
-                or rf.restarts > 0
-            if restarted and (not log or log[0][0] > final.seq):
-                continue
+            log = history.log_since_rebase(relay, rf.incarnation, final.stream)
+            if not log or log[0][0] > final.seq:
+                continue  # this incarnation joined after it: it need not hold it
             ks = (relay, rf.incarnation, final.stream)
             if ks not in seqsets:
                 seqsets[ks] = {s for s, _ in log}
             if final.seq not in seqsets[ks]:
-                out.append(f"missing: {name} committed at {final.stream} seq {final.seq} "
-                           f"is not in relay {relay}/{rf.incarnation}'s delivered log")
+                out.append(
+                    f"missing: {name} committed at {final.stream} seq {final.seq} "
+                    f"is not in relay {relay}/{rf.incarnation}'s delivered log"
+                )
     return out
 
 
@@ -224,8 +238,10 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
         if phase.safety_end_ms <= final.issued_ms < phase.liveness_end_ms and (
             final.outcome != COMMITTED
         ):
-            out.append(f"not committed: {_fmt_tx(final.tx)} to {final.stream} issued at "
-                       f"{final.issued_ms} ms (liveness phase) ended {final.outcome}")
+            out.append(
+                f"not committed: {_fmt_tx(final.tx)} to {final.stream} issued at "
+                f"{final.issued_ms} ms (liveness phase) ended {final.outcome}"
+            )
     bound = phase.safety_end_ms + phase.heal_bound_ms
     state: dict[tuple[int, str], tuple[int, bool, bool]] = {}  # last sample at or before bound
     late_bad: dict[tuple[int, str], int] = {}
@@ -239,13 +255,17 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
         _, fenced, joined = state[ks]
         if fenced or not joined:
             what = "fenced" if fenced else "not joined"
-            out.append(f"stuck: relay {ks[0]} still {what} on {ks[1]} at {bound} ms "
-                       f"({phase.heal_bound_ms} ms after healing)")
+            out.append(
+                f"stuck: relay {ks[0]} still {what} on {ks[1]} at {bound} ms "
+                f"({phase.heal_bound_ms} ms after healing)"
+            )
     for ks in sorted(late_bad):
         if ks in state and (state[ks][1] or not state[ks][2]):
             continue  # already reported
-        out.append(f"relapse: relay {ks[0]} fenced or unjoined on {ks[1]} at {late_bad[ks]} ms, "
-                   "after healing")
+        out.append(
+            f"relapse: relay {ks[0]} fenced or unjoined on {ks[1]} at {late_bad[ks]} ms, "
+            "after healing"
+        )
     for stream in sorted(history.members):
         points: dict[int, int] = {}
         for relay in history.members[stream]:
@@ -257,8 +277,10 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
                 out.append(f"stuck: relay {relay} ends fenced or unjoined on {stream}")
             points[relay] = rf.committed_point.get(stream, -1)
         if len(set(points.values())) > 1:
-            out.append(f"unsettled: members of {stream} end at different committed points "
-                       + ", ".join(f"{r}:{p}" for r, p in sorted(points.items())))
+            out.append(
+                f"unsettled: members of {stream} end at different committed points "
+                + ", ".join(f"{r}:{p}" for r, p in sorted(points.items()))
+            )
     return sorted(set(out), key=out.index)
 
 

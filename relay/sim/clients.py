@@ -7,6 +7,7 @@ one stream and resume after their last seen sequence number whenever they move.
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,6 +60,7 @@ class Op:
     retry_at: int = -1  # when to send the next attempt (-1: none scheduled)
     prefer: tuple[int, ...] = ()  # relays suggested by a redirect
     done: bool = False
+    token: int = 0  # bumped at every state change; older wake-ups are ignored
 
 
 def _pick(rng: random.Random, port: ClientPort, prefer: tuple[int, ...], avoid: int) -> int:
@@ -96,6 +98,7 @@ class Producer:
         self.open: dict[int, Op] = {}  # pseq -> op, in issue order
         self.ops: list[Op] = []
         self.by_request: dict[int, Attempt] = {}
+        self._wake: list[tuple[int, int, int]] = []  # (when, pseq, token): timeout or retry
 
     # --- driving -----------------------------------------------------------------------------
 
@@ -104,15 +107,18 @@ class Producer:
         if self.issuing and now >= self.next_issue:
             self.next_issue = now + self.rng.randint(*self.interval_ms)
             self._issue(port)
-        if not self.retrying or not self.open:
-            return
-        for op in list(self.open.values()):
+        wake = self._wake
+        while self.retrying and wake and wake[0][0] <= now:
+            _, pseq, token = heapq.heappop(wake)
+            op = self.open.get(pseq)
+            if op is None or op.token != token:
+                continue  # stale wake-up: the op moved on since
             cur = op.current
-            if cur is not None and now - cur.sent_ms >= self.client_timeout_ms:
+            if cur is not None:
                 cur.outcome = TIMEOUT
                 self.history.event(f"{now} timeout {self.pid.decode()}#{op.pseq} r{cur.relay}")
                 self._schedule(op, now + self.rng.randint(1, 20), ())
-            elif cur is None and 0 <= op.retry_at <= now:
+            else:
                 self._attempt(op, port)
 
     def _issue(self, port: ClientPort) -> None:
@@ -142,6 +148,8 @@ class Producer:
         op.current = attempt
         op.retry_at = -1
         op.prefer = ()
+        op.token += 1
+        heapq.heappush(self._wake, (port.now + self.client_timeout_ms, op.pseq, op.token))
         self.history.event(
             f"{port.now} produce {self.pid.decode()}#{op.pseq} {op.stream} r{relay} q{request_id}"
         )
@@ -150,6 +158,8 @@ class Producer:
         op.current = None
         op.retry_at = at
         op.prefer = prefer
+        op.token += 1
+        heapq.heappush(self._wake, (at, op.pseq, op.token))
 
     # --- answers -----------------------------------------------------------------------------
 
@@ -190,6 +200,7 @@ class Producer:
         if outcome in (COMMITTED, REJECTED):
             op.current = None
             op.done = True
+            op.token += 1
             del self.open[op.pseq]
         elif outcome == FENCED:
             self._schedule(op, now + self.rng.randint(5, 50), tuple(reply.redirect))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 FAULT_KINDS: tuple[str, ...] = (
@@ -50,10 +51,13 @@ class FaultConfig:
         return cls()
 
     @classmethod
-    def parse(cls, text: str | FaultConfig) -> FaultConfig:
-        """`all`, `none`, or a comma list of fault names (e.g. `drop,crash`)."""
+    def parse(cls, text: str | Sequence[str] | FaultConfig) -> FaultConfig:
+        """`all`, `none`, or a comma list of fault names (e.g. `drop,crash`); a sequence of
+        names (`("drop", "crash")`, `("all",)`) works too. Unknown names: ValueError."""
         if isinstance(text, FaultConfig):
             return text
+        if not isinstance(text, str):
+            text = ",".join(text)
         spec = text.strip().lower()
         if spec == "all":
             return cls.all()
@@ -64,6 +68,8 @@ class FaultConfig:
             name = raw.strip().replace("-", "_")
             if not name:
                 continue
+            if name in ("all", "none"):
+                raise ValueError(f"fault {name!r} cannot be combined with other faults")
             if name not in FAULT_KINDS:
                 raise ValueError(
                     f"unknown fault {raw.strip()!r}; choose from all, none, "

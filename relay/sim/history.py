@@ -107,6 +107,10 @@ class History:
     fence_samples: list[FenceSample] = field(default_factory=list)
     relay_finals: dict[int, RelayFinal] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
+    # (relay, incarnation, stream) -> positions in the delivered log where the relay's
+    # history restarted from a base (it joined, or its gap was older than every buffer):
+    # the entries on either side need not be neighbours in the timeline.
+    rebases: dict[tuple[int, int, str], list[int]] = field(default_factory=dict)
     # protocol misbehaviour seen by the harness itself (e.g. two different answers to one
     # request); check_all reports each
     anomalies: list[str] = field(default_factory=list)
@@ -121,6 +125,16 @@ class History:
     ) -> None:
         per_stream = self.delivered.setdefault((relay, incarnation), {})
         per_stream.setdefault(stream, []).extend(entries)
+
+    def record_rebase(self, relay: int, incarnation: int, stream: str) -> None:
+        position = len(self.log_for(relay, incarnation, stream))
+        self.rebases.setdefault((relay, incarnation, stream), []).append(position)
+
+    def log_since_rebase(self, relay: int, incarnation: int, stream: str) -> list[DelivEntry]:
+        """The part of a relay's log delivered since its history last restarted."""
+        log = self.log_for(relay, incarnation, stream)
+        positions = self.rebases.get((relay, incarnation, stream))
+        return log[positions[-1] :] if positions else log
 
     def log_for(self, relay: int, incarnation: int, stream: str) -> list[DelivEntry]:
         return self.delivered.get((relay, incarnation), {}).get(stream, [])

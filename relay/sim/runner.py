@@ -6,8 +6,9 @@ import multiprocessing
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from relay.sim.checkers import check_all
@@ -29,7 +30,6 @@ class SeedResult:
     relays: int = 0
     faults: str = "all"
     seconds: float = 0.0  # CPU time of the run (not part of the deterministic result)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def replay(self) -> str:
@@ -60,6 +60,11 @@ def run_seed(
         violations = check_all(history, world.phase_info())
     except SimError as exc:
         violations = [f"error: {exc}"]
+    except Exception as exc:  # the final state queries or a checker: still a failed seed
+        violations = [
+            f"error: seed {seed} after the run: {type(exc).__name__}: {exc}\n"
+            + "".join(traceback.format_exception(exc)[-6:])
+        ]
     digest = event_hash(world.events)
     return SeedResult(
         seed=seed,
@@ -113,7 +118,7 @@ def run_cli(
     seeds: int = 100,
     seed: int | None = None,
     relays: int = 0,
-    faults: str = "all",
+    faults: str | Sequence[str] | FaultConfig = "all",
     first_seed: int = 0,
     *,
     jobs: int = 1,
@@ -121,13 +126,15 @@ def run_cli(
 ) -> int:
     """`relay sim`: 0 if every seed passed, else 1. The last line is `N passed, M failed`."""
     config = FaultConfig.parse(faults)  # ValueError names an unknown fault
-    if relays < 0 or relays == 1 or relays == 2 or relays > 64:
-        raise ValueError(f"relays must be 0 (seed picks 3..7) or 3..64, got {relays}")
+    if relays != 0 and not MIN_RELAYS <= relays <= 64:
+        raise ValueError(f"relays must be 0 (each seed picks 3..7) or 3..64, got {relays}")
     if seed is not None:
         result = run_seed(seed, relays, config)
-        out(f"seed {seed}: {result.relays} relays, faults {result.faults}, "
+        out(
+            f"seed {seed}: {result.relays} relays, faults {result.faults}, "
             f"{'ok' if result.ok else 'FAILED'}, event hash {result.event_hash}, "
-            f"{result.seconds:.2f} s")
+            f"{result.seconds:.2f} s"
+        )
         out("stats: " + ", ".join(f"{k}={v}" for k, v in result.stats.items()))
         for v in result.violations:
             out(f"  {v}")

@@ -24,7 +24,7 @@ from relay.core.messages import ProduceRequest, ReadResult, Transaction
 from relay.sim.clients import Consumer, Producer
 from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
-from relay.sim.network import Network, NetParams
+from relay.sim.network import NetParams, Network
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 FENCE_SAMPLE_EVERY_MS = 5
@@ -32,12 +32,10 @@ STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
 
 
 class CoreLike(Protocol):
-    counters: dict[str, int]
-
-    def receive(self, frame: bytes, now_ms: int) -> None: ...
-    def produce(self, request: ProduceRequest, now_ms: int) -> None: ...
+    def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None: ...
+    def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None: ...
     def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
-    def tick(self, now_ms: int) -> None: ...
+    def tick(self, now_ms: int, mono_ms: int | None = None) -> None: ...
     def ready(self) -> Any: ...  # Ready(outgoing, replies, deliveries)
     def fenced(self, stream: str) -> bool: ...
     def joined(self, stream: str) -> bool: ...
@@ -99,9 +97,9 @@ class World:
         relay_count: int,
         faults: FaultConfig | str = "all",
         *,
-        safety_ms: int = 3_000,
-        liveness_ms: int = 3_000,
-        quiet_ms: int = 2_000,
+        safety_ms: int = 2_500,
+        liveness_ms: int = 2_000,
+        quiet_ms: int = 1_500,
         heal_bound_ms: int = 2_000,
         producers: int = 3,
         produce_interval_ms: tuple[int, int] = (15, 60),
@@ -157,10 +155,16 @@ class World:
         }
 
         self._next_request = 1
+        self._refused: list[tuple[int, int]] = []  # (relay, incarnation) a produce found dead
         self._owner: dict[int, Producer] = {}
         self.producers = [
-            Producer(i, random.Random(client_rng.getrandbits(64)), STREAMS, self.history,
-                     produce_interval_ms)
+            Producer(
+                i,
+                random.Random(client_rng.getrandbits(64)),
+                STREAMS,
+                self.history,
+                produce_interval_ms,
+            )
             for i in range(producers)
         ]
         self.consumers: list[Consumer] = []
@@ -168,8 +172,7 @@ class World:
             for _ in range(consumers_per_stream):
                 crng = random.Random(client_rng.getrandbits(64))
                 self.consumers.append(
-                    Consumer(len(self.consumers), stream, crng, crng.choice(self.ids),
-                             self.history)
+                    Consumer(len(self.consumers), stream, crng, crng.choice(self.ids), self.history)
                 )
         self._faults_heap: list[tuple[int, int, str, tuple[Any, ...]]] = []
         self._nfault = 0
@@ -203,7 +206,7 @@ class World:
         elif node.paused_until >= 0:
             node.inbox.append((False, request))
         else:
-            node.core.produce(request, self.clock(relay))
+            node.core.produce(request, self.clock(relay), self.now)
         return node.incarnation, request_id
 
     def read(self, relay: int, stream: str, after_seq: int, max_entries: int) -> ReadResult:
@@ -312,7 +315,8 @@ class World:
             r = rng.choice(self.ids)
             node = self.nodes[r]
             delta = rng.randint(-MAX_STEP_MS, MAX_STEP_MS)
-            total = max(-MAX_TOTAL_OFFSET_MS, min(MAX_TOTAL_OFFSET_MS, node.skew + node.step + delta))
+            offset = node.skew + node.step + delta
+            total = max(-MAX_TOTAL_OFFSET_MS, min(MAX_TOTAL_OFFSET_MS, offset))
             node.step = total - node.skew
             self.stats["clock_steps"] += 1
             self.events.append(f"{now} clock_step {r} {delta} -> offset {total}")
@@ -364,9 +368,9 @@ class World:
         inbox, node.inbox = node.inbox, []
         for is_frame, item in inbox:
             if is_frame:
-                core.receive(item, self.clock(r))
+                core.receive(item, self.clock(r), self.now)
             else:
-                core.produce(item, self.clock(r))
+                core.produce(item, self.clock(r), self.now)
 
     def heal(self) -> None:
         """End of the safety phase: every fault ends, crashed relays restart."""
@@ -409,10 +413,14 @@ class World:
                 )
             else:
                 owner.on_reply(reply, now)
+        for stream, base in ready.rebases:
+            self.history.record_rebase(src, node.incarnation, stream)
+            self.events.append(f"{now} rebase {src}/{node.incarnation} {stream} {base}")
         for delivery in ready.deliveries:
             if delivery.entries:
-                self.history.record_delivery(src, node.incarnation, delivery.stream,
-                                             delivery.entries)
+                self.history.record_delivery(
+                    src, node.incarnation, delivery.stream, delivery.entries
+                )
                 self.events.append(
                     f"{now} deliver {src}/{node.incarnation} {delivery.stream} "
                     f"{delivery.entries[0][0]}..{delivery.entries[-1][0]} "
@@ -440,7 +448,6 @@ class World:
                     )
 
     def run(self) -> History:
-        self._refused: list[tuple[int, int]] = []
         for r in self.ids:
             self._start(r)
         bound = self.safety_end + self.heal_bound_ms
@@ -479,7 +486,7 @@ class World:
                 node.inbox.append((True, frame))
             else:
                 self.network.stats.delivered += 1
-                node.core.receive(frame, self.clock(dst))
+                node.core.receive(frame, self.clock(dst), self.now)
         for p in self.producers:
             before = self._next_request
             p.step(self)
@@ -495,7 +502,7 @@ class World:
         for r in self.ids:
             node = nodes[r]
             if node.core is not None and node.paused_until < 0:
-                node.core.tick(self.clock(r))
+                node.core.tick(self.clock(r), self.now)
                 self._drain(node)
         if now % FENCE_SAMPLE_EVERY_MS == 0 or now == bound:
             self._sample()
@@ -508,8 +515,9 @@ class World:
         for r in self.ids:
             node = self.nodes[r]
             core = node.core
-            rf = RelayFinal(r, node.incarnation, core is not None and node.paused_until < 0,
-                            node.restarts)
+            rf = RelayFinal(
+                r, node.incarnation, core is not None and node.paused_until < 0, node.restarts
+            )
             if core is not None:
                 for stream in node.streams:
                     rf.joined[stream] = core.joined(stream)
@@ -524,7 +532,9 @@ class World:
             liveness_end_ms=self.liveness_end,
             end_ms=self.end,
             heal_bound_ms=self.heal_bound_ms,
-            check_liveness=True,
+            # liveness needs a fault-free phase and time after the heal bound to observe
+            check_liveness=self.liveness_end > self.safety_end
+            and self.end > self.safety_end + self.heal_bound_ms,
         )
 
     def summary(self) -> dict[str, int]:
@@ -546,8 +556,9 @@ class World:
             "frames_duplicated": net.duplicated,
             "frames_delayed": net.delayed,
             "frames_stale": net.stale,
-            "delivered_entries": sum(len(log) for per in h.delivered.values()
-                                     for log in per.values()),
+            "delivered_entries": sum(
+                len(log) for per in h.delivered.values() for log in per.values()
+            ),
             "consumer_entries": sum(len(c.received) for c in h.consumers.values()),
             "consumer_reconnects": sum(c.reconnects for c in self.consumers),
         }

@@ -1,0 +1,422 @@
+"""The simulator: harness self-tests (with a toy core) and seeded runs of the real core.
+
+The seeded runs take the seed count from the `sim_seeds` fixture (tests/conftest.py,
+`--sim-seeds N`, default 200) and run in one process per CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from relay.core.config import CoreConfig
+from relay.core.messages import (
+    Channel,
+    Delivery,
+    Outcome,
+    Outgoing,
+    ProduceReply,
+    ProduceRequest,
+    ReadResult,
+    ReadStatus,
+    Transaction,
+)
+from relay.core.seq import HybridClock
+from relay.sim import FAULT_KINDS, FaultConfig
+from relay.sim.checkers import check_all
+from relay.sim.history import event_hash
+from relay.sim.network import NetParams, Network
+from relay.sim.runner import relays_for, run_cli, run_many, run_seed
+from relay.sim.world import World
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = os.cpu_count() or 1
+DEFAULT_SIM_SEEDS = 200
+
+
+@pytest.fixture
+def seed_window(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """(first seed, count), from conftest's fixtures when present."""
+    try:
+        count = request.getfixturevalue("sim_seeds")
+    except pytest.FixtureLookupError:
+        count = DEFAULT_SIM_SEEDS
+    try:
+        first = request.getfixturevalue("sim_first_seed")
+    except pytest.FixtureLookupError:
+        first = 0
+    return first, count
+
+
+def _report(results: list) -> str:
+    failed = [r for r in results if not r.ok]
+    lines = [f"{len(failed)} of {len(results)} seeds failed:"]
+    for r in failed[:25]:
+        lines.append(f"  seed {r.seed} ({r.relays} relays): {r.violations[0][:300]}")
+        lines.append(f"    ({len(r.violations)} violations) replay: {r.replay}")
+    if len(failed) > 25:
+        lines.append(f"  ... and {len(failed) - 25} more: {[r.seed for r in failed[25:]]}")
+    return "\n".join(lines)
+
+
+# --- a toy core: one sequencer per stream, no fault tolerance; exercises the harness ------
+
+
+@dataclass
+class ToyReady:
+    outgoing: list[Outgoing] = field(default_factory=list)
+    replies: list[ProduceReply] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+class ToyCore:
+    """Correct only on a loss-free network without crashes. `skip_every` > 0 makes relay 1
+    silently drop every n-th entry it should deliver (a planted bug)."""
+
+    skip_every = 0
+
+    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
+        self.id = config.relay_id
+        self.topology = config.topology
+        self.incarnation = incarnation
+        self.clock = HybridClock(self.id)
+        self.counters: dict[str, int] = {"received": 0}
+        self.logs: dict[str, list[tuple[int, Transaction]]] = {}
+        self.assigned: dict[tuple[bytes, int], int] = {}
+        self.forwards: dict[int, int] = {}
+        self.next_forward = 1
+        self.out = ToyReady()
+        self.seen = 0
+
+    def _leader(self, stream: str) -> int:
+        return self.topology.members(stream)[0]
+
+    def _append(self, stream: str, seq: int, tx: Transaction) -> None:
+        log = self.logs.setdefault(stream, [])
+        if log and seq <= log[-1][0]:
+            return
+        self.seen += 1
+        if self.skip_every and self.id == 1 and self.seen % self.skip_every == 0:
+            return
+        log.append((seq, tx))
+        self.out.deliveries.append(Delivery(stream, ((seq, tx),)))
+
+    def _sequence(self, stream: str, tx: Transaction, now_ms: int) -> int:
+        key = (tx.producer_id, tx.producer_seq)
+        if key not in self.assigned:
+            seq = self.clock.next_seq(now_ms)
+            self.assigned[key] = seq
+            self._append(stream, seq, tx)
+            frame = msgpack.packb(
+                ["b", stream, seq, tx.producer_id, tx.producer_seq, tx.key, tx.value]
+            )
+            self.out.outgoing.append(Outgoing(Channel.IN, frame, stream=stream))
+        return self.assigned[key]
+
+    def produce(self, request: ProduceRequest, now_ms: int) -> None:
+        tx = request.tx
+        if not self.topology.members(request.stream):
+            self.out.replies.append(
+                ProduceReply(request.request_id, Outcome.REJECTED, reason="unknown_stream")
+            )
+        elif self._leader(request.stream) == self.id:
+            seq = self._sequence(request.stream, tx, now_ms)
+            self.out.replies.append(ProduceReply(request.request_id, Outcome.COMMITTED, seq))
+        else:
+            fid = self.next_forward
+            self.next_forward += 1
+            self.forwards[fid] = request.request_id
+            frame = msgpack.packb(
+                [
+                    "f",
+                    self.id,
+                    fid,
+                    request.stream,
+                    tx.producer_id,
+                    tx.producer_seq,
+                    tx.key,
+                    tx.value,
+                ]
+            )
+            self.out.outgoing.append(
+                Outgoing(Channel.IN, frame, target=self._leader(request.stream))
+            )
+
+    def receive(self, frame: bytes, now_ms: int) -> None:
+        self.counters["received"] += 1
+        msg = msgpack.unpackb(frame)
+        if msg[0] == "b":
+            _, stream, seq, pid, pseq, key, value = msg
+            self._append(stream, seq, Transaction(pid, pseq, key, value))
+        elif msg[0] == "f":
+            _, origin, fid, stream, pid, pseq, key, value = msg
+            seq = self._sequence(stream, Transaction(pid, pseq, key, value), now_ms)
+            self.out.outgoing.append(
+                Outgoing(Channel.WR, msgpack.packb(["r", fid, seq]), target=origin)
+            )
+        elif msg[0] == "r":
+            _, fid, seq = msg
+            request_id = self.forwards.pop(fid, None)
+            if request_id is not None:
+                self.out.replies.append(ProduceReply(request_id, Outcome.COMMITTED, seq))
+
+    def tick(self, now_ms: int) -> None:
+        self.clock.follow_wall(now_ms)
+
+    def ready(self) -> ToyReady:
+        out, self.out = self.out, ToyReady()
+        return out
+
+    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult:
+        members = self.topology.members(stream)
+        if self.id not in members:
+            return ReadResult(ReadStatus.REDIRECT, redirect=members)
+        log = self.logs.get(stream, [])
+        entries = tuple(e for e in log if e[0] > after_seq)[:max_entries]
+        return ReadResult(ReadStatus.OK, entries, committed=log[-1][0] if log else -1)
+
+    def fenced(self, stream: str) -> bool:
+        return False
+
+    def joined(self, stream: str) -> bool:
+        return True
+
+    def committed_point(self, stream: str) -> int:
+        log = self.logs.get(stream)
+        return log[-1][0] if log else -1
+
+
+class BuggyToyCore(ToyCore):
+    skip_every = 7
+
+
+TOY_PHASES = {"safety_ms": 600, "liveness_ms": 600, "quiet_ms": 400, "heal_bound_ms": 200}
+TOY_SAFE_FAULTS = (
+    "none",
+    "reorder",
+    "duplicate",
+    "delay",
+    "pause",
+    "clock_skew",
+    "clock_step",
+    "reorder,duplicate,delay,pause,clock_skew,clock_step",
+)
+
+
+def toy_run(seed: int, relays: int, faults: str, core=ToyCore):  # type: ignore[no-untyped-def]
+    world = World(seed, relays, faults, core_factory=core, **TOY_PHASES)
+    history = world.run()
+    return world, history, check_all(history, world.phase_info())
+
+
+# --- harness self-tests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("faults", TOY_SAFE_FAULTS)
+@pytest.mark.parametrize("relays", [3, 5, 7])
+def test_toy_mesh_passes(relays: int, faults: str) -> None:
+    world, history, violations = toy_run(relays * 11, relays, faults)
+    assert violations == []
+    summary = world.summary()
+    assert summary["txs"] > 20
+    assert summary["committed"] == summary["txs"]
+    assert summary["consumer_entries"] > 0
+    assert all(history.delivered.values())
+
+
+def test_toy_replay_is_identical() -> None:
+    faults = "reorder,duplicate,delay,pause,clock_skew,clock_step"
+    first = toy_run(5, 5, faults)[0].events
+    second = toy_run(5, 5, faults)[0].events
+    assert first == second
+    assert event_hash(first) == event_hash(second)
+    assert event_hash(toy_run(6, 5, faults)[0].events) != event_hash(first)
+
+
+def test_planted_bug_is_caught() -> None:
+    _, _, violations = toy_run(3, 3, "none", core=BuggyToyCore)
+    assert any(v.startswith("gap:") for v in violations), violations[:5]
+    assert any(v.startswith("missing:") for v in violations), violations[:5]
+
+
+def test_crash_rule_keeps_a_quorum_joined() -> None:
+    world = World(1, 3, "none", core_factory=ToyCore, **TOY_PHASES)
+    for r in world.ids:
+        world._start(r)
+    assert world.may_crash(0)
+    world._crash(0)
+    assert not world.may_crash(1)  # stream `all` on 3 relays needs 2 up and joined
+    assert not world.may_crash(2)
+    world._restart(0)
+    assert world.nodes[0].incarnation == 2
+    assert world.may_crash(1)
+
+
+def test_faults_end_before_safety_phase_ends() -> None:
+    world = World(2, 5, "all", core_factory=ToyCore, **TOY_PHASES)
+    for t, _, kind, args in world._faults_heap:
+        assert t < world.safety_end, (t, kind)
+        if kind in ("partition", "oneway", "pause", "crash"):
+            assert args[0] < world.safety_end, (kind, args)
+
+
+def test_network_links_are_fifo_and_duplicates_adjacent() -> None:
+    rng = random.Random(9)
+    params = NetParams(jitter_ms=6, delay_p=0.1, delay_ms=(5, 50), duplicate_p=0.2)
+    net = Network(rng, params)
+    for t in range(200):
+        for src, dst in ((0, 1), (1, 0), (0, 2)):
+            net.send(t, src, dst, b"%d:%d:%d" % (src, dst, t), 0)
+    got: dict[tuple[int, int], list[int]] = {}
+    arrivals: list[int] = []
+    for t in range(1000):
+        for src, dst, _, frame in net.due(t):
+            got.setdefault((src, dst), []).append(int(frame.split(b":")[2]))
+            arrivals.append(int(frame.split(b":")[2]))
+    for link, sent_times in got.items():
+        assert sent_times == sorted(sent_times), link  # never overtakes on a link
+        assert set(sent_times) == set(range(200))
+    assert net.stats.duplicated > 0
+    assert sum(len(v) for v in got.values()) == 600 + net.stats.duplicated
+    assert arrivals != sorted(arrivals)  # but links interleave: reordering across links
+
+
+def test_network_drops_and_cuts() -> None:
+    net = Network(random.Random(1), NetParams(drop_p=0.5))
+    for t in range(100):
+        net.send(t, 0, 1, b"x", 0)
+    assert 20 < net.stats.dropped < 80
+    net = Network(random.Random(1), NetParams())
+    net.cut([(0, 1)])
+    net.send(0, 0, 1, b"x", 0)
+    net.send(0, 1, 0, b"y", 0)
+    assert [f for *_, f in net.due(5)] == [b"y"]
+    net.uncut([(0, 1)])
+    net.send(6, 0, 1, b"z", 0)
+    net.cut([(0, 1)])  # cut while in flight: dropped on arrival
+    assert net.due(10) == []
+    net.heal()
+    net.send(11, 0, 1, b"w", 0)
+    assert [f for *_, f in net.due(20)] == [b"w"]
+
+
+def test_fault_config_parsing() -> None:
+    assert FaultConfig.parse("all").enabled() == FAULT_KINDS
+    assert FaultConfig.parse("none").enabled() == ()
+    assert FaultConfig.parse("drop, crash").enabled() == ("drop", "crash")
+    assert FaultConfig.parse(("clock-step",)).clock_step
+    for kind in FAULT_KINDS:
+        assert FaultConfig.parse(kind).enabled() == (kind,)
+        assert FaultConfig.parse(FaultConfig.parse(kind).spec()) == FaultConfig.parse(kind)
+
+
+def test_bogus_fault_is_a_clear_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown fault 'bogus'"):
+        FaultConfig.parse("bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        FaultConfig.parse("drop,bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        run_cli(seeds=1, seed=None, relays=3, faults="bogus", first_seed=0)
+    with pytest.raises(ValueError, match="bogus"):
+        run_seed(0, 3, "bogus")
+
+
+def test_relays_for_seed_is_stable_and_in_range() -> None:
+    counts = [relays_for(s, 0) for s in range(200)]
+    assert set(counts) == {3, 4, 5, 6, 7}
+    assert counts == [relays_for(s, 0) for s in range(200)]
+    assert relays_for(5, 4) == 4
+
+
+# --- the real core ------------------------------------------------------------------------
+
+core_missing = False
+try:  # the protocol core may not exist yet
+    import relay.core.relay  # noqa: F401
+except ImportError:
+    core_missing = True
+needs_core = pytest.mark.skipif(core_missing, reason="relay.core.relay not available")
+
+
+@needs_core
+def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
+    first, count = seed_window
+    seeds = range(first, first + count)
+    results = []
+    for r in run_many(seeds, 0, "all", jobs=JOBS):
+        results.append(r)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print(_report(results))
+    assert not failed, _report(results)
+    assert {r.relays for r in results} >= ({3, 4, 5, 6, 7} if count >= 50 else set())
+
+
+@needs_core
+def test_replay_gives_same_event_hash() -> None:
+    first = run_seed(17, 0, "all")
+    second = run_seed(17, 0, "all")
+    assert first.event_hash == second.event_hash
+    assert first.stats == second.stats
+    assert first.violations == second.violations
+
+
+@needs_core
+def test_replay_independent_of_hash_seed() -> None:
+    """Determinism must not hang on Python's string hashing (set/dict of str order)."""
+    code = "from relay.sim.runner import run_seed; print(run_seed(23, 4, 'all').event_hash)"
+    hashes = set()
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        hashes.add(out.stdout.strip())
+    assert len(hashes) == 1, hashes
+
+
+@needs_core
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_single_fault_kind(kind: str) -> None:
+    results = list(run_many(range(100, 104), 0, kind, jobs=JOBS))
+    assert all(r.ok for r in results), _report(results)
+
+
+@needs_core
+def test_cli_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_cli(seeds=2, seed=None, relays=3, faults="none", first_seed=0)
+    lines = capsys.readouterr().out.strip().splitlines()
+    passed, failed = map(int, re.fullmatch(r"(\d+) passed, (\d+) failed", lines[-1]).groups())
+    assert passed + failed == 2
+    assert code == (0 if failed == 0 else 1)
+    assert re.fullmatch(r"\d+ seeds per minute", lines[-2])
+    for line in lines[:-2]:
+        if line.startswith("  replay: "):
+            assert re.fullmatch(r"  replay: relay sim --seed \d+ --relays 3 --faults none", line)
+    code = run_cli(seeds=1, seed=4, relays=3, faults=("none",), first_seed=0)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("seed 4: 3 relays, faults none")
+    assert lines[-1] in ("1 passed, 0 failed", "0 passed, 1 failed")
+
+
+@needs_core
+@pytest.mark.slow
+def test_many_seeds_all_faults_slow(seed_window: tuple[int, int]) -> None:
+    first, count = seed_window
+    if count >= 2000:
+        pytest.skip(f"test_seeds_all_faults already ran {count} seeds")
+    results = list(run_many(range(first, first + 2000), 0, "all", jobs=JOBS))
+    assert all(r.ok for r in results), _report(results)
