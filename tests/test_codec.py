@@ -664,10 +664,10 @@ def reports_frame(acks: Any) -> bytes:
     return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks)
 
 
-def status_frame(acks: Any = (), inherited: Any = (), inherited_through: Any = -1) -> bytes:
+def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any = -1) -> bytes:
     """A heartbeat with one stream status, with the given acks and inherited votes."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
-    return frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, acks, inherited, inherited_through]])
+    return frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, acks, inherited, votes_final_through]])
 
 
 def heartbeat_frame(acks: Any) -> bytes:
@@ -734,16 +734,16 @@ def test_acks_must_be_an_array(make: Any, acks_value: Any) -> None:
         decode(make(acks_value), MAX)
 
 
-def test_inherited_through_may_be_minus_one() -> None:
+def test_votes_final_through_may_be_minus_one() -> None:
     for through in (-1, 0, U63):
-        m = decode(status_frame(inherited_through=through), MAX)
+        m = decode(status_frame(votes_final_through=through), MAX)
         assert m == Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True, (), (), through),))
-    m = decode(status_frame(inherited=([6, D], [7, D]), inherited_through=7), MAX)
+    m = decode(status_frame(inherited=([6, D], [7, D]), votes_final_through=7), MAX)
     assert isinstance(m, Heartbeat)
     assert m.streams[0].inherited == ((6, D), (7, D))
     for bad in (-2, 2**63, True, None, -1.0):
-        with pytest.raises(FieldError, match="inherited_through"):
-            decode(status_frame(inherited_through=bad), MAX)
+        with pytest.raises(FieldError, match="votes_final_through"):
+            decode(status_frame(votes_final_through=bad), MAX)
 
 
 def test_bad_inherited_and_your_votes() -> None:

@@ -119,7 +119,7 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.joined,
             s.acks,
             s.inherited,
-            s.inherited_through,
+            s.votes_final_through,
         )
         for s in m.streams
     ]
@@ -451,7 +451,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             joined,
             acks,
             inherited,
-            inherited_through,
+            votes_final_through,
         ) = _array(s, f"Heartbeat.streams[{i}]", 8)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
@@ -463,7 +463,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 _bool(joined, name + ".joined"),
                 _acks(acks, name + ".acks"),
                 _reports(inherited, name + ".inherited"),
-                _u63_or_none(inherited_through, name + ".inherited_through"),
+                _u63_or_none(votes_final_through, name + ".votes_final_through"),
             )
         )
     return Heartbeat(

@@ -114,11 +114,13 @@ class StreamStatus:
     committed_digest: bytes
     joined: bool
     acks: tuple[Ack, ...] = ()
-    # After a restart: the reports of the sender's earlier incarnations that any member
-    # saw (those above its committed point), and the point up to which they are all its
-    # votes: it never reports at or below that point again. -1: nothing inherited.
+    # Every report the sender ever made (in any incarnation) at or below
+    # votes_final_through is one the receiver got from it or is listed in `inherited`, and
+    # it will make none there in future: a promise given after a restart (inherited: its
+    # earlier incarnations' reports that any member saw, above its committed point), while
+    # joining, and while it holds its reports back because of a split. -1: no promise.
     inherited: tuple[Report, ...] = ()
-    inherited_through: int = -1
+    votes_final_through: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,10 +181,11 @@ class StreamState:
         self.own_unacked: deque[Report] = deque()
         self.own_acked_through = -1
         self.acks_sent: dict[int, int] = {}
-        # After a restart: our earlier incarnations' reports that members saw, all of
-        # them up to inherited_through (we never report at or below it again).
+        # Our promise (see StreamStatus): at or below votes_final_through, our votes are
+        # those members got from us or `inherited` (our earlier incarnations' reports that
+        # members saw); we never report there again.
         self.inherited: tuple[Report, ...] = ()
-        self.inherited_through = -1
+        self.votes_final_through = -1
         self.progress_ms = NEVER  # last time the committed point moved
         self.dead_check_ms = NEVER
 
@@ -469,7 +470,9 @@ class RelayCore:
         self, st: StreamState, sender: int, link: LinkState, floor: int, now_ms: int
     ) -> None:
         if link.hole_lo < 0:
-            link.hole_lo = link.contig_floor
+            # Lost transactions lie above the last contiguous floor; lost reports lie above
+            # the last report we know of, which trails the floor: ask from the lower one.
+            link.hole_lo = min(link.contig_floor, max(st.known_through.get(sender, 0), 0))
             link.hole_hi = floor
             self._request_fill(st, sender, link, link.hole_lo, now_ms)
         else:
@@ -667,7 +670,7 @@ class RelayCore:
             tl.reported > tl.committed_point
             or tl.delivered < len(tl.seqs)
             or st.known_commit[0] > tl.committed_point
-            or st.votes.max_seen > tl.reported  # a member reports above us: join in
+            or st.votes.max_seen > max(tl.reported, st.votes_final_through)  # join in
         )
 
     def _collect_reports(self, st: StreamState, now_ms: int) -> None:
@@ -677,16 +680,19 @@ class RelayCore:
         if st.reports_paused:
             return
         w = self._watermark(st, now_ms)
-        if w <= tl.reported:
+        # We report only above what we reported and above our promise; transactions may
+        # still enter between the two (we never reported there).
+        above = max(tl.reported, st.votes_final_through)
+        if w <= above:
             return
-        start = tl.index_after(tl.reported)
+        start = tl.index_after(above)
         end = tl.index_after(w)
         points: list[Report] = []
         if end > start:
             tl._digest_through(end - 1)
             points.extend(zip(tl.seqs[start:end], tl.digests[start:end], strict=True))
         if self._unsettled(st) or end > start:
-            checkpoints = self._checkpoints(tl.reported, w)
+            checkpoints = self._checkpoints(above, w)
             if checkpoints:
                 for p in checkpoints:
                     d = tl.digest_at(p)
@@ -765,7 +771,7 @@ class RelayCore:
         newly = tl.deliver_through(point, digest)
         st.votes.settle_through(point)
         st.progress_ms = self.now_ms
-        st.reports_paused = False
+        self._resume_reports(st)
         st.mismatch_since_ms = NEVER
         if st.repair is not None and st.repair.point <= point:
             st.repair = None
@@ -1023,7 +1029,7 @@ class RelayCore:
             return  # our own early reports fell out of the log: cannot prove them dead
         own = [p for p, _ in log if p > tl.committed_point]
         if not self._dead(st, own[0]):
-            st.reports_paused = False  # no split in sight (yet)
+            self._resume_reports(st)  # no split in sight (yet)
             return
         # A split: stop adding points, so the members' votes at all of ours become known,
         # and rebuild the zone once every point we reported in it is dead.
@@ -1037,6 +1043,9 @@ class RelayCore:
             self._send_reset_request(st, m, st.reset.lo)
         if not live:
             self._finish_reset(st, now_ms)
+
+    def _resume_reports(self, st: StreamState) -> None:
+        st.reports_paused = False  # the promise made while paused still bounds our reports
 
     def _dead(self, st: StreamState, point: int) -> bool:
         unknown = sum(1 for m in st.peers if not self._vote_known(st, m, point))
@@ -1079,7 +1088,7 @@ class RelayCore:
         tl = st.timeline
         st.reset = None
         if tl.committed_point != reset.lo:
-            st.reports_paused = False
+            self._resume_reports(st)
             return  # a commit arrived meanwhile: it decides, not the union
         union = dict(tl.entries_between(reset.lo, reset.hi))
         for seq, tx in list(reset.entries.items()) + list(tl.late.items()):
@@ -1089,7 +1098,7 @@ class RelayCore:
         tl.replace_range(reset.lo, reset.hi, entries)
         self.counters["reset_done"] += 1
         st.progress_ms = now_ms
-        st.reports_paused = False
+        self._resume_reports(st)
 
     # === joining ========================================================================
 
@@ -1168,7 +1177,7 @@ class RelayCore:
             )
             # We will never report at or below this point: members may count our earlier
             # incarnations' votes as known up to it (see _on_inherited).
-            st.inherited_through = max(highest, 0)
+            st.votes_final_through = max(highest, 0)
             holders = [r for r in join.replies.values() if not r.fresh]
             if len(holders) < st.q:
                 # Fewer than a quorum of members hold any state, so nothing can commit
@@ -1228,9 +1237,9 @@ class RelayCore:
         tl = st.timeline
         tl.adopt_base(point, digest, window)
         self._ready.rebases.append((st.stream, point))
-        # Never report where we promised not to (the points members may have seen our
-        # earlier incarnations report, and everything we promised while joining).
-        tl.reported = max(tl.reported, never_report_through, st.inherited_through)
+        # Never report where members may have seen our earlier incarnations report
+        # (_collect_reports also keeps below the promise made while joining).
+        st.votes_final_through = max(st.votes_final_through, never_report_through)
         st.votes.settle_through(point)
         st.join = None
         st.repair = None
@@ -1266,7 +1275,7 @@ class RelayCore:
                 if link.hole_lo < 0:
                     link.contig_floor = link.latest_floor
             self._on_acks(st, status.acks)
-            self._on_inherited(st, msg.sender, status.inherited, status.inherited_through)
+            self._on_inherited(st, msg.sender, status.inherited, status.votes_final_through)
             if status.committed_point >= 0:
                 self._learn_commit(
                     st, status.committed_point, status.committed_digest, [msg.sender]
@@ -1284,7 +1293,7 @@ class RelayCore:
                 st.join is None,
                 self._acks(st),
                 self._inherited(st),
-                st.inherited_through,
+                st.votes_final_through,
             )
             for st in self._served_streams()
         )
@@ -1293,10 +1302,11 @@ class RelayCore:
     def _inherited(self, st: StreamState) -> tuple[Report, ...]:
         """Inherited reports still worth telling: those above our committed point."""
         join = st.join
-        if join is not None and join.amnesiac and join.first_round_done:
-            # Still joining, we vote nowhere: promise never to vote where anyone has
-            # reported so far, so members can count our votes there as known (none).
-            st.inherited_through = max(st.inherited_through, st.votes.max_seen)
+        if (join is not None and join.amnesiac and join.first_round_done) or st.reports_paused:
+            # Joining, or holding our reports back because of a split: promise never to
+            # vote where anyone has reported so far, so members can count our votes there
+            # as known, and prove the split dead.
+            st.votes_final_through = max(st.votes_final_through, st.votes.max_seen)
         committed = st.timeline.committed_point
         if st.inherited and st.inherited[0][0] <= committed:
             st.inherited = tuple(r for r in st.inherited if r[0] > committed)
@@ -1310,6 +1320,9 @@ class RelayCore:
         if through < 0:
             return
         self._count_votes(st, member, inherited)
+        link = self.peers[member].links.get(st.stream)
+        if link is not None and link.hole_lo >= 0:
+            return  # its reports that we missed are not known yet
         if through > st.known_through.get(member, -1):
             st.known_through[member] = through
         st.votes_unknowable_above.pop(member, None)

@@ -235,6 +235,9 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
     out: list[str] = []
     for key in sorted(history.finals):
         final = history.finals[key]
+        settling = final.issued_ms < phase.safety_end_ms + phase.settle_ms
+        if settling and final.outcome == REJECTED:
+            continue  # a definite answer; see PhaseInfo.settle_ms
         if phase.safety_end_ms <= final.issued_ms < phase.liveness_end_ms and (
             final.outcome != COMMITTED
         ):

@@ -92,6 +92,9 @@ class PhaseInfo:
     liveness_end_ms: int
     end_ms: int
     heal_bound_ms: int = 2_000  # relays must be joined and unfenced this long after healing
+    # Right after healing, suspicion timers from the fault phase still run out, and a
+    # transaction may be definitely rejected as late; after this window, all must commit.
+    settle_ms: int = 500
     check_liveness: bool = True
 
 
