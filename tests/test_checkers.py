@@ -200,6 +200,17 @@ def test_liveness_produce_not_committed() -> None:
     assert checkers.check_all(h, PhaseInfo(100, 200, 300, check_liveness=False)) == []
 
 
+def test_rejected_late_only_allowed_while_settling() -> None:
+    """A definite rejection right after healing is fine; later, everything must commit."""
+    phase = PhaseInfo(safety_end_ms=100, liveness_end_ms=1_000, end_ms=1_100, settle_ms=50)
+    h = good()
+    h.finals[(b"p0", 4)].issued_ms = 120  # within the settling window
+    assert checkers.liveness(h, phase) == []
+    h.finals[(b"p0", 4)].issued_ms = 400  # after it
+    found = checkers.liveness(h, phase)
+    assert any("not committed: p0#4" in v and "rejected" in v for v in found), found
+
+
 def test_committed_points_differ() -> None:
     h = good()
     h.relay_finals[0].committed_point[STREAM] = 20

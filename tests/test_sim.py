@@ -338,15 +338,6 @@ def test_relays_for_seed_is_stable_and_in_range() -> None:
 
 # --- the real core ------------------------------------------------------------------------
 
-core_missing = False
-try:  # the protocol core may not exist yet
-    import relay.core.relay  # noqa: F401
-except ImportError:
-    core_missing = True
-needs_core = pytest.mark.skipif(core_missing, reason="relay.core.relay not available")
-
-
-@needs_core
 def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
     first, count = seed_window
     seeds = range(first, first + count)
@@ -360,7 +351,6 @@ def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
     assert {r.relays for r in results} >= ({3, 4, 5, 6, 7} if count >= 50 else set())
 
 
-@needs_core
 def test_replay_gives_same_event_hash() -> None:
     first = run_seed(17, 0, "all")
     second = run_seed(17, 0, "all")
@@ -369,7 +359,6 @@ def test_replay_gives_same_event_hash() -> None:
     assert first.violations == second.violations
 
 
-@needs_core
 def test_replay_independent_of_hash_seed() -> None:
     """Determinism must not hang on Python's string hashing (set/dict of str order)."""
     code = "from relay.sim.runner import run_seed; print(run_seed(23, 4, 'all').event_hash)"
@@ -388,14 +377,12 @@ def test_replay_independent_of_hash_seed() -> None:
     assert len(hashes) == 1, hashes
 
 
-@needs_core
 @pytest.mark.parametrize("kind", FAULT_KINDS)
 def test_single_fault_kind(kind: str) -> None:
     results = list(run_many(range(100, 104), 0, kind, jobs=JOBS))
     assert all(r.ok for r in results), _report(results)
 
 
-@needs_core
 def test_cli_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
     code = run_cli(seeds=2, seed=None, relays=3, faults="none", first_seed=0)
     lines = capsys.readouterr().out.strip().splitlines()
@@ -412,7 +399,6 @@ def test_cli_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[-1] in ("1 passed, 0 failed", "0 passed, 1 failed")
 
 
-@needs_core
 @pytest.mark.slow
 def test_many_seeds_all_faults_slow(seed_window: tuple[int, int]) -> None:
     first, count = seed_window

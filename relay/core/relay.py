@@ -23,6 +23,7 @@ Theory of operation (docs/protocol.md is the full spec):
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from relay.core import codec
@@ -882,45 +883,29 @@ class RelayCore:
 
     def _on_repair_request(self, st: StreamState, msg: RepairRequest) -> None:
         tl = st.timeline
-        if not tl.has_base or msg.lo < tl.base_point or msg.hi <= msg.lo:
+        status = RepairStatus.OK
+        chunk: list[Entry] = []
+        more = False
+        hi = max(msg.hi, msg.lo)
+        if not tl.has_base:
             # Without a base we hold nothing: we coordinated nothing (a gap fill gets an
             # empty range) and cannot serve a repair (too old).
-            status = (
-                RepairStatus.OK if not tl.has_base and msg.origin >= 0 else RepairStatus.TOO_OLD
-            )
-            self._send(
-                RepairReply(
-                    self.id,
-                    self.incarnation,
-                    self.clock.floor,
-                    msg.sender,
-                    st.stream,
-                    msg.request_id,
-                    status,
-                    msg.lo,
-                    max(msg.hi, msg.lo),
-                    False,
-                    (),
-                    (),
-                )
-            )
-            return
-        entries = tl.entries_between(msg.lo, msg.hi)
-        if msg.origin >= 0:
-            entries = [(s, t) for s, t in entries if relay_of(s) == msg.origin]
-        chunk: list[Entry] = []
-        size = 0
-        more = False
-        for seq, tx in entries:
-            size += tx.size_bytes()
-            if chunk and (
-                len(chunk) >= self.limits.max_batch_entries or size > self.limits.max_batch_bytes
-            ):
-                more = True
-                break
-            chunk.append((seq, tx))
-        hi = chunk[-1][0] if more else msg.hi
-        reports = tuple(r for r in st.report_log if msg.lo < r[0] <= hi)
+            if msg.origin < 0:
+                status = RepairStatus.TOO_OLD
+        elif msg.lo < tl.base_point:
+            status = RepairStatus.TOO_OLD
+        else:
+            entries = tl.entries_between(msg.lo, msg.hi)
+            if msg.origin >= 0:
+                entries = [(s, t) for s, t in entries if relay_of(s) == msg.origin]
+            chunks = self._chunks(entries)
+            chunk = next(chunks, [])
+            more = next(chunks, None) is not None
+            if more:
+                hi = chunk[-1][0]
+        reports: tuple[Report, ...] = ()
+        if status is RepairStatus.OK:
+            reports = tuple(r for r in st.report_log if msg.lo < r[0] <= hi)
         self._send(
             RepairReply(
                 self.id,
@@ -929,7 +914,7 @@ class RelayCore:
                 msg.sender,
                 st.stream,
                 msg.request_id,
-                RepairStatus.OK,
+                status,
                 msg.lo,
                 hi,
                 more,
@@ -937,6 +922,24 @@ class RelayCore:
                 reports,
             )
         )
+
+    def _chunks(self, entries: list[Entry]) -> Iterator[list[Entry]]:
+        """Split entries into frames of at most max_batch_entries and max_batch_bytes."""
+        limits = self.limits
+        chunk: list[Entry] = []
+        size = 0
+        for entry in entries:
+            entry_bytes = entry[1].size_bytes()
+            if chunk and (
+                len(chunk) >= limits.max_batch_entries
+                or size + entry_bytes > limits.max_batch_bytes
+            ):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += entry_bytes
+        if chunk:
+            yield chunk
 
     def _on_repair_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
         peer = self.peers[msg.sender]
@@ -1392,18 +1395,8 @@ class RelayCore:
 
     def _flush_stream(self, st: StreamState) -> None:
         if st.out_entries:
-            limits = self.limits
-            chunk: list[Entry] = []
-            size = 0
-            for entry in st.out_entries:
-                size += entry[1].size_bytes()
-                if chunk and (
-                    len(chunk) >= limits.max_batch_entries or size > limits.max_batch_bytes
-                ):
-                    self._send_tx_batch(st, chunk)
-                    chunk, size = [], entry[1].size_bytes()
-                chunk.append(entry)
-            self._send_tx_batch(st, chunk)
+            for chunk in self._chunks(st.out_entries):
+                self._send_tx_batch(st, chunk)
             st.out_entries = []
         self._collect_reports(st, self.now_ms)
         committed = st.timeline.committed_point
