@@ -11,28 +11,15 @@ import random
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from relay.core.config import CoreConfig
-from relay.core.messages import (
-    Channel,
-    Delivery,
-    Outcome,
-    Outgoing,
-    ProduceReply,
-    ProduceRequest,
-    ReadResult,
-    ReadStatus,
-    Transaction,
-)
-from relay.core.seq import HybridClock
+from relay.core.messages import Delivery
+from relay.core.relay import Ready, RelayCore
 from relay.sim import FAULT_KINDS, FaultConfig
 from relay.sim.checkers import check_all
-from relay.sim.history import event_hash
 from relay.sim.network import NetParams, Network
 from relay.sim.runner import relays_for, run_cli, run_many, run_seed
 from relay.sim.world import World
@@ -67,201 +54,66 @@ def _report(results: list) -> str:
     return "\n".join(lines)
 
 
-# --- a toy core: one sequencer per stream, no fault tolerance; exercises the harness ------
-
-
-@dataclass
-class ToyReady:
-    outgoing: list[Outgoing] = field(default_factory=list)
-    replies: list[ProduceReply] = field(default_factory=list)
-    deliveries: list[Delivery] = field(default_factory=list)
-
-
-class ToyCore:
-    """Correct only on a loss-free network without crashes. `skip_every` > 0 makes relay 1
-    silently drop every n-th entry it should deliver (a planted bug)."""
-
-    skip_every = 0
-
-    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
-        self.id = config.relay_id
-        self.topology = config.topology
-        self.incarnation = incarnation
-        self.clock = HybridClock(self.id)
-        self.counters: dict[str, int] = {"received": 0}
-        self.logs: dict[str, list[tuple[int, Transaction]]] = {}
-        self.assigned: dict[tuple[bytes, int], int] = {}
-        self.forwards: dict[int, int] = {}
-        self.next_forward = 1
-        self.out = ToyReady()
-        self.seen = 0
-
-    def _leader(self, stream: str) -> int:
-        return self.topology.members(stream)[0]
-
-    def _append(self, stream: str, seq: int, tx: Transaction) -> None:
-        log = self.logs.setdefault(stream, [])
-        if log and seq <= log[-1][0]:
-            return
-        self.seen += 1
-        if self.skip_every and self.id == 1 and self.seen % self.skip_every == 0:
-            return
-        log.append((seq, tx))
-        self.out.deliveries.append(Delivery(stream, ((seq, tx),)))
-
-    def _sequence(self, stream: str, tx: Transaction, now_ms: int) -> int:
-        key = (tx.producer_id, tx.producer_seq)
-        if key not in self.assigned:
-            seq = self.clock.next_seq(now_ms)
-            self.assigned[key] = seq
-            self._append(stream, seq, tx)
-            frame = msgpack.packb(
-                ["b", stream, seq, tx.producer_id, tx.producer_seq, tx.key, tx.value]
-            )
-            self.out.outgoing.append(Outgoing(Channel.IN, frame, stream=stream))
-        return self.assigned[key]
-
-    def produce(self, request: ProduceRequest, now_ms: int) -> None:
-        tx = request.tx
-        if not self.topology.members(request.stream):
-            self.out.replies.append(
-                ProduceReply(request.request_id, Outcome.REJECTED, reason="unknown_stream")
-            )
-        elif self._leader(request.stream) == self.id:
-            seq = self._sequence(request.stream, tx, now_ms)
-            self.out.replies.append(ProduceReply(request.request_id, Outcome.COMMITTED, seq))
-        else:
-            fid = self.next_forward
-            self.next_forward += 1
-            self.forwards[fid] = request.request_id
-            frame = msgpack.packb(
-                [
-                    "f",
-                    self.id,
-                    fid,
-                    request.stream,
-                    tx.producer_id,
-                    tx.producer_seq,
-                    tx.key,
-                    tx.value,
-                ]
-            )
-            self.out.outgoing.append(
-                Outgoing(Channel.IN, frame, target=self._leader(request.stream))
-            )
-
-    def receive(self, frame: bytes, now_ms: int) -> None:
-        self.counters["received"] += 1
-        msg = msgpack.unpackb(frame)
-        if msg[0] == "b":
-            _, stream, seq, pid, pseq, key, value = msg
-            self._append(stream, seq, Transaction(pid, pseq, key, value))
-        elif msg[0] == "f":
-            _, origin, fid, stream, pid, pseq, key, value = msg
-            seq = self._sequence(stream, Transaction(pid, pseq, key, value), now_ms)
-            self.out.outgoing.append(
-                Outgoing(Channel.WR, msgpack.packb(["r", fid, seq]), target=origin)
-            )
-        elif msg[0] == "r":
-            _, fid, seq = msg
-            request_id = self.forwards.pop(fid, None)
-            if request_id is not None:
-                self.out.replies.append(ProduceReply(request_id, Outcome.COMMITTED, seq))
-
-    def tick(self, now_ms: int) -> None:
-        self.clock.follow_wall(now_ms)
-
-    def ready(self) -> ToyReady:
-        out, self.out = self.out, ToyReady()
-        return out
-
-    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult:
-        members = self.topology.members(stream)
-        if self.id not in members:
-            return ReadResult(ReadStatus.REDIRECT, redirect=members)
-        log = self.logs.get(stream, [])
-        entries = tuple(e for e in log if e[0] > after_seq)[:max_entries]
-        return ReadResult(ReadStatus.OK, entries, committed=log[-1][0] if log else -1)
-
-    def fenced(self, stream: str) -> bool:
-        return False
-
-    def joined(self, stream: str) -> bool:
-        return True
-
-    def committed_point(self, stream: str) -> int:
-        log = self.logs.get(stream)
-        return log[-1][0] if log else -1
-
-
-class BuggyToyCore(ToyCore):
-    skip_every = 7
-
-
-TOY_PHASES = {"safety_ms": 600, "liveness_ms": 600, "quiet_ms": 400, "heal_bound_ms": 200}
-TOY_SAFE_FAULTS = (
-    "none",
-    "reorder",
-    "duplicate",
-    "delay",
-    "pause",
-    "clock_skew",
-    "clock_step",
-    "reorder,duplicate,delay,pause,clock_skew,clock_step",
-)
-
-
-def toy_run(seed: int, relays: int, faults: str, core=ToyCore):  # type: ignore[no-untyped-def]
-    world = World(seed, relays, faults, core_factory=core, **TOY_PHASES)
-    history = world.run()
-    return world, history, check_all(history, world.phase_info())
-
-
 # --- harness self-tests -------------------------------------------------------------------
 
-
-@pytest.mark.parametrize("faults", TOY_SAFE_FAULTS)
-@pytest.mark.parametrize("relays", [3, 5, 7])
-def test_toy_mesh_passes(relays: int, faults: str) -> None:
-    world, history, violations = toy_run(relays * 11, relays, faults)
-    assert violations == []
-    summary = world.summary()
-    assert summary["txs"] > 20
-    assert summary["committed"] == summary["txs"]
-    assert summary["consumer_entries"] > 0
-    assert all(history.delivered.values())
+SHORT_PHASES = {"safety_ms": 600, "liveness_ms": 600, "quiet_ms": 400, "heal_bound_ms": 200}
 
 
-def test_toy_replay_is_identical() -> None:
-    faults = "reorder,duplicate,delay,pause,clock_skew,clock_step"
-    first = toy_run(5, 5, faults)[0].events
-    second = toy_run(5, 5, faults)[0].events
-    assert first == second
-    assert event_hash(first) == event_hash(second)
-    assert event_hash(toy_run(6, 5, faults)[0].events) != event_hash(first)
+class SkippingCore(RelayCore):
+    """The real core with a planted bug: relay 1 silently drops every 7th entry it should
+    hand to consumers. The checkers must notice."""
+
+    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
+        super().__init__(config, incarnation, now_ms)
+        self._handed = 0
+
+    def ready(self) -> Ready:
+        out = super().ready()
+        if self.id != 1:
+            return out
+        kept = []
+        for delivery in out.deliveries:
+            entries = []
+            for entry in delivery.entries:
+                self._handed += 1
+                if self._handed % 7:
+                    entries.append(entry)
+            kept.append(Delivery(delivery.stream, tuple(entries)))
+        out.deliveries = kept
+        return out
 
 
 def test_planted_bug_is_caught() -> None:
-    _, _, violations = toy_run(3, 3, "none", core=BuggyToyCore)
+    world = World(3, 3, "none", core_factory=SkippingCore, **SHORT_PHASES)
+    violations = check_all(world.run(), world.phase_info())
     assert any(v.startswith("gap:") for v in violations), violations[:5]
     assert any(v.startswith("missing:") for v in violations), violations[:5]
 
 
+def test_short_fault_free_run_passes_and_does_work() -> None:
+    world = World(11, 5, "none", **SHORT_PHASES)
+    history = world.run()
+    assert check_all(history, world.phase_info()) == []
+    summary = world.summary()
+    assert summary["committed"] > 20
+    assert summary["consumer_entries"] > 0
+
+
 def test_crash_rule_keeps_a_quorum_joined() -> None:
-    world = World(1, 3, "none", core_factory=ToyCore, **TOY_PHASES)
+    world = World(1, 3, "none", **SHORT_PHASES)
     for r in world.ids:
         world._start(r)
+    for now in range(300):  # long enough for every relay to join every stream
+        world.now = now
+        world._step(now, world.safety_end + world.heal_bound_ms)
     assert world.may_crash(0)
     world._crash(0)
     assert not world.may_crash(1)  # stream `all` on 3 relays needs 2 up and joined
     assert not world.may_crash(2)
-    world._restart(0)
-    assert world.nodes[0].incarnation == 2
-    assert world.may_crash(1)
 
 
 def test_faults_end_before_safety_phase_ends() -> None:
-    world = World(2, 5, "all", core_factory=ToyCore, **TOY_PHASES)
+    world = World(2, 5, "all", **SHORT_PHASES)
     for t, _, kind, args in world._faults_heap:
         assert t < world.safety_end, (t, kind)
         if kind in ("partition", "oneway", "pause", "crash"):
@@ -337,6 +189,7 @@ def test_relays_for_seed_is_stable_and_in_range() -> None:
 
 
 # --- the real core ------------------------------------------------------------------------
+
 
 def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
     first, count = seed_window
