@@ -1,23 +1,24 @@
 """RelayCore: every protocol decision of one relay, with no I/O of its own.
 
-Theory of operation (docs/protocol.md is the full spec):
+Theory of operation (docs/protocol.md is the full spec; section numbers below refer to it):
 
-* Inputs: `receive(frame, now_ms)` for a peer's frame, `produce(request, now_ms)` for a
-  client's transaction, `tick(now_ms)` as time passes, `read(...)` for consumers.
-* Output: `ready()` drains what to publish, what to answer producers and what committed
-  entries to hand to consumers. The shell publishes every `Outgoing` in order on its one
-  PUB socket, so each peer link stays FIFO.
+* Inputs: `receive(frame, now_ms, mono_ms)` for a peer's frame, `produce(request, ...)` for
+  a client's transaction, `tick(...)` as time passes, `read(...)` for consumers. `now_ms`
+  is the wall clock (sequence numbers, skew check); `mono_ms` the monotonic clock (timers).
+* Output: `ready()` drains what to publish, what to answer producers, what committed
+  entries to hand to consumers and where the delivered history restarted. The shell
+  publishes every `Outgoing` in order on its one PUB socket, so each peer link stays FIFO.
 * A member of stream S coordinates a produce by giving it the next sequence number of its
   hybrid clock and publishing it on S's `in` topic. Every member inserts it in its timeline.
   Once a point is *stable* (at or below the watermark W: the lowest floor of the live
   members, taken from the last message of each that followed all earlier ones), the member
-  reports its digest there, once. A point commits when a quorum reports the same digest;
-  a member delivers the committed prefix when its own digest matches, and otherwise
-  repairs from members that reported the committed digest.
-* Safety rests only on: commit = quorum of identical reports at one point; each member
-  reports a point at most once, in increasing order; a member changes its reported prefix
-  only by adopting a committed digest; quorums intersect. Clocks and timeouts only decide
-  when things happen.
+  reports its digest there, once (5.3). A point commits when a quorum reports the same
+  digest (5.4); a member delivers the committed prefix when its own digest matches, and
+  otherwise repairs from members that reported the committed digest (5.5).
+* Safety rests only on (6): commit = a quorum of identical counted reports at one point;
+  one counted report per relay per point, across restarts; a reported prefix changes only
+  by adopting a committed digest, or by rebuilding a zone whose every point is dead (5.7);
+  quorums intersect. Clocks and timeouts only decide when things happen.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ class RelayCore:
         self.streams: dict[str, StreamState] = {}
         self._ready = Ready()
         self._next_request = incarnation << REQUEST_ID_BITS
-        self._forwards: dict[int, tuple[int, int]] = {}  # our forward id -> (client req, deadline)
+        self._forwards: dict[int, int] = {}  # our forward id -> the client's request id
         self._forward_deadlines: deque[tuple[int, int]] = deque()
         self._last_heartbeat_ms = NEVER
         self._floor_sent = -1
@@ -265,9 +266,9 @@ class RelayCore:
             self._tick_stream(st, now_ms)
         while self._forward_deadlines and self._forward_deadlines[0][0] <= now_ms:
             _, fid = self._forward_deadlines.popleft()
-            found = self._forwards.pop(fid, None)
-            if found is not None:
-                self._ready.replies.append(ProduceReply(found[0], Outcome.UNKNOWN))
+            client_request = self._forwards.pop(fid, None)
+            if client_request is not None:
+                self._ready.replies.append(ProduceReply(client_request, Outcome.UNKNOWN))
 
     def ready(self) -> Ready:
         """Drain what the shell must do now: publish, answer, deliver."""
@@ -353,10 +354,8 @@ class RelayCore:
         if msg.sender == self.id or msg.sender not in self.peers:
             raise FieldError(f"sender {msg.sender} is not a peer of relay {self.id}")
         target = getattr(msg, "target", None)
-        if target is not None and target != self.id and not isinstance(msg, RepairRequest):
+        if target is not None and target != self.id:
             raise FieldError(f"message for relay {target} reached relay {self.id}")
-        if isinstance(msg, RepairRequest) and msg.target != self.id:
-            raise FieldError(f"repair request for relay {msg.target} reached relay {self.id}")
         stream = getattr(msg, "stream", None)
         if stream is not None and not self._can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
@@ -569,18 +568,18 @@ class RelayCore:
             return self._answer(waiter, Outcome.FENCED, redirect=members)
         fid = self._request_id()
         target = live[fid % len(live)]
-        self._forwards[fid] = (waiter.request_id, now_ms + self.limits.produce_timeout_ms)
+        self._forwards[fid] = waiter.request_id
         self._forward_deadlines.append((now_ms + self.limits.produce_timeout_ms, fid))
         self._send(Forward(self.id, self.incarnation, self.clock.floor, target, stream, fid, tx))
         return None
 
     def _on_forward_reply(self, msg: ForwardReply) -> None:
-        found = self._forwards.pop(msg.request_id, None)
-        if found is None:
+        client_request = self._forwards.pop(msg.request_id, None)
+        if client_request is None:
             self.counters["forward_reply_unmatched"] += 1
             return
         self._ready.replies.append(
-            ProduceReply(found[0], msg.outcome, msg.seq, msg.reason, msg.redirect)
+            ProduceReply(client_request, msg.outcome, msg.seq, msg.reason, msg.redirect)
         )
 
     def _answer(
@@ -690,7 +689,7 @@ class RelayCore:
         end = tl.index_after(w)
         points: list[Report] = []
         if end > start:
-            tl._digest_through(end - 1)
+            tl.digest_through(end - 1)
             points.extend(zip(tl.seqs[start:end], tl.digests[start:end], strict=True))
         if self._unsettled(st) or end > start:
             checkpoints = self._checkpoints(above, w)
@@ -771,6 +770,8 @@ class RelayCore:
         tl = st.timeline
         newly = tl.deliver_through(point, digest)
         st.votes.settle_through(point)
+        while st.own_unacked and st.own_unacked[0][0] <= point:
+            st.own_unacked.popleft()  # settled: no need to count them any more
         st.progress_ms = self.now_ms
         self._resume_reports(st)
         st.mismatch_since_ms = NEVER

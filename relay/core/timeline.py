@@ -128,7 +128,7 @@ class Timeline:
 
     # --- digests ------------------------------------------------------------------------
 
-    def _digest_through(self, index: int) -> None:
+    def digest_through(self, index: int) -> None:
         """Make digests valid for every held index <= `index`."""
         digests = self.digests
         start = max(self.digested, self.head)
@@ -150,7 +150,7 @@ class Timeline:
         i = self.index_after(point) - 1
         if i < self.head:
             return self.base_digest
-        self._digest_through(i)
+        self.digest_through(i)
         return self.digests[i]
 
     def entries_between(self, lo: int, hi: int) -> list[Entry]:
@@ -245,7 +245,7 @@ class Timeline:
             self.head < self.delivered
         ):
             i = self.head
-            self._digest_through(i)
+            self.digest_through(i)
             self.base_point = self.seqs[i]
             self.base_digest = self.digests[i]
             self.held_bytes -= self.txs[i].size_bytes()
@@ -258,7 +258,7 @@ class Timeline:
     def _compact(self) -> None:
         h = self.head
         if self.digested < h:
-            self._digest_through(h - 1)
+            self.digest_through(h - 1)
         for lst in (self.seqs, self.txs, self.hashes, self.skip):
             del lst[:h]
         del self.digests[: min(h, len(self.digests))]
