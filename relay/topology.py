@@ -1,0 +1,572 @@
+"""The YAML topology: which relays exist, where they listen, which streams each serves.
+
+The file format (`config/topology.yaml` is the commented example)::
+
+    relays:                       # required, at least one
+      - id: 0                     # 0..1023, unique (it is part of every sequence number)
+        host: 127.0.0.1           # address to bind and to connect to (not a wildcard)
+        mesh_port: 7100           # PUB socket of the mesh: tcp://host:mesh_port
+        client_port: 7200         # ROUTER socket for clients: tcp://host:client_port
+        streams: ["orders.*", "audit"]   # exact names and fnmatch patterns, at least one
+    streams:                      # optional: the streams the mesh is expected to serve
+      - orders.eu                 # exact names; each must match at least one relay
+      - {name: audit, min_relays: 3}   # object form: fewer serving relays is an error
+    limits:                       # optional: any field of relay.core.config.Limits
+      suspect_timeout_ms: 150
+    data_dir: ../data             # optional, relative to the file; default <file dir>/../data
+
+Rules: unknown keys are errors; ports are 1..65535 and every (host, port) pair is used
+once across all mesh and client ports; stream names are non-empty, at most 255 UTF-8 bytes
+(or `limits.max_stream_name_bytes` if lower), without `|` or NUL; declared streams are
+exact names (no `*`, `?`, `[`). A declared stream served by fewer than 3 relays is a
+warning: its majority quorum tolerates no relay failure.
+
+Every problem becomes one `ConfigError` whose message names the file, the field path and
+the problem, one line per problem, e.g.
+`config/topology.yaml: relays[1].mesh_port: 7100 is already used by relay 0 (...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml  # type: ignore[import-untyped, unused-ignore]
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+)
+
+from relay.core.config import CoreConfig, Limits, Topology
+from relay.core.seq import MAX_RELAY_ID
+from relay.errors import ConfigError
+
+__all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
+
+MAX_STREAM_NAME_BYTES = 255
+MIN_SAFE_RELAYS = 3  # fewer: a majority quorum tolerates no relay failure
+_WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
+_PATTERN_CHARS = "*?["
+
+
+# --- the result ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RelaySpec:
+    id: int  # 0..1023
+    host: str  # address to bind and to connect to
+    mesh_port: int  # the relay's PUB socket binds tcp://host:mesh_port
+    client_port: int  # the relay's ROUTER for clients binds tcp://host:client_port
+    streams: tuple[str, ...]  # exact names and fnmatch patterns
+
+    @property
+    def mesh_endpoint(self) -> str:
+        return _endpoint(self.host, self.mesh_port)
+
+    @property
+    def client_endpoint(self) -> str:
+        return _endpoint(self.host, self.client_port)
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    path: Path
+    relays: dict[int, RelaySpec]  # by id, ascending
+    streams: tuple[str, ...]  # the declared streams (exact names), in file order
+    limits: Limits  # defaults with the file's overrides
+    topology: Topology  # built from the relays' streams
+    warnings: tuple[str, ...]  # e.g. a declared stream with fewer than 3 relays
+    data_dir: Path  # absolute; for the spool and the store
+
+    def core_config(self, relay_id: int) -> CoreConfig:
+        """The core's configuration for one relay of this mesh."""
+        if (
+            not isinstance(relay_id, int)
+            or isinstance(relay_id, bool)
+            or relay_id not in self.relays
+        ):
+            known = ", ".join(str(r) for r in self.relays)
+            raise ConfigError(f"{self.path}: relay {relay_id!r} is not in the topology ({known})")
+        return CoreConfig(relay_id=relay_id, topology=self.topology, limits=self.limits)
+
+    def members(self, stream: str) -> tuple[int, ...]:
+        """R(S): the relays serving `stream`, ascending; empty if none does."""
+        return self.topology.members(stream)
+
+
+# --- parsing models (field checks that need no other field) ------------------------------
+
+
+def _check_name(name: str) -> str:
+    if not name:
+        raise ValueError("a stream name must not be empty")
+    if "|" in name:
+        raise ValueError(f"{name!r}: '|' is not allowed in a stream name")
+    if "\0" in name:
+        raise ValueError(f"{name!r}: NUL is not allowed in a stream name")
+    size = _utf8_size(name)
+    if size is None:
+        raise ValueError(f"{name!r} is not valid Unicode text")
+    if size > MAX_STREAM_NAME_BYTES:
+        raise ValueError(
+            f"{_short(name)} is {size} UTF-8 bytes long; at most {MAX_STREAM_NAME_BYTES} allowed"
+        )
+    return name
+
+
+def _check_declared_name(name: str) -> str:
+    _check_name(name)
+    if any(c in name for c in _PATTERN_CHARS):
+        raise ValueError(
+            f"{name!r} is a pattern; declared streams are exact names "
+            "(patterns belong in a relay's streams)"
+        )
+    return name
+
+
+def _check_relay_id(value: int) -> int:
+    if not 0 <= value <= MAX_RELAY_ID:
+        raise ValueError(f"{value} is outside 0..{MAX_RELAY_ID}")
+    return value
+
+
+def _check_port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{value} is outside 1..65535")
+    return value
+
+
+def _check_host(value: str) -> str:
+    if not value or value != value.strip() or any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} is not a host name or address")
+    if value in _WILDCARD_HOSTS:
+        raise ValueError(
+            f"{value!r} is a wildcard; the host must be an address peers can connect to"
+        )
+    if "://" in value or "/" in value:
+        raise ValueError(f"{value!r}: give only the host, without scheme or path")
+    if ":" in value:
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is neither a host name nor an IPv6 address "
+                "(ports go in mesh_port and client_port)"
+            ) from None
+    return value
+
+
+def _check_min_relays(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def _check_data_dir(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _stream_entry(value: Any) -> Any:
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict):
+        return value
+    raise ValueError(
+        "expected a stream name or a mapping like {name: orders.eu, min_relays: 3}, "
+        f"got {_describe(value)}"
+    )
+
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+_StreamName = Annotated[str, AfterValidator(_check_name)]
+
+
+class _RelayModel(BaseModel):
+    model_config = _STRICT
+
+    id: Annotated[int, AfterValidator(_check_relay_id)]
+    host: Annotated[str, AfterValidator(_check_host)]
+    mesh_port: Annotated[int, AfterValidator(_check_port)]
+    client_port: Annotated[int, AfterValidator(_check_port)]
+    streams: list[_StreamName]
+
+    @field_validator("streams")
+    @classmethod
+    def _some_stream(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("the relay subscribes to no stream; list at least one")
+        return value
+
+
+class _StreamModel(BaseModel):
+    model_config = _STRICT
+
+    name: Annotated[str, AfterValidator(_check_declared_name)]
+    min_relays: Annotated[int, AfterValidator(_check_min_relays)] | None = None
+
+
+class _FileModel(BaseModel):
+    model_config = _STRICT
+
+    relays: list[_RelayModel]
+    streams: list[Annotated[_StreamModel, BeforeValidator(_stream_entry)]] | None = None
+    limits: dict[str, Any] | None = None
+    data_dir: Annotated[str, AfterValidator(_check_data_dir)] | None = None
+
+    @field_validator("relays")
+    @classmethod
+    def _some_relay(cls, value: list[_RelayModel]) -> list[_RelayModel]:
+        if not value:
+            raise ValueError("at least one relay is required")
+        return value
+
+
+_LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(Limits))
+_ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
+    "": tuple(_FileModel.model_fields),
+    "relays": tuple(_RelayModel.model_fields),
+    "streams": tuple(_StreamModel.model_fields),
+    "limits": _LIMIT_FIELDS,
+}
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def load(path: str | Path) -> MeshConfig:
+    """Read and check a topology file. Raises ConfigError naming the file and field."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: cannot read the topology: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{file}: cannot read the topology: it is a directory") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{file}: cannot read the topology: not UTF-8 text (byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read the topology: {exc.strerror or exc}") from None
+    return loads(text, file)
+
+
+def loads(text: str, path: str | Path = "<string>") -> MeshConfig:
+    """Check a topology given as text; `path` names it in messages and anchors data_dir."""
+    file = Path(path)
+    data = _parse_yaml(text, file)
+    try:
+        model = _FileModel.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_join(file, _pydantic_problems(exc))) from None
+    return _build(file, model)
+
+
+def _parse_yaml(text: str, file: Path) -> dict[str, Any]:
+    try:
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        where = ""
+        if exc.problem_mark is not None:
+            mark = exc.problem_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}: "
+        problem = exc.problem or "invalid YAML"
+        context = f" ({exc.context})" if exc.context else ""
+        raise ConfigError(f"{file}: {where}invalid YAML: {problem}{context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: invalid YAML: {exc}") from None
+    if data is None:
+        raise ConfigError(f"{file}: the topology is empty; expected a mapping with 'relays'")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{file}: expected a mapping with 'relays' at the top level, got {_describe(data)}"
+        )
+    return data
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _build(file: Path, model: _FileModel) -> MeshConfig:
+    problems: list[tuple[str, str]] = []  # (field path, problem)
+    warnings: list[tuple[str, str]] = []
+
+    limits = _build_limits(model.limits or {}, problems)
+    max_name = min(MAX_STREAM_NAME_BYTES, limits.max_stream_name_bytes)
+
+    # relays: ids, (host, port) pairs, subscriptions
+    by_id: dict[int, int] = {}  # relay id -> index in the file
+    used: dict[tuple[str, int], tuple[int, str]] = {}  # (host, port) -> (relay id, field)
+    for i, relay in enumerate(model.relays):
+        at = f"relays[{i}]"
+        if relay.id in by_id:
+            problems.append(
+                (f"{at}.id", f"{relay.id} is already used by relays[{by_id[relay.id]}]")
+            )
+        else:
+            by_id[relay.id] = i
+        for port_field in ("mesh_port", "client_port"):
+            port: int = getattr(relay, port_field)
+            key = (relay.host.lower(), port)
+            if key in used:
+                other, other_field = used[key]
+                problems.append(
+                    (
+                        f"{at}.{port_field}",
+                        f"{port} is already used by relay {other} "
+                        f"(its {other_field} on {relay.host})",
+                    )
+                )
+            else:
+                used[key] = (relay.id, port_field)
+        problems.extend(_duplicates(f"{at}.streams", relay.streams))
+        problems.extend(_long_names(f"{at}.streams", relay.streams, max_name))
+
+    declared = model.streams or []
+    names = [s.name for s in declared]
+    problems.extend(_duplicates("streams", names))
+    problems.extend(_long_names("streams", names, max_name))
+
+    relays = {
+        r.id: RelaySpec(
+            id=r.id,
+            host=r.host,
+            mesh_port=r.mesh_port,
+            client_port=r.client_port,
+            streams=tuple(r.streams),
+        )
+        for r in sorted(model.relays, key=lambda r: r.id)
+    }
+    try:
+        topology = Topology(subscriptions={r.id: r.streams for r in relays.values()})
+    except ConfigError as exc:  # already checked above; kept as a safety net
+        raise ConfigError(_join(file, [*problems, ("relays", str(exc))])) from None
+
+    # declared streams: served, enough relays
+    for i, stream in enumerate(declared):
+        at = f"streams[{i}]"
+        members = topology.members(stream.name)
+        if not members:
+            problems.append(
+                (at, f"{stream.name!r} is a stream no relay serves (no relay's streams match it)")
+            )
+        elif stream.min_relays is not None and len(members) < stream.min_relays:
+            problems.append(
+                (
+                    f"{at}.min_relays",
+                    f"{stream.name!r} needs {stream.min_relays} relays but only "
+                    f"{len(members)} serve it ({_relay_list(members)}), so its quorum "
+                    "cannot be met",
+                )
+            )
+        elif len(members) < MIN_SAFE_RELAYS:
+            warnings.append(
+                (
+                    at,
+                    f"{stream.name!r} is served by only {len(members)} "
+                    f"relay{'s' if len(members) > 1 else ''} ({_relay_list(members)}); "
+                    f"its quorum of {len(members) // 2 + 1} tolerates no relay failure "
+                    f"(serve it on at least {MIN_SAFE_RELAYS})",
+                )
+            )
+
+    if problems:
+        raise ConfigError(_join(file, problems))
+
+    base = file.parent
+    data_dir = base / model.data_dir if model.data_dir is not None else base / ".." / "data"
+    return MeshConfig(
+        path=file,
+        relays=relays,
+        streams=tuple(names),
+        limits=limits,
+        topology=topology,
+        warnings=tuple(f"{file}: {at}: {text}" for at, text in warnings),
+        data_dir=Path(os.path.abspath(data_dir)),
+    )
+
+
+def _build_limits(overrides: dict[str, Any], problems: list[tuple[str, str]]) -> Limits:
+    unknown = [key for key in overrides if key not in _LIMIT_FIELDS]
+    for key in unknown:
+        problems.append((f"limits.{key}", "unknown limit" + _suggest(key, _LIMIT_FIELDS)))
+    if unknown:
+        return Limits()
+    try:
+        return Limits(**overrides)
+    except ConfigError as exc:
+        problems.append(_limit_problem(str(exc), overrides))
+        return Limits()
+
+
+def _limit_problem(message: str, overrides: dict[str, Any]) -> tuple[str, str]:
+    """Limits says `limit <field> <problem>`; point at a field the file actually set."""
+    match = re.match(r"limit (\w+) (.*)", message, re.DOTALL)
+    if match is None:
+        return "limits", message
+    named, problem = match.groups()
+    if named not in overrides:
+        mentioned = [f for f in re.findall(r"\w+", problem) if f in overrides]
+        if mentioned:
+            return f"limits.{mentioned[0]}", f"{named} {problem}"
+    return f"limits.{named}", problem
+
+
+def _duplicates(at: str, names: list[str]) -> list[tuple[str, str]]:
+    first: dict[str, int] = {}
+    found = []
+    for i, name in enumerate(names):
+        if name in first:
+            found.append((f"{at}[{i}]", f"{name!r} is listed twice (first as {at}[{first[name]}])"))
+        else:
+            first[name] = i
+    return found
+
+
+def _long_names(at: str, names: list[str], max_bytes: int) -> list[tuple[str, str]]:
+    if max_bytes >= MAX_STREAM_NAME_BYTES:
+        return []  # the parser checked the hard bound
+    found = []
+    for i, name in enumerate(names):
+        size = _utf8_size(name) or 0
+        if size > max_bytes:
+            found.append(
+                (
+                    f"{at}[{i}]",
+                    f"{_short(name)} is {size} UTF-8 bytes long; at most {max_bytes} allowed "
+                    "by limits.max_stream_name_bytes",
+                )
+            )
+    return found
+
+
+# --- messages --------------------------------------------------------------------------
+
+
+def _join(file: Path, problems: Iterable[tuple[str, str]]) -> str:
+    lines = []
+    for at, text in problems:
+        line = f"{file}: {at}: {text}" if at else f"{file}: {text}"
+        if line not in lines:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _pydantic_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    return [(_loc(err["loc"]), _plain(err)) for err in exc.errors()]
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _plain(err: Any) -> str:
+    kind: str = err["type"]
+    value = err.get("input")
+    if kind == "missing":
+        return "missing; this field is required"
+    if kind == "extra_forbidden":
+        loc = err["loc"]
+        context = str(loc[0]) if len(loc) > 1 else ""
+        allowed = _ALLOWED_KEYS.get(context, ())
+        return "unknown field" + _suggest(str(loc[-1]), allowed)
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"expected an integer, got {_describe(value)}"
+    if kind in ("string_type", "string_unicode"):
+        return f"expected a string, got {_describe(value)}"
+    if kind in ("list_type", "tuple_type"):
+        return f"expected a list, got {_describe(value)}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"expected a mapping, got {_describe(value)}"
+    if kind == "value_error":
+        return str(err.get("ctx", {}).get("error", err["msg"]))
+    return str(err["msg"])
+
+
+def _suggest(key: str, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)
+    close = difflib.get_close_matches(key, allowed, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    if allowed:
+        return f" (expected one of: {', '.join(allowed)})"
+    return ""
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "an empty value"
+    if isinstance(value, bool):
+        return f"the boolean {value}"
+    if isinstance(value, str):
+        return f"the string {_short(value)}"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{_short(repr(value), quote=False)} ({type(value).__name__})"
+
+
+def _short(text: str, *, quote: bool = True, limit: int = 40) -> str:
+    shown = text if len(text) <= limit else text[: limit - 3] + "..."
+    return repr(shown) if quote else shown
+
+
+def _utf8_size(text: str) -> int | None:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _relay_list(ids: Iterable[int]) -> str:
+    ids = tuple(ids)
+    return ("relay " if len(ids) == 1 else "relays ") + ", ".join(str(i) for i in ids)

@@ -1,0 +1,439 @@
+"""The YAML topology layer: the example files, every error case, warnings, limits."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from relay import topology
+from relay.core.config import CoreConfig, Limits
+from relay.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config"
+
+THREE = """\
+relays:
+  - {id: 0, host: 127.0.0.1, mesh_port: 7100, client_port: 7200, streams: ["orders.*", audit]}
+  - {id: 1, host: 127.0.0.1, mesh_port: 7101, client_port: 7201, streams: ["orders.*", audit]}
+  - {id: 2, host: 127.0.0.1, mesh_port: 7102, client_port: 7202, streams: ["orders.*", audit]}
+streams: [orders.eu, audit]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "mesh.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def error(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        topology.load(path)
+    message = str(info.value)
+    for line in message.splitlines():
+        assert line.startswith(f"{path}: "), line
+    return message
+
+
+def relay(i: int, **fields: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "id": i,
+        "host": "127.0.0.1",
+        "mesh_port": 7100 + i,
+        "client_port": 7200 + i,
+        "streams": ["orders.*", "audit"],
+    }
+    spec.update(fields)
+    return spec
+
+
+def mesh(*relays: dict[str, object], extra: str = "", streams: str = "[orders.eu]") -> str:
+    lines = ["relays:"]
+    for spec in relays:
+        inner = ", ".join(f"{k}: {_yaml(v)}" for k, v in spec.items())
+        lines.append(f"  - {{{inner}}}")
+    if streams:
+        lines.append(f"streams: {streams}")
+    return "\n".join(lines) + "\n" + textwrap.dedent(extra)
+
+
+def _yaml(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\0", "\\0") + '"'
+    return str(value)
+
+
+# --- the example files -----------------------------------------------------------------
+
+
+def test_example_three_relays() -> None:
+    cfg = topology.load(CONFIG / "topology.yaml")
+    assert sorted(cfg.relays) == [0, 1, 2]
+    assert cfg.streams == ("orders.eu", "orders.us", "audit")
+    for i, spec in cfg.relays.items():
+        assert spec.id == i
+        assert spec.host == "127.0.0.1"
+        assert spec.mesh_endpoint == f"tcp://127.0.0.1:{7100 + i}"
+        assert spec.client_endpoint == f"tcp://127.0.0.1:{7200 + i}"
+        assert spec.streams == ("orders.*", "audit")
+    for stream in cfg.streams:
+        assert cfg.members(stream) == (0, 1, 2)
+    assert cfg.members("orders.asia") == (0, 1, 2)
+    assert cfg.members("payments.card") == ()
+    assert cfg.limits == Limits()
+    assert cfg.warnings == ()
+    assert cfg.data_dir == ROOT / "data"
+    assert cfg.path == CONFIG / "topology.yaml"
+
+
+def test_example_five_relays_partitioned() -> None:
+    cfg = topology.load(CONFIG / "topology-5.yaml")
+    assert sorted(cfg.relays) == [0, 1, 2, 3, 4]
+    assert cfg.members("orders.eu") == (0, 1, 2)
+    assert cfg.members("orders.us") == (0, 1, 2)
+    assert cfg.members("payments.card") == (2, 3, 4)
+    assert cfg.members("audit") == (0, 1, 2, 3, 4)
+    assert cfg.members("other") == ()
+    assert set(cfg.streams) == {"orders.eu", "orders.us", "payments.card", "payments.sepa", "audit"}
+    for stream in cfg.streams:
+        assert cfg.members(stream)
+    assert cfg.warnings == ()
+    assert cfg.topology.relay_ids == (0, 1, 2, 3, 4)
+    ports = [p for r in cfg.relays.values() for p in (r.mesh_port, r.client_port)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_core_config(tmp_path: Path) -> None:
+    cfg = topology.load(write(tmp_path, THREE))
+    core = cfg.core_config(1)
+    assert isinstance(core, CoreConfig)
+    assert core.relay_id == 1
+    assert core.topology is cfg.topology
+    assert core.limits is cfg.limits
+    with pytest.raises(ConfigError, match=r"relay 7 is not in the topology") as info:
+        cfg.core_config(7)
+    assert str(tmp_path / "mesh.yaml") in str(info.value)
+    with pytest.raises(ConfigError):
+        cfg.core_config(True)
+
+
+def test_loads_and_both_stream_forms(tmp_path: Path) -> None:
+    text = mesh(relay(0), relay(1), relay(2), streams="[orders.eu, {name: audit, min_relays: 3}]")
+    cfg = topology.loads(text)
+    assert cfg.streams == ("orders.eu", "audit")
+    assert str(cfg.path) == "<string>"
+    assert cfg.data_dir == Path(os.path.abspath("../data"))
+    assert topology.loads(text, tmp_path / "x.yaml").data_dir == (tmp_path.parent / "data")
+
+
+def test_relays_are_keyed_by_id_in_order() -> None:
+    cfg = topology.loads(mesh(relay(5), relay(2), relay(9)))
+    assert list(cfg.relays) == [2, 5, 9]
+    assert cfg.members("orders.eu") == (2, 5, 9)
+
+
+def test_streams_and_limits_optional() -> None:
+    cfg = topology.loads(mesh(relay(0), relay(1), relay(2), streams=""))
+    assert cfg.streams == ()
+    assert cfg.limits == Limits()
+    cfg = topology.loads(mesh(relay(0), relay(1), relay(2), extra="limits:\ndata_dir: /srv/x\n"))
+    assert cfg.limits == Limits()
+    assert cfg.data_dir == Path("/srv/x")
+
+
+def test_limits_override_applied(tmp_path: Path) -> None:
+    text = THREE + "limits:\n  suspect_timeout_ms: 300\n  max_tx_bytes: 4096\n"
+    cfg = topology.load(write(tmp_path, text))
+    assert cfg.limits.suspect_timeout_ms == 300
+    assert cfg.limits.max_tx_bytes == 4096
+    assert cfg.limits.heartbeat_interval_ms == Limits().heartbeat_interval_ms
+    assert cfg.core_config(0).limits.suspect_timeout_ms == 300
+
+
+def test_data_dir_relative_to_file(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    path = write(tmp_path, THREE + "data_dir: state/here\n", name="conf/mesh.yaml")
+    assert topology.load(path).data_dir == tmp_path / "conf" / "state" / "here"
+
+
+def test_ipv6_endpoint() -> None:
+    cfg = topology.loads(mesh(relay(0, host="::1"), relay(1), relay(2)))
+    assert cfg.relays[0].mesh_endpoint == "tcp://[::1]:7100"
+
+
+# --- warnings ---------------------------------------------------------------------------
+
+
+def test_warning_for_fewer_than_three_relays(tmp_path: Path) -> None:
+    text = mesh(
+        relay(0),
+        relay(1, streams=["orders.*"]),
+        relay(2, streams=["orders.*"]),
+        streams="[orders.eu, audit]",
+    )
+    cfg = topology.load(write(tmp_path, text))
+    assert len(cfg.warnings) == 1
+    (warning,) = cfg.warnings
+    assert warning.startswith(f"{tmp_path / 'mesh.yaml'}: streams[1]: ")
+    assert "'audit'" in warning
+    assert "only 1 relay (relay 0)" in warning
+    assert cfg.members("audit") == (0,)
+
+    two = topology.loads(mesh(relay(0), relay(1), streams="[orders.eu]"))
+    assert len(two.warnings) == 1
+    assert "only 2 relays (relays 0, 1)" in two.warnings[0]
+    assert "tolerates no relay failure" in two.warnings[0]
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="no such file") as info:
+        topology.load(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory") as info:
+        topology.load(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}: ")
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"relays: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        topology.load(path)
+
+
+def test_yaml_syntax_error_has_line(tmp_path: Path) -> None:
+    message = error(tmp_path, "relays:\n  - id: 0\n   host: [127.0.0.1\n")
+    assert "invalid YAML" in message
+    assert "line 3" in message
+
+
+def test_yaml_duplicate_key(tmp_path: Path) -> None:
+    message = error(tmp_path, THREE + "relays: []\n")
+    assert "duplicate key 'relays'" in message
+    assert "line 6" in message
+    assert "first given on line 1" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "the topology is empty"),
+        ("- 1\n- 2\n", "expected a mapping with 'relays' at the top level, got a list"),
+        ("streams: [a]\n", "relays: missing; this field is required"),
+        ("relays: []\n", "relays: at least one relay is required"),
+        ("relays:\n", "relays: expected a list, got an empty value"),
+    ],
+)
+def test_top_level_shape(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error(tmp_path, text)
+
+
+def test_unknown_keys(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0, mesh_prot=1), relay(1), relay(2), extra="extra: 1\n"))
+    assert "relays[0].mesh_prot: unknown field; did you mean 'mesh_port'?" in message
+    assert "extra: unknown field" in message
+    message = error(tmp_path, THREE + "limits:\n  suspect_timeout: 100\n")
+    assert "limits.suspect_timeout: unknown limit; did you mean 'suspect_timeout_ms'?" in message
+    message = error(tmp_path, mesh(relay(0), streams="[{name: a, quorum: 2}]"))
+    assert "streams[0].quorum: unknown field" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("mesh_port", '"7101"', "relays[1].mesh_port: expected an integer, got the string '7101'"),
+        ("client_port", "7201.5", "relays[1].client_port: expected an integer, got the number"),
+        ("id", "true", "relays[1].id: expected an integer, got the boolean True"),
+        ("host", "12", "relays[1].host: expected a string, got the integer 12"),
+        ("streams", "audit", "relays[1].streams: expected a list, got the string 'audit'"),
+        ("streams", "[audit, 3]", "relays[1].streams[1]: expected a string, got the integer 3"),
+    ],
+)
+def test_wrong_types(tmp_path: Path, field: str, value: str, expected: str) -> None:
+    bad = relay(1)
+    del bad[field]
+    inner = ", ".join(f"{k}: {_yaml(v)}" for k, v in bad.items())
+    text = mesh(relay(0), relay(2)).replace(
+        "relays:\n  - {id: 0", f"relays:\n  - {{{inner}, {field}: {value}}}\n  - {{id: 0"
+    )
+    text = text.replace("relays:\n  - {id: 1", "relays:\n  - {id: 0").replace(
+        "  - {id: 0", "  - {id: 9", 1
+    )
+    message = error(tmp_path, text)
+    assert expected.replace("relays[1]", "relays[0]") in message
+
+
+def test_min_relays_and_stream_entry_types(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), streams='[{name: a, min_relays: "3"}]'))
+    assert "streams[0].min_relays: expected an integer, got the string '3'" in message
+    message = error(tmp_path, mesh(relay(0), streams="[{name: a, min_relays: 0}]"))
+    assert "streams[0].min_relays: 0 must be at least 1" in message
+    message = error(tmp_path, mesh(relay(0), streams="[orders.eu, 42]"))
+    assert "streams[1]: expected a stream name or a mapping" in message
+    message = error(tmp_path, mesh(relay(0), streams="[{min_relays: 1}]"))
+    assert "streams[0].name: missing; this field is required" in message
+    message = error(tmp_path, mesh(relay(0), extra="limits: [1]\n"))
+    assert "limits: expected a mapping, got a list" in message
+
+
+def test_relay_ids_unique_and_in_range(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1), relay(2, id=0)))
+    assert "relays[2].id: 0 is already used by relays[0]" in message
+    message = error(tmp_path, mesh(relay(0), relay(1024)))
+    assert "relays[1].id: 1024 is outside 0..1023" in message
+    message = error(tmp_path, mesh(relay(-1), relay(1)))
+    assert "relays[0].id: -1 is outside 0..1023" in message
+
+
+def test_host_and_port_pairs_unique(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1, mesh_port=7100), relay(2)))
+    assert "relays[1].mesh_port: 7100 is already used by relay 0" in message
+    message = error(tmp_path, mesh(relay(0), relay(1, client_port=7100), relay(2)))
+    assert "relays[1].client_port: 7100 is already used by relay 0 (its mesh_port" in message
+    message = error(tmp_path, mesh(relay(0, client_port=7100), relay(1), relay(2)))
+    assert "relays[0].client_port: 7100 is already used by relay 0 (its mesh_port" in message
+    # the same port on another host is fine
+    cfg = topology.loads(mesh(relay(0), relay(1, host="127.0.0.2", mesh_port=7100), relay(2)))
+    assert cfg.relays[1].mesh_endpoint == "tcp://127.0.0.2:7100"
+
+
+@pytest.mark.parametrize("port", [0, 65536, -5])
+def test_port_range(tmp_path: Path, port: int) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1, client_port=port), relay(2)))
+    assert f"relays[1].client_port: {port} is outside 1..65535" in message
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("", "is not a host name or address"),
+        ("0.0.0.0", "is a wildcard"),
+        ("*", "is a wildcard"),
+        ("tcp://127.0.0.1", "without scheme or path"),
+        ("127.0.0.1:7100", "ports go in mesh_port and client_port"),
+    ],
+)
+def test_bad_host(tmp_path: Path, host: str, expected: str) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1, host=host), relay(2)))
+    assert "relays[1].host: " in message
+    assert expected in message
+
+
+def test_relay_without_streams(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1, streams=[]), relay(2)))
+    assert "relays[1].streams: the relay subscribes to no stream" in message
+    message = error(tmp_path, mesh(relay(0), relay(1, streams=["audit", "audit"]), relay(2)))
+    assert "relays[1].streams[1]: 'audit' is listed twice (first as relays[1].streams[0])" in (
+        message
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("", "a stream name must not be empty"),
+        ("a|b", "'|' is not allowed"),
+        ("a\0b", "NUL is not allowed"),
+        ("x" * 256, "is 256 UTF-8 bytes long; at most 255 allowed"),
+        ("é" * 128, "is 256 UTF-8 bytes long; at most 255 allowed"),
+    ],
+)
+def test_stream_names(tmp_path: Path, name: str, expected: str) -> None:
+    message = error(tmp_path, mesh(relay(0, streams=["audit", name]), relay(1)))
+    assert "relays[0].streams[1]: " in message
+    assert expected in message
+    message = error(tmp_path, mesh(relay(0), relay(1), streams=f"[audit, {_yaml(name)}]"))
+    assert "streams[1].name: " in message
+    assert expected in message
+
+
+def test_stream_name_of_255_bytes_is_fine() -> None:
+    name = "orders." + "x" * 248
+    cfg = topology.loads(mesh(relay(0), relay(1), relay(2), streams=f"[{name}]"))
+    assert cfg.streams == (name,)
+
+
+def test_stream_name_bound_by_lower_limit(tmp_path: Path) -> None:
+    text = mesh(relay(0), relay(1), relay(2), streams="[orders.europe]")
+    message = error(tmp_path, text + "limits: {max_stream_name_bytes: 8}\n")
+    assert "streams[0]: 'orders.europe' is 13 UTF-8 bytes long; at most 8 allowed" in message
+    assert "relays[0].streams[0]" not in message  # 'orders.*' fits
+
+
+def test_declared_stream_is_exact_and_unique(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), streams='["orders.*"]'))
+    assert "streams[0].name: 'orders.*' is a pattern" in message
+    message = error(tmp_path, mesh(relay(0), relay(1), relay(2), streams="[audit, audit]"))
+    assert "streams[1]: 'audit' is listed twice (first as streams[0])" in message
+
+
+def test_stream_no_relay_serves(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0), relay(1), relay(2), streams="[audit, payments.card]"))
+    assert "streams[1]: 'payments.card' is a stream no relay serves" in message
+
+
+def test_min_relays_not_met(tmp_path: Path) -> None:
+    text = mesh(
+        relay(0),
+        relay(1),
+        relay(2, streams=["orders.*"]),
+        streams="[{name: audit, min_relays: 3}, {name: orders.eu, min_relays: 3}]",
+    )
+    message = error(tmp_path, text)
+    assert "streams[0].min_relays: 'audit' needs 3 relays but only 2 serve it" in message
+    assert "(relays 0, 1)" in message
+    assert "quorum cannot be met" in message
+    assert "orders.eu" not in message
+    # met exactly: no error, and no warning either
+    cfg = topology.loads(text.replace("audit, min_relays: 3", "audit, min_relays: 2"))
+    assert len(cfg.warnings) == 1  # audit on 2 relays
+    assert "streams[0]" in cfg.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ("{max_tx_bytes: 0}", "limits.max_tx_bytes: must be a positive integer, got 0"),
+        ("{max_tx_bytes: big}", "limits.max_tx_bytes: must be a positive integer, got 'big'"),
+        ("{max_tx_bytes: true}", "limits.max_tx_bytes: must be a positive integer, got True"),
+        (
+            "{suspect_timeout_ms: 10}",
+            "limits.suspect_timeout_ms: must exceed heartbeat_interval_ms (10 <= 20)",
+        ),
+        (
+            "{heartbeat_interval_ms: 500}",
+            "limits.heartbeat_interval_ms: suspect_timeout_ms must exceed heartbeat_interval_ms",
+        ),
+    ],
+)
+def test_limits_checked_by_core(tmp_path: Path, limits: str, expected: str) -> None:
+    assert expected in error(tmp_path, THREE + f"limits: {limits}\n")
+
+
+def test_empty_data_dir(tmp_path: Path) -> None:
+    assert "data_dir: must not be empty" in error(tmp_path, THREE + 'data_dir: ""\n')
+
+
+def test_all_problems_in_one_error(tmp_path: Path) -> None:
+    text = mesh(
+        relay(0),
+        relay(0, mesh_port=7100, client_port=7201),
+        relay(2),
+        streams="[audit, nothing]",
+    )
+    message = error(tmp_path, text)
+    lines = message.splitlines()
+    assert any("relays[1].id: 0 is already used" in line for line in lines)
+    assert any("relays[1].mesh_port: 7100 is already used" in line for line in lines)
+    assert any("streams[1]: 'nothing' is a stream no relay serves" in line for line in lines)
