@@ -1,0 +1,674 @@
+"""The relay process: a thin asyncio shell around `RelayCore`.
+
+Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
+
+* PUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
+  channels, so each ordered pair of relays is one FIFO link. Multipart `[topic, frame]`;
+  topics end in `|`, so none is a prefix of another:
+      b"S|<stream>|"   a stream message (Outgoing.stream set)
+      b"D|<relay id>|" a message to one relay (Outgoing.target set)
+      b"H|"            a heartbeat (neither)
+* SUB, connected to every peer's `mesh_endpoint`, subscribed to `S|<name>|` for each exact
+  stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
+  `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
+* ROUTER, bound at the relay's `client_endpoint`: the client protocol of `relay.wire`.
+
+The loop waits at most 1 ms for a readable socket, drains what is readable (bounded per
+iteration), feeds peer frames and produces to the core with the wall clock and the
+monotonic clock (ms), ticks the core, then calls `ready()` once and publishes every
+`Outgoing` in order, answers producers (core request id -> client identity and request id)
+and completes parked reads on deliveries. Nothing a peer or client sends can stop the
+loop: frames are validated, errors are counted (`RelayNode.counters`, next to the core's
+own counters) and logged at a bounded rate.
+
+Run one relay:  python -m relay.node TOPOLOGY.yaml RELAY_ID [--log-level info]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from relay import wire
+from relay.core.messages import (
+    Outcome,
+    Outgoing,
+    ProduceReply,
+    ProduceRequest,
+    ReadResult,
+    ReadStatus,
+    RejectReason,
+    Transaction,
+)
+from relay.core.relay import RelayCore
+from relay.core.seq import EPOCH_MS
+from relay.errors import FrameError, MalformedFrame
+
+if TYPE_CHECKING:
+    from relay.topology import MeshConfig
+
+log = logging.getLogger("relay.node")
+
+HEARTBEAT_TOPIC = b"H|"
+MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
+CLIENT_HWM = 1_000  # messages queued per client connection
+TICK_MS = 1  # the loop wakes at least this often
+DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
+MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
+STATE_LOG_MS = 100  # how often joined/fenced transitions are looked for
+BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
+
+
+def stream_topic(stream: str) -> bytes:
+    return b"S|" + stream.encode() + b"|"
+
+
+def direct_topic(relay_id: int) -> bytes:
+    return b"D|%d|" % relay_id
+
+
+def subscription_prefix(pattern: str) -> bytes:
+    """The SUB prefix for one subscription: the exact topic of a stream name, or the
+    longest literal prefix of an fnmatch pattern (`orders.*` -> b"S|orders.")."""
+    cut = [i for i in (pattern.find(c) for c in "*?[") if i >= 0]
+    if not cut:
+        return stream_topic(pattern)
+    return b"S|" + pattern[: min(cut)].encode()
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass
+class PendingProduce:
+    envelope: list[bytes]
+    client_request_id: int
+    stream: str
+    deadline_ms: int
+
+
+@dataclass
+class ParkedRead:
+    envelope: list[bytes]
+    request: wire.ReadReq
+    deadline_ms: int
+
+
+@dataclass
+class _StreamView:
+    joined: bool = False
+    fenced: bool = True
+
+
+@dataclass
+class _Sockets:
+    pub: zmq.Socket[Any]
+    sub: zmq.Socket[Any]
+    router: zmq.Socket[Any]
+    closers: list[zmq.Socket[Any]] = field(default_factory=list)
+
+
+class RelayNode:
+    """One relay of the mesh. `await run()` until `stop()` (or SIGINT/SIGTERM)."""
+
+    def __init__(
+        self,
+        config: MeshConfig,
+        relay_id: int,
+        *,
+        handle_signals: bool = True,
+        incarnation: int | None = None,
+    ) -> None:
+        self.config = config
+        self.id = relay_id
+        self.spec = config.relays[relay_id]
+        self.limits = config.limits
+        self.handle_signals = handle_signals
+        now = wall_ms()
+        # The incarnation must grow with every start: milliseconds since the sequence
+        # epoch do (unless the wall clock steps back across a restart).
+        self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
+        self.core = RelayCore(config.core_config(relay_id), self.incarnation, now)
+        self.counters: Counter[str] = Counter()
+        self.request_limit = wire.request_frame_limit(self.limits)
+        self._stopping = False
+        self._running = False
+        self._topics: dict[str, bytes] = {}
+        self._next_request = itertools.count(1)
+        self._produces: dict[int, PendingProduce] = {}
+        self._produce_deadlines: list[tuple[int, int]] = []  # heap of (deadline, core id)
+        self._parked: dict[str, dict[int, ParkedRead]] = {}  # stream -> parked id -> read
+        self._parked_count = 0
+        self._parked_deadlines: list[tuple[int, int, str]] = []  # (deadline, id, stream)
+        self._next_parked = itertools.count(1)
+        self._views: dict[str, _StreamView] = {}
+        self._delivered: set[str] = set()  # streams with entries delivered here
+        self._last_state_log = 0
+        self._last_tick = -1
+        self._bad_logged: dict[str, int] = {}
+        self._sockets: _Sockets | None = None
+
+    # --- public -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to end; `run()` then closes every socket and returns."""
+        self._stopping = True  # the loop looks at least every TICK_MS
+
+    @property
+    def running(self) -> bool:
+        """True once the sockets are bound and the loop runs."""
+        return self._running
+
+    def status(self) -> dict[str, object]:
+        status = self.core.status()
+        status["node"] = {
+            "mesh_endpoint": self.spec.mesh_endpoint,
+            "client_endpoint": self.spec.client_endpoint,
+            "pending_produces": len(self._produces),
+            "parked_reads": self._parked_count,
+            "counters": dict(self.counters),
+        }
+        return status
+
+    async def run(self) -> None:
+        ctx = zmq.asyncio.Context()
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        try:
+            self._sockets = self._open(ctx)
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    try:
+                        loop.add_signal_handler(sig, self._on_signal, sig)
+                        installed.append(sig)
+                    except (NotImplementedError, RuntimeError, ValueError) as e:
+                        log.warning("relay=%d cannot handle %s: %s", self.id, sig.name, e)
+            log.info(
+                "relay=%d incarnation=%d started: mesh %s, clients %s, peers %s",
+                self.id,
+                self.incarnation,
+                self.spec.mesh_endpoint,
+                self.spec.client_endpoint,
+                sorted(r for r in self.config.relays if r != self.id),
+            )
+            self._running = True
+            await self._loop(self._sockets)
+        finally:
+            self._running = False
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._shutdown()
+            ctx.term()
+            log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
+
+    # --- sockets ------------------------------------------------------------------------
+
+    def _open(self, ctx: zmq.asyncio.Context) -> _Sockets:
+        max_frame = self.limits.max_frame_bytes
+        closers: list[zmq.Socket[Any]] = []
+        try:
+            pub = ctx.socket(zmq.PUB)
+            closers.append(pub)
+            pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.SNDHWM, MESH_HWM)
+            pub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            pub.bind(self.spec.mesh_endpoint)
+
+            sub = ctx.socket(zmq.SUB)
+            closers.append(sub)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, MESH_HWM)
+            sub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            for prefix in self._subscriptions():
+                sub.setsockopt(zmq.SUBSCRIBE, prefix)
+            for relay_id, spec in sorted(self.config.relays.items()):
+                if relay_id != self.id:
+                    sub.connect(spec.mesh_endpoint)
+
+            router = ctx.socket(zmq.ROUTER)
+            closers.append(router)
+            router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.SNDHWM, CLIENT_HWM)
+            router.setsockopt(zmq.RCVHWM, CLIENT_HWM)
+            # The transport refuses (drops the connection of) anything above
+            # max_frame_bytes; a request above request_limit gets an ErrorResp.
+            router.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone client fails
+            router.bind(self.spec.client_endpoint)
+        except BaseException:
+            for sock in closers:
+                sock.close(linger=0)
+            raise
+        # Plain (synchronous) views of the same sockets, for non-blocking drains and sends
+        # without a Future per frame; the asyncio sockets are only used to wait.
+        return _Sockets(
+            pub=zmq.Socket.shadow(pub.underlying),
+            sub=zmq.Socket.shadow(sub.underlying),
+            router=zmq.Socket.shadow(router.underlying),
+            closers=closers,
+        )
+
+    def _subscriptions(self) -> list[bytes]:
+        prefixes = [subscription_prefix(p) for p in self.spec.streams]
+        prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
+        return list(dict.fromkeys(prefixes))
+
+    def _shutdown(self) -> None:
+        socks = self._sockets
+        self._sockets = None
+        if socks is None:
+            return
+        # Best effort: tell waiting producers `unknown` (always safe to retry).
+        for pending in self._produces.values():
+            self._send_client(
+                socks,
+                pending.envelope,
+                wire.ProduceResp(pending.client_request_id, Outcome.UNKNOWN),
+            )
+        self._produces.clear()
+        for sock in socks.closers:
+            sock.close(linger=0)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("relay=%d received %s, stopping", self.id, sig.name)
+        self.stop()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    async def _loop(self, socks: _Sockets) -> None:
+        poller = zmq.asyncio.Poller()
+        for sock in socks.closers[1:]:  # sub, router
+            poller.register(sock, zmq.POLLIN)
+        while not self._stopping:
+            await poller.poll(timeout=TICK_MS)
+            if self._stopping:
+                break
+            now, mono = wall_ms(), mono_ms()
+            self._drain_peers(socks, now, mono)
+            self._drain_clients(socks, now, mono)
+            if mono != self._last_tick:
+                self._last_tick = mono
+                self.core.tick(now, mono)
+            self._flush(socks, mono)
+            self._expire(socks, mono)
+            if mono - self._last_state_log >= STATE_LOG_MS:
+                self._last_state_log = mono
+                self._watch_streams(socks)
+            await asyncio.sleep(0)  # let other tasks (other nodes, clients) run
+
+    def _drain_peers(self, socks: _Sockets, now: int, mono: int) -> None:
+        for _ in range(DRAIN_MAX):
+            try:
+                parts = socks.sub.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as e:
+                self.counters["peer_recv_error"] += 1
+                self._warn("peer_recv_error", "relay=%d mesh receive failed: %s", self.id, e)
+                return
+            self.counters["peer_frames"] += 1
+            if len(parts) != 2:
+                self.counters["peer_bad_parts"] += 1
+                self._warn(
+                    "peer_bad_parts",
+                    "relay=%d dropped a mesh message of %d parts",
+                    self.id,
+                    len(parts),
+                )
+                continue
+            try:
+                self.core.receive(parts[1], now, mono)
+            except Exception:  # the core promises not to raise; never let a frame kill us
+                self.counters["peer_frame_core_error"] += 1
+                log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
+
+    def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
+        for _ in range(DRAIN_MAX):
+            try:
+                parts = socks.router.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as e:
+                self.counters["client_recv_error"] += 1
+                self._warn("client_recv_error", "relay=%d client receive failed: %s", self.id, e)
+                return
+            self.counters["client_frames"] += 1
+            try:
+                self._on_client(socks, parts, now, mono)
+            except Exception:
+                self.counters["client_frame_node_error"] += 1
+                log.exception("relay=%d failed on a client frame (dropped)", self.id)
+
+    # --- clients --------------------------------------------------------------------------
+
+    def _on_client(self, socks: _Sockets, parts: list[bytes], now: int, mono: int) -> None:
+        if len(parts) == 2:  # DEALER: [identity, frame]
+            envelope, frame = parts[:1], parts[1]
+        elif len(parts) == 3 and parts[1] == b"":  # REQ: [identity, b"", frame]
+            envelope, frame = parts[:2], parts[2]
+        else:
+            self.counters["client_frame_invalid"] += 1
+            self.counters["client_bad_envelope"] += 1
+            bad = MalformedFrame(f"expected one frame per message, got {len(parts) - 1}")
+            self._refuse_client(socks, parts[:1], -1, bad)
+            return
+        try:
+            msg = wire.decode(frame, self.request_limit)
+        except FrameError as error:
+            self.counters["client_frame_invalid"] += 1
+            self.counters["client_" + error.counter] += 1
+            self._refuse_client(socks, envelope, wire.peek_request_id(frame), error)
+            return
+        if isinstance(msg, wire.ProduceReq):
+            self._on_produce(socks, envelope, msg, now, mono)
+        elif isinstance(msg, wire.ReadReq):
+            self._on_read(socks, envelope, msg, mono)
+        elif isinstance(msg, wire.StatusReq):
+            body = json.dumps(self.status(), default=str, sort_keys=True).encode()
+            self._send_client(socks, envelope, wire.StatusResp(msg.request_id, body))
+        else:  # a response type sent as a request
+            self.counters["client_frame_invalid"] += 1
+            self.counters["client_not_a_request"] += 1
+            wrong = MalformedFrame(f"{type(msg).__name__} is not a request")
+            self._refuse_client(socks, envelope, msg.request_id, wrong)
+
+    def _refuse_client(
+        self, socks: _Sockets, envelope: list[bytes], request_id: int, error: FrameError
+    ) -> None:
+        name = type(error).__name__
+        self._warn(
+            "client_" + error.counter,
+            "relay=%d refused a client frame: %s: %s",
+            self.id,
+            name,
+            error,
+        )
+        self._send_client(socks, envelope, wire.ErrorResp(request_id, name, str(error)[:1000]))
+
+    def _on_produce(
+        self, socks: _Sockets, envelope: list[bytes], req: wire.ProduceReq, now: int, mono: int
+    ) -> None:
+        self.counters["produce_requests"] += 1
+        if not self.config.members(req.stream):
+            self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
+        if len(self._produces) >= self.limits.max_pending_produces:
+            self.counters["produce_refused_busy"] += 1
+            reply = wire.ProduceResp(
+                req.request_id, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value
+            )
+            self._send_client(socks, envelope, reply)
+            return
+        core_id = next(self._next_request)
+        # A backstop: the core answers every produce within produce_timeout_ms.
+        deadline = mono + 2 * self.limits.produce_timeout_ms + 1_000
+        self._produces[core_id] = PendingProduce(envelope, req.request_id, req.stream, deadline)
+        heapq.heappush(self._produce_deadlines, (deadline, core_id))
+        tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value)
+        try:
+            self.core.produce(ProduceRequest(core_id, req.stream, tx), now, mono)
+        except Exception:
+            self.counters["produce_core_error"] += 1
+            log.exception("relay=%d stream=%s core failed on a produce", self.id, req.stream)
+            self._produces.pop(core_id, None)
+            reply = wire.ProduceResp(req.request_id, Outcome.UNKNOWN)
+            self._send_client(socks, envelope, reply)
+
+    def _on_read(
+        self, socks: _Sockets, envelope: list[bytes], req: wire.ReadReq, mono: int
+    ) -> None:
+        self.counters["read_requests"] += 1
+        result = self._read(req)
+        if result.status is ReadStatus.OK and not result.entries and req.wait_ms > 0:
+            if self._parked_count < MAX_PARKED_READS:
+                pid = next(self._next_parked)
+                deadline = mono + req.wait_ms
+                self._parked.setdefault(req.stream, {})[pid] = ParkedRead(envelope, req, deadline)
+                self._parked_count += 1
+                heapq.heappush(self._parked_deadlines, (deadline, pid, req.stream))
+                return
+            self.counters["read_park_refused"] += 1
+        self._answer_read(socks, envelope, req, result)
+
+    def _read(self, req: wire.ReadReq) -> ReadResult:
+        limit = min(req.max_entries, self.limits.max_batch_entries)
+        result = self.core.read(req.stream, req.after_seq, limit)
+        if result.status is not ReadStatus.OK:
+            self.counters["read_" + result.status.value] += 1
+            if result.status is ReadStatus.UNKNOWN_STREAM:
+                self.counters["client_unknown_stream"] += 1
+            return result
+        # Bound the answer's size too (at least one entry, whatever its size).
+        budget = self.limits.max_batch_bytes
+        used = 0
+        for i, (_, tx) in enumerate(result.entries):
+            used += tx.size_bytes() + 16
+            if used > budget and i > 0:
+                return ReadResult(
+                    result.status,
+                    result.entries[:i],
+                    result.redirect,
+                    result.oldest,
+                    result.committed,
+                )
+        return result
+
+    def _answer_read(
+        self, socks: _Sockets, envelope: list[bytes], req: wire.ReadReq, result: ReadResult
+    ) -> None:
+        entries = tuple(
+            (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq) for seq, tx in result.entries
+        )
+        self.counters["read_entries"] += len(entries)
+        resp = wire.ReadResp(
+            req.request_id,
+            result.status,
+            entries,
+            result.redirect,
+            result.oldest,
+            result.committed,
+        )
+        self._send_client(socks, envelope, resp)
+
+    def _wake_reads(self, socks: _Sockets, stream: str, *, force: bool = False) -> None:
+        parked = self._parked.get(stream)
+        if not parked:
+            return
+        for pid, read in list(parked.items()):
+            result = self._read(read.request)
+            if force or result.entries or result.status is not ReadStatus.OK:
+                del parked[pid]
+                self._parked_count -= 1
+                self._answer_read(socks, read.envelope, read.request, result)
+        if not parked:
+            del self._parked[stream]
+
+    def _send_client(self, socks: _Sockets, envelope: list[bytes], msg: wire.ClientMessage) -> None:
+        try:
+            socks.router.send_multipart([*envelope, wire.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
+            self.counters["client_reply_dropped"] += 1
+            log.debug("relay=%d reply %s dropped: %s", self.id, type(msg).__name__, e)
+
+    # --- core output ------------------------------------------------------------------------
+
+    def _flush(self, socks: _Sockets, mono: int) -> None:
+        ready = self.core.ready()
+        for out in ready.outgoing:
+            self._publish(socks, out)
+        for reply in ready.replies:
+            self._on_reply(socks, reply)
+        for delivery in ready.deliveries:
+            if delivery.entries:
+                if len(self._delivered) < self.limits.max_streams:
+                    self._delivered.add(delivery.stream)
+                self.counters["delivered_entries"] += len(delivery.entries)
+                log.debug(
+                    "relay=%d stream=%s delivered seq %d..%d (%d entries)",
+                    self.id,
+                    delivery.stream,
+                    delivery.entries[0][0],
+                    delivery.entries[-1][0],
+                    len(delivery.entries),
+                )
+            self._wake_reads(socks, delivery.stream)
+        for stream, point in ready.rebases:
+            self.counters["rebases"] += 1
+            # A base taken while joining is routine; one taken after delivering means the
+            # consumers of this relay skip a range (they get out_of_range across it).
+            after_delivery = stream in self._delivered
+            log.log(
+                logging.WARNING if after_delivery else logging.INFO,
+                "relay=%d stream=%s %s: delivered history now starts after seq %d",
+                self.id,
+                stream,
+                "rebased" if after_delivery else "took its base",
+                point,
+            )
+            self._wake_reads(socks, stream)
+
+    def _publish(self, socks: _Sockets, out: Outgoing) -> None:
+        if out.stream is not None:
+            topic = self._topics.get(out.stream)
+            if topic is None:
+                topic = stream_topic(out.stream)
+                if len(self._topics) < 2 * self.limits.max_streams:
+                    self._topics[out.stream] = topic
+        elif out.target is not None:
+            topic = direct_topic(out.target)
+        else:
+            topic = HEARTBEAT_TOPIC
+        try:
+            socks.pub.send_multipart([topic, out.frame], zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            self.counters["publish_dropped"] += 1
+            self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
+
+    def _on_reply(self, socks: _Sockets, reply: ProduceReply) -> None:
+        pending = self._produces.pop(reply.request_id, None)
+        if pending is None:
+            self.counters["produce_reply_unmatched"] += 1
+            return
+        self.counters["produce_" + reply.outcome.value] += 1
+        log.debug(
+            "relay=%d stream=%s seq=%d produce %s %s",
+            self.id,
+            pending.stream,
+            reply.seq,
+            reply.outcome.value,
+            reply.reason,
+        )
+        resp = wire.ProduceResp(
+            pending.client_request_id, reply.outcome, reply.seq, reply.reason, reply.redirect
+        )
+        self._send_client(socks, pending.envelope, resp)
+
+    def _expire(self, socks: _Sockets, mono: int) -> None:
+        heap = self._produce_deadlines
+        while heap and heap[0][0] <= mono:
+            _, core_id = heapq.heappop(heap)
+            pending = self._produces.pop(core_id, None)
+            if pending is not None:
+                self.counters["produce_node_timeout"] += 1
+                resp = wire.ProduceResp(pending.client_request_id, Outcome.UNKNOWN)
+                self._send_client(socks, pending.envelope, resp)
+        parked_heap = self._parked_deadlines
+        while parked_heap and parked_heap[0][0] <= mono:
+            _, pid, stream = heapq.heappop(parked_heap)
+            parked = self._parked.get(stream)
+            read = parked.pop(pid, None) if parked is not None else None
+            if read is None:
+                continue
+            self._parked_count -= 1
+            if not parked:
+                del self._parked[stream]
+            self._answer_read(socks, read.envelope, read.request, self._read(read.request))
+
+    def _watch_streams(self, socks: _Sockets) -> None:
+        """Log joined/fenced transitions; answer parked reads of a stream that fenced."""
+        for stream in list(self.core.streams):
+            view = self._views.get(stream)
+            if view is None:
+                if len(self._views) >= self.limits.max_streams:
+                    continue
+                view = self._views[stream] = _StreamView()
+            joined, fenced = self.core.joined(stream), self.core.fenced(stream)
+            if joined != view.joined:
+                view.joined = joined
+                log.info(
+                    "relay=%d stream=%s %s (committed seq %d)",
+                    self.id,
+                    stream,
+                    "joined" if joined else "rejoining",
+                    self.core.committed_point(stream),
+                )
+            if fenced != view.fenced:
+                view.fenced = fenced
+                log.log(
+                    logging.WARNING if fenced and joined else logging.INFO,
+                    "relay=%d stream=%s %s",
+                    self.id,
+                    stream,
+                    "fenced: fewer than a quorum of members heard" if fenced else "unfenced",
+                )
+                if fenced:
+                    self._wake_reads(socks, stream)
+
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """Log a warning about something dropped, at most once per kind per second."""
+        now = mono_ms()
+        if now - self._bad_logged.get(kind, -BAD_FRAME_LOG_MS) >= BAD_FRAME_LOG_MS:
+            self._bad_logged[kind] = now
+            log.warning(message + " [%s: %d so far]", *args, kind, self.counters[kind])
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relay.node", description="Run one relay.")
+    parser.add_argument("topology", help="the YAML topology file")
+    parser.add_argument("relay_id", type=int, help="which relay of the topology to run")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    from relay.errors import ConfigError
+    from relay.topology import load
+
+    try:
+        config = load(args.topology)
+        node = RelayNode(config, args.relay_id)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for warning in config.warnings:
+        log.warning("%s", warning)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(node.run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""The client protocol: producers and consumers talk to a relay over ZeroMQ.
+
+Sockets: the client uses a DEALER connected to the relay's `client_endpoint`; the relay
+answers from a ROUTER bound there. Every message is ONE msgpack frame (on the relay side it
+follows the ROUTER identity frame; a REQ client's empty delimiter frame is accepted too).
+A frame is a msgpack array `[type_code, request_id, field, ...]`; fields are positional, in
+the order of the dataclasses below. `request_id` is chosen by the client (0..2**63-1) and
+echoed in the answer, so a client may keep many requests in flight on one socket.
+
+Requests (client -> relay) and their answers:
+
+    ProduceReq  [1, request_id, stream, producer_id, producer_seq, key, value]
+        Produce one transaction. stream: str, 1..255 UTF-8 bytes, no NUL or '|';
+        producer_id: bin 1..64 bytes; producer_seq: int 0..2**64-1 (retrying with the same
+        producer_id and producer_seq never creates a duplicate); key: nil or bin; value: bin.
+    ProduceResp [2, request_id, outcome, seq, reason, redirect]
+        outcome: "committed" (seq is the committed sequence number), "rejected" (reason:
+        "late", "unknown_stream", "too_large", "buffer_full", "invalid"), "fenced" (try a
+        relay in redirect) or "unknown" (no definite answer in time: retry with the same
+        producer_seq). seq: -1 unless committed. redirect: array of relay ids (map them to
+        endpoints with the topology).
+
+    ReadReq     [3, request_id, stream, after_seq, max_entries, wait_ms]
+        Pull committed entries with seq > after_seq (-1: from the oldest held), at most
+        max_entries (1..65536; the relay may return fewer). If none is available the relay
+        parks the request (long poll) until entries commit or wait_ms (0..600000) passes,
+        then answers (possibly with no entries). The relay keeps nothing per consumer beyond
+        a parked request: the consumer resumes with after_seq = the last seq it received.
+    ReadResp    [4, request_id, status, entries, redirect, oldest, committed]
+        status: "ok", "redirect" (the relay does not serve the stream: try redirect),
+        "fenced" (it cannot reach a quorum: try redirect), "not_ready" (still joining),
+        "out_of_range" (after_seq is older than what the relay holds: resume at `oldest`),
+        "unknown_stream" (no relay serves it). entries: array of
+        [seq, key, value, producer_id, producer_seq], ascending seq, no gaps in the committed
+        timeline, duplicates removed. oldest: the lowest after_seq still readable (-1 if
+        unknown); committed: the relay's committed point for the stream (-1 if unknown).
+
+    StatusReq   [5, request_id]
+    StatusResp  [6, request_id, status_json]
+        status_json: bin, UTF-8 JSON of the relay's status (core status and node counters).
+
+    ErrorResp   [7, request_id, error, message]
+        The relay could not accept a frame: error is the name of the relay.errors class
+        ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"); message
+        says what was wrong. request_id is -1 when it could not be read from the frame.
+
+Bounds: a request frame may be at most `request_frame_limit(limits)` bytes:
+min(max_frame_bytes, max_tx_bytes + REQUEST_OVERHEAD_BYTES). Answers are at most
+max_frame_bytes (a ReadResp holds at most max_batch_entries / about max_batch_bytes).
+
+`decode` is where remote bytes enter: it validates every field and raises only subclasses
+of relay.errors.FrameError (MalformedFrame, FieldError, OversizedFrame, UnknownMessageType),
+whatever the bytes are. `encode` trusts its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import msgpack
+
+from relay.core.config import Limits
+from relay.core.messages import Outcome, ReadStatus
+from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
+
+__all__ = [
+    "ClientMessage",
+    "ErrorResp",
+    "ProduceReq",
+    "ProduceResp",
+    "ReadReq",
+    "ReadResp",
+    "StatusReq",
+    "StatusResp",
+    "decode",
+    "encode",
+    "peek_request_id",
+    "request_frame_limit",
+]
+
+MAX_U63 = (1 << 63) - 1
+MAX_U64 = (1 << 64) - 1
+MAX_RELAY_ID = 1023
+MAX_STREAM_NAME_BYTES = 255
+MAX_PRODUCER_ID_BYTES = 64
+MAX_READ_ENTRIES = 65_536
+MAX_WAIT_MS = 600_000
+MAX_TEXT_CHARS = 4_096  # reason, error, message
+# Room for everything in a ProduceReq besides the transaction's own bytes (stream name,
+# producer id, ints, msgpack headers), so a frame carrying a max_tx_bytes transaction fits.
+REQUEST_OVERHEAD_BYTES = 1_024
+
+
+def request_frame_limit(limits: Limits) -> int:
+    """The largest request frame a relay accepts."""
+    return min(limits.max_frame_bytes, limits.max_tx_bytes + REQUEST_OVERHEAD_BYTES)
+
+
+# (seq, key, value, producer_id, producer_seq)
+WireEntry = tuple[int, bytes | None, bytes, bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceReq:
+    request_id: int
+    stream: str
+    producer_id: bytes
+    producer_seq: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResp:
+    request_id: int
+    outcome: Outcome
+    seq: int = -1
+    reason: str = ""
+    redirect: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReq:
+    request_id: int
+    stream: str
+    after_seq: int = -1
+    max_entries: int = 1_000
+    wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResp:
+    request_id: int
+    status: ReadStatus
+    entries: tuple[WireEntry, ...] = ()
+    redirect: tuple[int, ...] = ()
+    oldest: int = -1
+    committed: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReq:
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusResp:
+    request_id: int
+    status_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResp:
+    request_id: int  # -1: not known
+    error: str
+    message: str
+
+
+ClientMessage = ProduceReq | ProduceResp | ReadReq | ReadResp | StatusReq | StatusResp | ErrorResp
+
+TYPE_CODES: dict[type, int] = {
+    ProduceReq: 1,
+    ProduceResp: 2,
+    ReadReq: 3,
+    ReadResp: 4,
+    StatusReq: 5,
+    StatusResp: 6,
+    ErrorResp: 7,
+}
+
+
+# --- encoding -----------------------------------------------------------------------------
+
+
+def encode(msg: ClientMessage) -> bytes:
+    """One msgpack frame for `msg`. Raises TypeError for anything else."""
+    body: tuple[Any, ...]
+    if isinstance(msg, ProduceReq):
+        body = (
+            1,
+            msg.request_id,
+            msg.stream,
+            msg.producer_id,
+            msg.producer_seq,
+            msg.key,
+            msg.value,
+        )
+    elif isinstance(msg, ProduceResp):
+        body = (2, msg.request_id, msg.outcome.value, msg.seq, msg.reason, msg.redirect)
+    elif isinstance(msg, ReadReq):
+        body = (3, msg.request_id, msg.stream, msg.after_seq, msg.max_entries, msg.wait_ms)
+    elif isinstance(msg, ReadResp):
+        body = (
+            4,
+            msg.request_id,
+            msg.status.value,
+            msg.entries,
+            msg.redirect,
+            msg.oldest,
+            msg.committed,
+        )
+    elif isinstance(msg, StatusReq):
+        body = (5, msg.request_id)
+    elif isinstance(msg, StatusResp):
+        body = (6, msg.request_id, msg.status_json)
+    elif isinstance(msg, ErrorResp):
+        body = (7, msg.request_id, msg.error, msg.message)
+    else:
+        raise TypeError(f"not a client message: {type(msg).__name__}")
+    frame: bytes = msgpack.packb(body, use_bin_type=True)
+    return frame
+
+
+# --- decoding: field validators -------------------------------------------------------------
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad(name: str, expected: str, value: object) -> NoReturn:
+    raise FieldError(f"{name}: expected {expected}, got {_show(value)}")
+
+
+def _int(v: Any, name: str, lo: int, hi: int) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        _bad(name, f"int {lo}..{hi}", v)
+    return v
+
+
+def _u63(v: Any, name: str) -> int:
+    return _int(v, name, 0, MAX_U63)
+
+
+def _u63_or_none(v: Any, name: str) -> int:
+    return _int(v, name, -1, MAX_U63)
+
+
+def _bytes(v: Any, name: str) -> bytes:
+    if type(v) is not bytes:
+        _bad(name, "bin", v)
+    return v
+
+
+def _key(v: Any, name: str) -> bytes | None:
+    if v is not None and type(v) is not bytes:
+        _bad(name, "bin or nil", v)
+    return v
+
+
+def _text(v: Any, name: str) -> str:
+    if type(v) is not str or len(v) > MAX_TEXT_CHARS:
+        _bad(name, f"str of at most {MAX_TEXT_CHARS} characters", v)
+    return v
+
+
+def _stream(v: Any, name: str) -> str:
+    if (
+        type(v) is not str
+        or not 0 < len(v) <= MAX_STREAM_NAME_BYTES
+        or len(v.encode()) > MAX_STREAM_NAME_BYTES
+        or "\x00" in v
+        or "|" in v
+    ):
+        _bad(name, f"stream name of 1..{MAX_STREAM_NAME_BYTES} UTF-8 bytes, no NUL or '|'", v)
+    return v
+
+
+def _producer_id(v: Any, name: str) -> bytes:
+    if type(v) is not bytes or not 0 < len(v) <= MAX_PRODUCER_ID_BYTES:
+        _bad(name, f"producer id of 1..{MAX_PRODUCER_ID_BYTES} bytes", v)
+    return v
+
+
+def _array(v: Any, name: str, length: int | None = None) -> list[Any]:
+    if type(v) is not list:
+        raise MalformedFrame(f"{name}: expected an array, got {_show(v)}")
+    if length is not None and len(v) != length:
+        raise MalformedFrame(f"{name}: expected an array of {length}, got {len(v)} items")
+    return v
+
+
+def _redirect(v: Any, name: str) -> tuple[int, ...]:
+    items = _array(v, name)
+    if len(items) > MAX_RELAY_ID + 1:
+        _bad(name, f"at most {MAX_RELAY_ID + 1} relay ids", f"{len(items)} items")
+    return tuple(_int(r, f"{name}[{i}]", 0, MAX_RELAY_ID) for i, r in enumerate(items))
+
+
+_OUTCOMES = {o.value: o for o in Outcome}
+_READ_STATUSES = {s.value: s for s in ReadStatus}
+
+
+def _enum(v: Any, table: dict[str, Any], name: str) -> Any:
+    if type(v) is not str or v not in table:
+        _bad(name, "one of " + ", ".join(table), v)
+    return table[v]
+
+
+def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:
+    out: list[WireEntry] = []
+    for i, raw in enumerate(_array(v, name)):
+        at = f"{name}[{i}]"
+        seq, key, value, pid, pseq = _array(raw, at, 5)
+        out.append(
+            (
+                _u63(seq, at + ".seq"),
+                _key(key, at + ".key"),
+                _bytes(value, at + ".value"),
+                _producer_id(pid, at + ".producer_id"),
+                _int(pseq, at + ".producer_seq", 0, MAX_U64),
+            )
+        )
+    return tuple(out)
+
+
+def _dec_produce_req(a: list[Any]) -> ProduceReq:
+    return ProduceReq(
+        _u63(a[1], "ProduceReq.request_id"),
+        _stream(a[2], "ProduceReq.stream"),
+        _producer_id(a[3], "ProduceReq.producer_id"),
+        _int(a[4], "ProduceReq.producer_seq", 0, MAX_U64),
+        _key(a[5], "ProduceReq.key"),
+        _bytes(a[6], "ProduceReq.value"),
+    )
+
+
+def _dec_produce_resp(a: list[Any]) -> ProduceResp:
+    return ProduceResp(
+        _u63(a[1], "ProduceResp.request_id"),
+        _enum(a[2], _OUTCOMES, "ProduceResp.outcome"),
+        _u63_or_none(a[3], "ProduceResp.seq"),
+        _text(a[4], "ProduceResp.reason"),
+        _redirect(a[5], "ProduceResp.redirect"),
+    )
+
+
+def _dec_read_req(a: list[Any]) -> ReadReq:
+    return ReadReq(
+        _u63(a[1], "ReadReq.request_id"),
+        _stream(a[2], "ReadReq.stream"),
+        _u63_or_none(a[3], "ReadReq.after_seq"),
+        _int(a[4], "ReadReq.max_entries", 1, MAX_READ_ENTRIES),
+        _int(a[5], "ReadReq.wait_ms", 0, MAX_WAIT_MS),
+    )
+
+
+def _dec_read_resp(a: list[Any]) -> ReadResp:
+    return ReadResp(
+        _u63(a[1], "ReadResp.request_id"),
+        _enum(a[2], _READ_STATUSES, "ReadResp.status"),
+        _entries(a[3], "ReadResp.entries"),
+        _redirect(a[4], "ReadResp.redirect"),
+        _u63_or_none(a[5], "ReadResp.oldest"),
+        _u63_or_none(a[6], "ReadResp.committed"),
+    )
+
+
+def _dec_status_req(a: list[Any]) -> StatusReq:
+    return StatusReq(_u63(a[1], "StatusReq.request_id"))
+
+
+def _dec_status_resp(a: list[Any]) -> StatusResp:
+    return StatusResp(_u63(a[1], "StatusResp.request_id"), _bytes(a[2], "StatusResp.status_json"))
+
+
+def _dec_error_resp(a: list[Any]) -> ErrorResp:
+    return ErrorResp(
+        _u63_or_none(a[1], "ErrorResp.request_id"),
+        _text(a[2], "ErrorResp.error"),
+        _text(a[3], "ErrorResp.message"),
+    )
+
+
+# type code -> (name, array length including the code, decoder)
+_DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
+    1: ("ProduceReq", 7, _dec_produce_req),
+    2: ("ProduceResp", 6, _dec_produce_resp),
+    3: ("ReadReq", 6, _dec_read_req),
+    4: ("ReadResp", 7, _dec_read_resp),
+    5: ("StatusReq", 2, _dec_status_req),
+    6: ("StatusResp", 3, _dec_status_resp),
+    7: ("ErrorResp", 4, _dec_error_resp),
+}
+
+
+def decode(frame: bytes, max_frame_bytes: int) -> ClientMessage:
+    """The client message in `frame`; raises only `FrameError` subclasses, for any input."""
+    try:
+        size = len(frame)
+    except TypeError:
+        raise MalformedFrame(f"frame is not bytes: {type(frame).__name__}") from None
+    if size > max_frame_bytes:
+        raise OversizedFrame(f"frame of {size} bytes exceeds the maximum of {max_frame_bytes}")
+    if size == 0:
+        raise MalformedFrame("empty frame")
+    try:
+        # Bound every length by the frame's size, so a short header cannot make the
+        # unpacker pre-allocate more than the frame could hold.
+        obj = msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size,
+            max_ext_len=size,
+        )
+    except msgpack.ExtraData:
+        raise MalformedFrame("trailing data after the message") from None
+    except Exception as e:  # ValueError, FormatError, StackError, UnicodeDecodeError, ...
+        raise MalformedFrame(f"not a msgpack message ({type(e).__name__}: {e})") from None
+
+    if type(obj) is not list or not obj:
+        raise MalformedFrame(f"expected a non-empty array, got {_show(obj)}")
+    code = obj[0]
+    if type(code) is not int:
+        raise MalformedFrame(f"type code is not an int: {_show(code)}")
+    found = _DECODERS.get(code)
+    if found is None:
+        raise UnknownMessageType(f"unknown client message type code {_show(code)}")
+    name, length, dec = found
+    if len(obj) != length:
+        raise MalformedFrame(f"{name}: expected an array of {length} items, got {len(obj)}")
+    try:
+        msg: ClientMessage = dec(obj)
+    except FrameError:
+        raise
+    except Exception as e:  # a gap in the validators must still not escape the boundary
+        raise FieldError(f"{name}: invalid field ({type(e).__name__}: {e})") from None
+    return msg
+
+
+def peek_request_id(frame: bytes) -> int:
+    """The request id of a frame `decode` refused, if its first bytes show one; else -1.
+    Reads at most the first 64 bytes; never raises."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=128)
+        unpacker.feed(bytes(frame[:64]))
+        if unpacker.read_array_header() < 2:
+            return -1
+        code = unpacker.unpack()
+        request_id = unpacker.unpack()
+        if type(code) is int and type(request_id) is int and 0 <= request_id <= MAX_U63:
+            return request_id
+    except Exception:
+        pass
+    return -1

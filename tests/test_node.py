@@ -1,0 +1,461 @@
+"""The relay process (relay/node.py) and its client protocol (relay/wire.py).
+
+Three RelayNodes run in one asyncio loop on 127.0.0.1 with free ports; clients are DEALER
+sockets speaking relay.wire. Every test stops every node it starts, even when it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+
+from relay import wire
+from relay.core.messages import Outcome, ReadStatus
+from relay.errors import FrameError
+from relay.node import RelayNode, subscription_prefix
+from relay.topology import MeshConfig, loads
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_TX = 4_096
+MAX_FRAME = 1 << 20
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def topology_text(streams: dict[int, list[str]], data_dir: Path) -> str:
+    ports = free_ports(2 * len(streams))
+    lines = ["relays:"]
+    for i, (relay_id, subs) in enumerate(sorted(streams.items())):
+        lines.append(
+            f"  - {{id: {relay_id}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
+            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(subs)}}}"
+        )
+    lines += [
+        "limits:",
+        f"  max_tx_bytes: {MAX_TX}",
+        f"  max_frame_bytes: {MAX_FRAME}",
+        "  max_batch_bytes: 262144",
+        f"data_dir: {data_dir}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class Client:
+    """A DEALER speaking relay.wire to one relay; one request at a time."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
+        self.ctx, self.endpoint = ctx, endpoint
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self._ids = random.randrange(1 << 40)
+
+    def another(self) -> Client:
+        """A second connection to the same relay (close it with `close`)."""
+        return Client(self.ctx, self.endpoint)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    async def send_raw(self, *frames: bytes) -> None:
+        await self.sock.send_multipart(list(frames))
+
+    async def recv(self, timeout: float = 5.0) -> wire.ClientMessage:
+        frame = await asyncio.wait_for(self.sock.recv(), timeout)
+        return wire.decode(frame, MAX_FRAME)
+
+    async def call(self, msg: Any, timeout: float = 5.0) -> Any:
+        await self.send_raw(wire.encode(msg))
+        resp = await self.recv(timeout)
+        assert resp.request_id == msg.request_id, (msg, resp)
+        return resp
+
+    async def status(self) -> dict[str, Any]:
+        resp = await self.call(wire.StatusReq(self.next_id()))
+        assert isinstance(resp, wire.StatusResp)
+        status: dict[str, Any] = json.loads(resp.status_json)
+        return status
+
+    async def produce(self, stream: str, pid: bytes, pseq: int, value: bytes) -> Any:
+        req = wire.ProduceReq(self.next_id(), stream, pid, pseq, b"k%d" % pseq, value)
+        return await self.call(req)
+
+    async def read(self, stream: str, after: int = -1, n: int = 1_000, wait_ms: int = 0) -> Any:
+        timeout = 5.0 + wait_ms / 1_000
+        return await self.call(wire.ReadReq(self.next_id(), stream, after, n, wait_ms), timeout)
+
+
+@contextlib.asynccontextmanager
+async def mesh(
+    tmp_path: Path, streams: dict[int, list[str]], start: tuple[int, ...] | None = None
+) -> AsyncIterator[tuple[MeshConfig, dict[int, RelayNode], dict[int, Client]]]:
+    """Start the relays `start` (default: all) of a mesh serving `streams`."""
+    config = loads(topology_text(streams, tmp_path), tmp_path / "topology.yaml")
+    started = config.relays if start is None else start
+    nodes = {r: RelayNode(config, r, handle_signals=False) for r in started}
+    ctx = zmq.asyncio.Context()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        tasks = [asyncio.create_task(node.run()) for node in nodes.values()]
+        clients = {r: Client(ctx, config.relays[r].client_endpoint) for r in nodes}
+        yield config, nodes, clients
+        for task in tasks:
+            assert not task.done(), f"a node stopped early: {task}"
+    finally:
+        for node in nodes.values():
+            node.stop()
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=5)
+            assert not pending, "a node did not stop within 5 s"
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        ctx.destroy(linger=0)
+
+
+async def wait_joined(clients: dict[int, Client], stream: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    for client in clients.values():
+        while True:
+            info = (await client.status())["streams"].get(stream, {})
+            if info.get("joined") and not info.get("fenced"):
+                break
+            assert time.monotonic() < deadline, f"{stream} not joined: {info}"
+            await asyncio.sleep(0.02)
+
+
+async def produce_until_definite(
+    client: Client, stream: str, pid: bytes, pseq: int, value: bytes, timeout: float = 10.0
+) -> Any:
+    """Retry fenced/unknown with the same producer seq (always safe) until definite."""
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = await client.produce(stream, pid, pseq, value)
+        if resp.outcome in (Outcome.COMMITTED, Outcome.REJECTED):
+            return resp
+        assert time.monotonic() < deadline, resp
+        await asyncio.sleep(0.05)
+
+
+async def read_all(client: Client, stream: str, count: int, timeout: float = 10.0) -> list[Any]:
+    entries: list[Any] = []
+    deadline = time.monotonic() + timeout
+    after = -1
+    while len(entries) < count:
+        resp = await client.read(stream, after, 1_000, wait_ms=200)
+        if resp.status is ReadStatus.OK:
+            entries += resp.entries
+            after = entries[-1][0] if entries else after
+        assert time.monotonic() < deadline, (resp, entries)
+    return entries
+
+
+MESH = {1: ["orders", "logs.*"], 2: ["orders", "logs.*"], 3: ["orders"]}
+
+
+# --- wire --------------------------------------------------------------------------------
+
+
+def test_subscription_prefixes() -> None:
+    assert subscription_prefix("orders") == b"S|orders|"
+    assert subscription_prefix("orders.*") == b"S|orders."
+    assert subscription_prefix("a?b[xy]") == b"S|a"
+    assert subscription_prefix("*") == b"S|"
+
+
+def test_wire_round_trip_and_garbage() -> None:
+    messages: list[wire.ClientMessage] = [
+        wire.ProduceReq(1, "orders", b"p", 2**64 - 1, None, b""),
+        wire.ProduceReq(2, "o.é", b"p" * 64, 0, b"key", b"v" * 100),
+        wire.ProduceResp(3, Outcome.COMMITTED, 12345, "", ()),
+        wire.ProduceResp(4, Outcome.FENCED, -1, "", (1, 2)),
+        wire.ReadReq(5, "orders", -1, 10, 0),
+        wire.ReadResp(
+            6, ReadStatus.OK, ((7, None, b"v", b"p", 1), (8, b"k", b"", b"q", 2)), (), 0, 8
+        ),
+        wire.ReadResp(7, ReadStatus.REDIRECT, (), (2, 3), -1, -1),
+        wire.StatusReq(8),
+        wire.StatusResp(9, b"{}"),
+        wire.ErrorResp(-1, "MalformedFrame", "bad"),
+    ]
+    for msg in messages:
+        frame = wire.encode(msg)
+        assert wire.decode(frame, 1 << 20) == msg
+        assert wire.peek_request_id(frame) == max(msg.request_id, -1)
+    bad = [
+        b"",
+        b"\xc1",
+        msgpack.packb([1, 1, "a|b", b"p", 0, None, b""]),  # '|' in a stream name
+        msgpack.packb([1, 1, "s", b"", 0, None, b""]),  # empty producer id
+        msgpack.packb([1, 1, "s", b"p", -1, None, b""]),  # negative producer seq
+        msgpack.packb([1, 1, "s", b"p", 0, "str", b""]),  # key not bin
+        msgpack.packb([3, 1, "s", -2, 1, 0]),  # after_seq < -1
+        msgpack.packb([3, 1, "s", -1, 0, 0]),  # max_entries 0
+        msgpack.packb([3, 1, "s", -1, 1, 10**9]),  # wait_ms too long
+        msgpack.packb([5, 1, 2]),  # wrong length
+        msgpack.packb([99, 1]),  # unknown type
+        msgpack.packb({"a": 1}),
+        msgpack.packb([5, 1]) + b"\x00",  # trailing data
+    ]
+    for frame in bad:
+        with pytest.raises(FrameError):
+            wire.decode(frame, 1 << 20)
+    with pytest.raises(FrameError):
+        wire.decode(b"\x00" * 11, 10)
+    rng = random.Random(7)
+    valid = [wire.encode(m) for m in messages]
+    for _ in range(3_000):
+        frame = bytearray(rng.choice(valid))
+        for _ in range(rng.randint(1, 4)):
+            frame[rng.randrange(len(frame))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            frame = frame[: rng.randrange(len(frame) + 1)]
+        with contextlib.suppress(FrameError):
+            wire.decode(bytes(frame), 1 << 20)
+        wire.peek_request_id(bytes(frame))
+
+
+# --- three relays --------------------------------------------------------------------------
+
+
+def test_produce_everywhere_read_anywhere(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh(tmp_path, MESH) as (_, nodes, clients):
+            await wait_joined(clients, "orders")
+            # Produce through every relay, all in flight at once.
+            sent: dict[int, tuple[int, int]] = {}  # request id -> (relay, pseq)
+            for pseq in range(12):
+                relay = pseq % 3 + 1
+                client = clients[relay]
+                req = wire.ProduceReq(
+                    client.next_id(), "orders", b"prod", pseq, b"k%d" % pseq, b"value-%d" % pseq
+                )
+                sent[req.request_id] = (relay, pseq)
+                await client.send_raw(wire.encode(req))
+            committed: dict[int, int] = {}  # pseq -> seq
+            for relay, client in clients.items():
+                for _ in range(4):
+                    resp = await client.recv(10)
+                    assert isinstance(resp, wire.ProduceResp)
+                    assert resp.outcome is Outcome.COMMITTED, resp
+                    assert sent[resp.request_id][0] == relay
+                    committed[sent[resp.request_id][1]] = resp.seq
+            assert len(set(committed.values())) == 12
+
+            # Every relay (including ones that coordinated none of them) delivers the
+            # same committed timeline, in the same order.
+            timelines = {r: await read_all(c, "orders", 12) for r, c in clients.items()}
+            expected = sorted(
+                (seq, b"k%d" % p, b"value-%d" % p, b"prod", p) for p, seq in committed.items()
+            )
+            for relay, entries in timelines.items():
+                assert entries == expected, relay
+
+            # A retry with the same producer seq, on another relay, is not a new copy.
+            again = await clients[3].produce("orders", b"prod", 0, b"value-0")
+            assert (again.outcome, again.seq) == (Outcome.COMMITTED, committed[0])
+
+            # Long poll: a read past the end waits until the next commit arrives.
+            last = expected[-1][0]
+            waiter = clients[2].another()
+            try:
+                read_id = waiter.next_id()
+                parked = wire.ReadReq(read_id, "orders", last, 10, 5_000)
+                await waiter.send_raw(wire.encode(parked))
+                await asyncio.sleep(0.2)
+                assert not await waiter.sock.poll(0), "the read should be parked"
+                new = await clients[1].produce("orders", b"prod", 100, b"late-comer")
+                assert new.outcome is Outcome.COMMITTED
+                t0 = time.monotonic()
+                resp = await waiter.recv(5)
+                assert time.monotonic() - t0 < 2.0
+                assert isinstance(resp, wire.ReadResp) and resp.request_id == read_id
+                assert resp.status is ReadStatus.OK
+                assert [e[0] for e in resp.entries] == [new.seq]
+                assert resp.committed >= new.seq
+                # A parked read with nothing new answers empty when its wait is over.
+                empty = await waiter.read("orders", new.seq, 10, wait_ms=100)
+                assert empty.status is ReadStatus.OK and empty.entries == ()
+            finally:
+                waiter.close()
+
+            # A produce through a relay outside the stream's set is forwarded to a member.
+            fwd = await produce_until_definite(clients[3], "logs.app", b"logger", 1, b"hello")
+            assert fwd.outcome is Outcome.COMMITTED, fwd
+            entries = await read_all(clients[2], "logs.app", 1)
+            assert entries == [(fwd.seq, b"k1", b"hello", b"logger", 1)]
+
+            for node in nodes.values():
+                assert node.counters["client_frame_invalid"] == 0
+                assert node.counters["peer_frame_core_error"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_bad_client_frames_redirect_and_limits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh(tmp_path, MESH) as (_, nodes, clients):
+            await wait_joined(clients, "orders")
+            c = clients[1]
+
+            async def expect_error(error: str, request_id: int, *frames: bytes) -> None:
+                await c.send_raw(*frames)
+                resp = await c.recv()
+                assert isinstance(resp, wire.ErrorResp), resp
+                assert (resp.error, resp.request_id) == (error, request_id), resp
+
+            await expect_error("MalformedFrame", -1, b"\xc1 not msgpack")
+            await expect_error(
+                "FieldError", 42, msgpack.packb([1, 42, "orders", b"", 0, None, b"x"])
+            )
+            await expect_error("UnknownMessageType", 5, msgpack.packb([99, 5]))
+            await expect_error("MalformedFrame", -1, b"a", b"b")  # two frames
+            await expect_error("MalformedFrame", 9, wire.encode(wire.StatusResp(9, b"{}")))
+            # Above the request limit (max_tx_bytes + overhead): refused with its id.
+            big = wire.ProduceReq(77, "orders", b"p", 1, None, b"x" * (2 * MAX_TX))
+            await expect_error("OversizedFrame", 77, wire.encode(big))
+
+            # Within the frame limit but a transaction above max_tx_bytes: rejected.
+            resp = await c.produce("orders", b"p", 2, b"x" * (MAX_TX + 100))
+            assert (resp.outcome, resp.reason) == (Outcome.REJECTED, "too_large")
+
+            # Above max_frame_bytes the transport drops the connection; the relay lives on.
+            rogue = c.another()
+            try:
+                await rogue.send_raw(b"\x00" * (MAX_FRAME + 10))
+                await asyncio.sleep(0.1)
+            finally:
+                rogue.close()
+
+            # The relay still works after all that.
+            ok = await c.produce("orders", b"p", 3, b"fine")
+            assert ok.outcome is Outcome.COMMITTED, ok
+
+            # A read on a stream the relay does not serve answers redirect.
+            redirect = await clients[3].read("logs.app")
+            assert redirect.status is ReadStatus.REDIRECT
+            assert redirect.redirect == (1, 2)
+            unknown = await c.read("nobody.serves.this")
+            assert unknown.status is ReadStatus.UNKNOWN_STREAM
+            nope = await c.produce("nobody.serves.this", b"p", 1, b"x")
+            assert (nope.outcome, nope.reason) == (Outcome.REJECTED, "unknown_stream")
+
+            counters = (await c.status())["node"]["counters"]
+            assert counters["client_frame_invalid"] == 6
+            assert counters["client_frame_oversized"] == 1
+            assert counters["client_unknown_stream"] == 2
+            assert nodes[3].counters["read_redirect"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
+    """Relay 3's mesh endpoint is held by an impostor publishing garbage on every topic
+    relays 1 and 2 subscribe to; they count it, drop it, and keep serving `duo`."""
+
+    async def scenario() -> None:
+        streams = {1: ["orders", "duo"], 2: ["orders", "duo"], 3: ["orders"]}
+        async with mesh(tmp_path, streams, start=(1, 2)) as (config, nodes, clients):
+            ctx = zmq.asyncio.Context()
+            try:
+                rogue = ctx.socket(zmq.PUB)
+                rogue.setsockopt(zmq.LINGER, 0)
+                rogue.bind(config.relays[3].mesh_endpoint)
+                await wait_joined(clients, "duo")
+                junk = [
+                    [b"H|", b"\xc1"],
+                    [b"H|", msgpack.packb([4, 3, 1, 1, []]) + b"x"],
+                    [b"D|1|", msgpack.packb([10, 3, 1, 2**63, 1, "hi"])],
+                    [b"S|duo|", msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b""]]])],
+                    [b"S|orders|", b"\x00" * 100],
+                    [b"H|", b"a", b"b"],  # three parts
+                ]
+                deadline = time.monotonic() + 5
+                while min(n.counters["peer_bad_parts"] for n in nodes.values()) < 10:
+                    for parts in junk:
+                        await rogue.send_multipart(parts)
+                    await asyncio.sleep(0.02)
+                    assert time.monotonic() < deadline, [n.core.counters for n in nodes.values()]
+                # Above MAXMSGSIZE: the transport drops that link (and reconnects).
+                await rogue.send_multipart([b"H|", b"\xc1" * (MAX_FRAME + 1)])
+                resp = await produce_until_definite(clients[1], "duo", b"p", 1, b"still here")
+                assert resp.outcome is Outcome.COMMITTED, resp
+                assert await read_all(clients[2], "duo", 1) == [
+                    (resp.seq, b"k1", b"still here", b"p", 1)
+                ]
+                for node in nodes.values():
+                    bad = node.core.counters
+                    assert bad["frame_malformed"] > 0 and bad["frame_bad_field"] > 0, bad
+                    assert node.counters["peer_bad_parts"] > 0, node.counters
+                    assert node.counters["peer_frame_core_error"] == 0
+            finally:
+                ctx.destroy(linger=0)
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
+    path = tmp_path / "topology.yaml"
+    path.write_text(topology_text({1: ["solo"]}, tmp_path))
+    config = loads(path.read_text(), path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay.node", str(path), "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        async def ready() -> None:
+            ctx = zmq.asyncio.Context()
+            try:
+                client = Client(ctx, config.relays[1].client_endpoint)
+                await wait_joined({1: client}, "solo", timeout=15)
+                resp = await client.produce("solo", b"p", 1, b"alone")
+                assert resp.outcome is Outcome.COMMITTED, resp
+            finally:
+                ctx.destroy(linger=0)
+
+        asyncio.run(ready())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)
+        assert proc.returncode == 0, out
+        assert b"stopped" in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
