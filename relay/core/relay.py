@@ -1031,14 +1031,16 @@ class RelayCore:
             return  # we reported nothing above our committed point
         if len(log) == log.maxlen and log[0][0] > tl.committed_point:
             return  # our own early reports fell out of the log: cannot prove them dead
-        own = [p for p, _ in log if p > tl.committed_point]
-        if not self._dead(st, own[0]):
-            self._resume_reports(st)  # no split in sight (yet)
+        own = [(p, d) for p, d in log if p > tl.committed_point]
+        if not any(self._conflicts(st, p, d) and self._dead(st, p) for p, d in own):
+            # Dead points that nobody contradicts are only points others skipped (they
+            # resumed above a promise): the next commit settles them. No split in sight.
+            self._resume_reports(st)
             return
         # A split: stop adding points, so the members' votes at all of ours become known,
         # and rebuild the zone once every point we reported in it is dead.
         st.reports_paused = True
-        if not all(self._dead(st, p) for p in own):
+        if not all(self._dead(st, p) for p, _ in own):
             return
         live = [m for m in st.peers if self._is_live(self.peers[m], now_ms)]
         self.counters["reset_started"] += 1
@@ -1050,6 +1052,10 @@ class RelayCore:
 
     def _resume_reports(self, st: StreamState) -> None:
         st.reports_paused = False  # the promise made while paused still bounds our reports
+
+    def _conflicts(self, st: StreamState, point: int, digest: bytes) -> bool:
+        """Another member reported a different digest where we reported `digest`."""
+        return any(d != digest and mask for d, mask in st.votes.points.get(point, {}).items())
 
     def _dead(self, st: StreamState, point: int) -> bool:
         unknown = sum(1 for m in st.peers if not self._vote_known(st, m, point))
