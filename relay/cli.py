@@ -1,6 +1,9 @@
 """The `relay` command line.
 
     relay sim --seeds N [--seed S] [--relays K] [--faults LIST] [--first-seed F]
+    relay run --config FILE --relay ID [--log-level LEVEL]
+    relay up FILE [--log-level LEVEL] [--log-dir DIR] [--timeout SECONDS]
+    relay status --config FILE [--json] [--timeout SECONDS]
 
 Heavy modules are imported inside the subcommands, so `relay --help` stays fast and works
 even while a subcommand's module is broken.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -18,6 +22,10 @@ from relay import __version__
 RELAYS_MIN = 3
 RELAYS_MAX = 7
 _FAULT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+if TYPE_CHECKING:
+    from relay.launcher import Mesh, StatusReply
 
 
 def _check_relays(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -111,3 +119,314 @@ def sim(
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--faults") from None
     sys.exit(run_cli(seeds=seeds, seed=seed, relays=relays, faults=faults, first_seed=first_seed))
+
+
+# --- relay processes ------------------------------------------------------------------------
+
+_log_level_option = click.option(
+    "--log-level",
+    "log_level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log level of the relay process(es).",
+)
+
+
+def _config_failed(error: Exception) -> NoReturn:
+    """A ConfigError: its message names the file, field and problem; exit code 2."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)
+
+
+def _warn_config(warnings: tuple[str, ...]) -> None:
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@click.option("--relay", "relay_id", required=True, type=int, metavar="ID", help="Relay id.")
+@_log_level_option
+def run(config_path: str, relay_id: int, log_level: str) -> None:
+    """Run one relay of the topology in the foreground until SIGINT or SIGTERM.
+
+    Exit codes: 0 after a clean stop, 2 for a configuration error, 1 if the relay
+    cannot start (e.g. its port is taken).
+    """
+    import asyncio
+    import logging
+    import signal
+
+    import zmq
+
+    from relay.errors import ConfigError
+    from relay.node import RelayNode
+    from relay.topology import load
+
+    try:
+        config = load(config_path)
+        config.core_config(relay_id)  # a relay id not in the topology is a ConfigError
+        node = RelayNode(config, relay_id)
+    except ConfigError as e:
+        _config_failed(e)
+    _warn_config(config.warnings)
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # before or after the node's own handlers are installed
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        asyncio.run(node.run())
+    except KeyboardInterrupt:
+        pass
+    except zmq.ZMQError as e:
+        spec = config.relays[relay_id]
+        click.echo(
+            f"error: relay {relay_id} cannot start on {spec.mesh_endpoint} / "
+            f"{spec.client_endpoint}: {e}",
+            err=True,
+        )
+        sys.exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.exit(0)
+
+
+@main.command()
+@click.argument("config_path", metavar="FILE")
+@_log_level_option
+@click.option(
+    "--log-dir",
+    "log_dir",
+    default=None,
+    metavar="DIR",
+    help="Write each relay's log to DIR/relay-<id>.log (default: this terminal).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for every relay to come up.",
+)
+def up(config_path: str, log_level: str, log_dir: str | None, timeout_s: float) -> None:
+    """Start every relay of the topology FILE on this host and wait.
+
+    Waits until each relay answers a status request with its named streams joined, prints
+    the relays and their endpoints, then runs until SIGINT (Ctrl-C) or SIGTERM, which stop
+    every relay (SIGTERM, then SIGKILL after a grace). Exit codes: 0 after such a stop, 1 if
+    a relay did not come up, 2 for a configuration error.
+    """
+    import signal
+    import time
+
+    from relay.errors import ConfigError
+    from relay.launcher import Mesh, MeshError
+
+    try:
+        mesh = Mesh(config_path, log_level=log_level, log_dir=log_dir, die_with_parent=True)
+    except ConfigError as e:
+        _config_failed(e)
+    _warn_config(mesh.config.warnings)
+
+    stopping = False
+
+    def interrupt(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if not stopping:  # a second signal must not cut the stop short
+            stopping = True
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        try:
+            mesh.start(timeout_s)
+        except MeshError as e:
+            click.echo(f"error: {e}", err=True)
+            code = 1
+        else:
+            _print_mesh(mesh)
+            reported: set[int] = set()
+            while True:
+                time.sleep(0.2)
+                for relay_id in mesh.relay_ids:
+                    rc = mesh.returncode(relay_id)
+                    if rc is not None and relay_id not in reported:
+                        reported.add(relay_id)
+                        click.echo(f"warning: relay {relay_id} exited with code {rc}", err=True)
+    except KeyboardInterrupt:
+        stopping = True
+        click.echo("stopping the mesh...", err=True)
+    finally:
+        stopping = True
+        mesh.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code == 0:
+        click.echo("mesh stopped", err=True)
+    sys.exit(code)
+
+
+def _print_mesh(mesh: Mesh) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"relay mesh: {mesh.config_path}")
+    for name in ("relay", "pid", "mesh endpoint", "client endpoint", "streams"):
+        table.add_column(name, no_wrap=name != "streams")
+    pids = mesh.pids
+    for relay_id, ends in mesh.endpoints.items():
+        table.add_row(
+            str(relay_id),
+            str(pids.get(relay_id, "-")),
+            ends.mesh,
+            ends.client,
+            ", ".join(ends.streams),
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"mesh up: {len(pids)} relays ready; Ctrl-C or SIGTERM stops them")
+    sys.stdout.flush()
+
+
+# --- status -----------------------------------------------------------------------------------
+
+# Counters worth a glance (core and node); any other non-zero counter whose name says
+# something went wrong is added to the "problems" sum.
+KEY_COUNTERS = (
+    "produce_requests",
+    "produce_committed",
+    "produce_rejected",
+    "produce_fenced",
+    "produce_unknown",
+    "read_requests",
+    "delivered_entries",
+    "repair_started",
+    "rebases",
+)
+_PROBLEM_WORDS = ("error", "invalid", "dropped", "malformed", "refused", "mismatch", "oversized")
+
+
+def _status_document(config_path: str, replies: dict[int, StatusReply]) -> dict[str, Any]:
+    relays = []
+    for relay_id, reply in replies.items():
+        streams = (reply.status or {}).get("streams") or {}
+        relays.append(
+            {
+                "relay": relay_id,
+                "client_endpoint": reply.endpoint,
+                "reachable": reply.reachable,
+                "error": reply.error,
+                "fenced_streams": sorted(
+                    name for name, info in streams.items() if info.get("fenced")
+                ),
+                "status": reply.status,
+            }
+        )
+    return {
+        "config": config_path,
+        "all_reachable": all(r.reachable for r in replies.values()),
+        "relays": relays,
+    }
+
+
+def _counters_text(status: dict[str, Any]) -> str:
+    counters: dict[str, int] = dict(status.get("counters") or {})
+    node = status.get("node") or {}
+    for name, value in (node.get("counters") or {}).items():
+        counters[name] = counters.get(name, 0) + value
+    parts = [f"{name}={counters[name]}" for name in KEY_COUNTERS if counters.get(name)]
+    problems = sum(v for k, v in counters.items() if any(w in k for w in _PROBLEM_WORDS) and v > 0)
+    if problems:
+        parts.append(f"problems={problems}")
+    return "\n".join(parts) or "-"
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    relays = Table(title=f"relays: {doc['config']}")
+    for name in ("relay", "reachable", "peers heard", "fenced streams", "key counters"):
+        relays.add_column(name)
+    streams = Table(title="streams")
+    for name in ("relay", "stream", "joined", "fenced", "committed seq", "held", "held bytes"):
+        streams.add_column(
+            name, justify="right" if name.startswith(("committed", "held")) else "left"
+        )
+    for entry in doc["relays"]:
+        relay = str(entry["relay"])
+        status = entry["status"]
+        if status is None:
+            relays.add_row(relay, f"[red]no[/red] ({entry['error']})", "-", "-", "-")
+            continue
+        peers = status.get("peers_heard") or []
+        fenced = entry["fenced_streams"]
+        relays.add_row(
+            relay,
+            "[green]yes[/green]",
+            ", ".join(str(p) for p in peers) or "none",
+            ("[yellow]" + ", ".join(fenced) + "[/yellow]") if fenced else "none",
+            _counters_text(status),
+        )
+        for name, info in (status.get("streams") or {}).items():
+            streams.add_row(
+                relay,
+                name,
+                "yes" if info.get("joined") else "[yellow]no[/yellow]",
+                "[yellow]yes[/yellow]" if info.get("fenced") else "no",
+                str(info.get("committed", "-")),
+                str(info.get("held", "-")),
+                str(info.get("held_bytes", "-")),
+            )
+    console = Console()
+    console.print(relays)
+    if streams.row_count:
+        console.print(streams)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for the relays' answers.",
+)
+def status(config_path: str, as_json: bool, timeout_s: float) -> None:
+    """Ask every relay of the topology for its status and print it.
+
+    An unreachable relay is shown as such. Exit codes: 0 if every relay answered, 1 if
+    some did not, 2 for a configuration error.
+    """
+    import json
+
+    from relay.errors import ConfigError
+    from relay.launcher import query_status
+    from relay.topology import load
+
+    try:
+        config = load(config_path)
+    except ConfigError as e:
+        _config_failed(e)
+    endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
+    doc = _status_document(config_path, query_status(endpoints, timeout_s))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        _warn_config(config.warnings)
+        _print_status(doc)
+    sys.exit(0 if doc["all_reachable"] else 1)

@@ -141,6 +141,7 @@ class RelayNode:
     ) -> None:
         self.config = config
         self.id = relay_id
+        core_config = config.core_config(relay_id)  # ConfigError naming the file if unknown
         self.spec = config.relays[relay_id]
         self.limits = config.limits
         self.handle_signals = handle_signals
@@ -148,7 +149,7 @@ class RelayNode:
         # The incarnation must grow with every start: milliseconds since the sequence
         # epoch do (unless the wall clock steps back across a restart).
         self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
-        self.core = RelayCore(config.core_config(relay_id), self.incarnation, now)
+        self.core = RelayCore(core_config, self.incarnation, now)
         self.counters: Counter[str] = Counter()
         self.request_limit = wire.request_frame_limit(self.limits)
         self._stopping = False

@@ -1,0 +1,466 @@
+"""Start, watch and stop every relay of a topology on this host, as child processes.
+
+    with Mesh("config/topology.yaml").start(timeout_s=10) as mesh:
+        mesh.endpoints[0].client      # "tcp://127.0.0.1:7200"
+        mesh.kill(1)                  # SIGKILL relay 1 (waits until it is gone)
+        mesh.restart(1)               # start it again, wait until it is ready
+    # leaving the block stops every relay: SIGTERM, then SIGKILL after a bounded grace
+
+Each relay runs as `sys.executable -m relay run --config FILE --relay ID --log-level L`.
+A relay is *ready* when it answers a StatusReq on its client endpoint and reports every
+named stream of its subscriptions (exact names; patterns open on first use) joined and
+unfenced.
+`start` waits for all relays, bounded; if one does not come up it stops the others and
+raises `MeshError` naming that relay (with the tail of its log when logs go to files).
+
+`query_status` asks relays for their status over DEALER sockets (used by `relay status`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import zmq
+
+from relay import wire
+from relay.errors import RelayError
+from relay.topology import MeshConfig, RelaySpec, load
+
+__all__ = [
+    "Mesh",
+    "MeshError",
+    "RelayEndpoints",
+    "StatusReply",
+    "named_streams",
+    "not_ready_reason",
+    "query_status",
+]
+
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+POLL_S = 0.05  # how often start() looks at the children
+PROBE_TIMEOUT_S = 0.25  # one StatusReq round while waiting for relays to come up
+MAX_STATUS_BYTES = 64 * 1024 * 1024
+_PATTERN_CHARS = "*?["
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class MeshError(RelayError):
+    """A relay of the mesh did not come up (or could not be started)."""
+
+    def __init__(self, message: str, *, relay_id: int | None = None) -> None:
+        super().__init__(message)
+        self.relay_id = relay_id
+
+
+@dataclass(frozen=True)
+class RelayEndpoints:
+    relay: int
+    mesh: str  # the relay's PUB socket
+    client: str  # the relay's ROUTER for clients
+    streams: tuple[str, ...]  # its subscriptions (names and patterns)
+
+
+# --- status queries ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    relay: int
+    endpoint: str
+    status: dict[str, Any] | None  # the relay's status document; None if unreachable
+    error: str | None = None  # why there is no status
+
+    @property
+    def reachable(self) -> bool:
+        return self.status is not None
+
+
+def query_status(endpoints: Mapping[int, str], timeout_s: float = 1.0) -> dict[int, StatusReply]:
+    """Ask every relay (relay id -> client endpoint) for its status at once; each gets
+    `timeout_s` in total. Never raises for a relay that is down or answers garbage."""
+    ctx = zmq.Context()
+    socks: dict[int, zmq.Socket[Any]] = {}
+    replies: dict[int, StatusReply] = {}
+    request_ids: dict[int, int] = {}
+    try:
+        poller = zmq.Poller()
+        for n, (relay_id, endpoint) in enumerate(sorted(endpoints.items())):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_STATUS_BYTES)
+            socks[relay_id] = sock
+            try:
+                sock.connect(endpoint)
+                request_ids[relay_id] = n + 1
+                sock.send(wire.encode(wire.StatusReq(n + 1)), zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                replies[relay_id] = StatusReply(relay_id, endpoint, None, f"cannot send: {e}")
+                continue
+            poller.register(sock, zmq.POLLIN)
+        by_sock = {id(s): r for r, s in socks.items()}
+        deadline = time.monotonic() + timeout_s
+        while len(replies) < len(endpoints):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            for sock, _ in poller.poll(left_ms):
+                relay_id = by_sock[id(sock)]
+                endpoint = endpoints[relay_id]
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue
+                reply = _status_reply(relay_id, endpoint, request_ids[relay_id], frame)
+                if reply is not None:
+                    replies[relay_id] = reply
+                    poller.unregister(sock)
+        for relay_id, endpoint in endpoints.items():
+            if relay_id not in replies:
+                replies[relay_id] = StatusReply(
+                    relay_id, endpoint, None, f"no answer within {timeout_s:g} s"
+                )
+    finally:
+        for sock in socks.values():
+            sock.close(linger=0)
+        ctx.term()
+    return dict(sorted(replies.items()))
+
+
+def _status_reply(
+    relay_id: int, endpoint: str, request_id: int, frame: bytes
+) -> StatusReply | None:
+    try:
+        msg = wire.decode(frame, MAX_STATUS_BYTES)
+    except Exception as e:
+        return StatusReply(relay_id, endpoint, None, f"bad answer: {e}")
+    if msg.request_id != request_id:
+        return None  # not ours; keep waiting
+    if isinstance(msg, wire.ErrorResp):
+        return StatusReply(relay_id, endpoint, None, f"refused: {msg.error}: {msg.message}")
+    if not isinstance(msg, wire.StatusResp):
+        return StatusReply(relay_id, endpoint, None, f"unexpected {type(msg).__name__}")
+    try:
+        status = json.loads(msg.status_json)
+    except ValueError as e:
+        return StatusReply(relay_id, endpoint, None, f"status is not JSON: {e}")
+    if not isinstance(status, dict):
+        return StatusReply(relay_id, endpoint, None, "status is not a JSON object")
+    return StatusReply(relay_id, endpoint, status)
+
+
+def named_streams(spec: RelaySpec) -> tuple[str, ...]:
+    """The exact stream names of a relay's subscriptions (they join at start)."""
+    return tuple(s for s in spec.streams if not any(c in s for c in _PATTERN_CHARS))
+
+
+def not_ready_reason(spec: RelaySpec, status: Mapping[str, Any]) -> str | None:
+    """Why a relay with this status is not ready yet; None if every named stream is
+    joined and unfenced."""
+    streams = status.get("streams")
+    if not isinstance(streams, dict):
+        return "its status has no streams"
+    for name in named_streams(spec):
+        info = streams.get(name)
+        if not isinstance(info, dict):
+            return f"stream {name!r} is not open"
+        if not info.get("joined"):
+            return f"stream {name!r} has not joined"
+        if info.get("fenced"):
+            return f"stream {name!r} is fenced"
+    return None
+
+
+# --- the mesh ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    relay: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path | None
+
+
+class Mesh:
+    """Every relay of a topology as child processes of this one (see the module doc).
+
+    `config_path`: the topology (loaded at once; raises ConfigError). `log_dir`: write each
+    relay's output to `log_dir/relay-<id>.log` (default: inherit this process's stdout and
+    stderr). `die_with_parent`: on Linux, children get SIGTERM when the thread that started
+    them exits (use it only from a thread that lives as long as the mesh, e.g. the main one).
+    """
+
+    def __init__(
+        self,
+        config_path: str | Path,
+        *,
+        log_level: str = "info",
+        log_dir: str | Path | None = None,
+        die_with_parent: bool = False,
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        self.config_path = Path(config_path)
+        self.config: MeshConfig = load(self.config_path)
+        self.log_level = log_level
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.die_with_parent = die_with_parent
+        self.stop_grace_s = stop_grace_s
+        self._children: dict[int, _Child] = {}
+        self._started = False
+        self._atexit_registered = False
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> dict[int, RelayEndpoints]:
+        """relay id -> its mesh and client endpoints and streams, ascending."""
+        return {
+            r: RelayEndpoints(r, spec.mesh_endpoint, spec.client_endpoint, spec.streams)
+            for r, spec in self.config.relays.items()
+        }
+
+    @property
+    def relay_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.relays)
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """relay id -> pid of its process (also of a process that has exited)."""
+        return {r: c.proc.pid for r, c in self._children.items()}
+
+    def alive(self, relay_id: int) -> bool:
+        child = self._children.get(relay_id)
+        return child is not None and child.proc.poll() is None
+
+    def returncode(self, relay_id: int) -> int | None:
+        child = self._children.get(relay_id)
+        return None if child is None else child.proc.poll()
+
+    def status(self, relay_id: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        """The relay's status document, or None if it does not answer in time."""
+        endpoint = self.config.relays[relay_id].client_endpoint
+        return query_status({relay_id: endpoint}, timeout_s)[relay_id].status
+
+    def statuses(self, timeout_s: float = 1.0) -> dict[int, StatusReply]:
+        return query_status({r: e.client for r, e in self.endpoints.items()}, timeout_s)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 10.0) -> Mesh:
+        """Start every relay and wait (at most `timeout_s`) until each is ready. On failure
+        stops every relay and raises MeshError naming the one that did not come up."""
+        if self._started:
+            raise RuntimeError("this mesh was already started")
+        self._started = True
+        self._register_atexit()
+        try:
+            for relay_id in self.config.relays:
+                self._spawn(relay_id)
+            self.wait_ready(self.config.relays, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, relay_ids: Iterable[int], timeout_s: float = 10.0) -> None:
+        """Wait until every relay of `relay_ids` is ready; raise MeshError on the first
+        that exits, or naming one still not ready when `timeout_s` passes."""
+        waiting = {r: "it did not answer a StatusReq yet" for r in relay_ids}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for relay_id in waiting:
+                child = self._children.get(relay_id)
+                if child is None:
+                    raise MeshError(f"relay {relay_id} was not started", relay_id=relay_id)
+                code = child.proc.poll()
+                if code is not None:
+                    raise MeshError(
+                        f"relay {relay_id} exited with code {code} before it was ready"
+                        + self._log_tail(child),
+                        relay_id=relay_id,
+                    )
+            endpoints = {r: self.config.relays[r].client_endpoint for r in waiting}
+            for relay_id, reply in query_status(endpoints, PROBE_TIMEOUT_S).items():
+                if reply.status is None:
+                    waiting[relay_id] = f"it did not answer a StatusReq on {reply.endpoint}"
+                    continue
+                reason = not_ready_reason(self.config.relays[relay_id], reply.status)
+                if reason is None:
+                    del waiting[relay_id]
+                else:
+                    waiting[relay_id] = reason
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                relay_id, reason = min(waiting.items())
+                others = sorted(waiting)[1:]
+                also = f" (nor did relays {others})" if others else ""
+                child = self._children[relay_id]
+                raise MeshError(
+                    f"relay {relay_id} did not come up within {timeout_s:g} s: {reason}{also}"
+                    + self._log_tail(child),
+                    relay_id=relay_id,
+                )
+            time.sleep(POLL_S)
+
+    def kill(
+        self, relay_id: int, sig: int = signal.SIGKILL, *, wait_s: float | None = None
+    ) -> int | None:
+        """Send `sig` to one relay. For SIGKILL, SIGTERM and SIGINT wait (at most `wait_s`,
+        default the stop grace; then SIGKILL) until it is gone and return its exit code;
+        for other signals (SIGSTOP, SIGCONT, ...) return None at once."""
+        child = self._children.get(relay_id)
+        if child is None:
+            raise KeyError(f"relay {relay_id} was not started")
+        _signal(child.proc, sig)
+        if sig == signal.SIGTERM:
+            _signal(child.proc, signal.SIGCONT)  # a stopped process must run to exit
+        if sig not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            return None
+        grace = self.stop_grace_s if wait_s is None else wait_s
+        try:
+            return child.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            _signal(child.proc, signal.SIGKILL)
+            return child.proc.wait(grace)
+
+    def restart(self, relay_id: int, timeout_s: float = 10.0) -> None:
+        """Stop the relay if it runs (SIGTERM, then SIGKILL), start it again and wait until
+        it is ready. Raises MeshError if it does not come up (the others keep running)."""
+        if relay_id not in self.config.relays:
+            raise KeyError(f"relay {relay_id} is not in {self.config_path}")
+        if self.alive(relay_id):
+            self.kill(relay_id, signal.SIGTERM)
+        self._spawn(relay_id)
+        self.wait_ready([relay_id], timeout_s)
+
+    def stop(self) -> dict[int, int | None]:
+        """Stop every relay: SIGTERM, then SIGKILL after the grace. Returns the exit codes.
+        Safe to call more than once."""
+        children = list(self._children.values())
+        for child in children:
+            if child.proc.poll() is None:
+                _signal(child.proc, signal.SIGTERM)
+                _signal(child.proc, signal.SIGCONT)
+        deadline = time.monotonic() + self.stop_grace_s
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+        for child in children:
+            if child.proc.poll() is None:
+                _signal(child.proc, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(self.stop_grace_s)
+        if self._atexit_registered:
+            atexit.unregister(self._kill_all)
+            self._atexit_registered = False
+        return {c.relay: c.proc.poll() for c in children}
+
+    def __enter__(self) -> Mesh:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _command(self, relay_id: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "relay",
+            "run",
+            "--config",
+            str(self.config_path.resolve()),
+            "--relay",
+            str(relay_id),
+            "--log-level",
+            self.log_level,
+        ]
+
+    def _spawn(self, relay_id: int) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path: Path | None = None
+        out: IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"relay-{relay_id}.log"
+            out = open(log_path, "ab")  # noqa: SIM115 (the child holds it; closed below)
+        try:
+            proc = subprocess.Popen(
+                self._command(relay_id),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                env=env,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
+            )
+        except OSError as e:
+            raise MeshError(f"relay {relay_id} could not be started: {e}", relay_id=relay_id) from e
+        finally:
+            if out is not None:
+                out.close()
+        self._children[relay_id] = _Child(relay_id, proc, log_path)
+
+    def _log_tail(self, child: _Child, lines: int = 15) -> str:
+        if child.log_path is None:
+            return ""
+        try:
+            text = child.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        tail = text.splitlines()[-lines:]
+        if not tail:
+            return f"\n(its log {child.log_path} is empty)"
+        return f"\nlast lines of {child.log_path}:\n" + "\n".join("  " + t for t in tail)
+
+    def _register_atexit(self) -> None:
+        if not self._atexit_registered:
+            atexit.register(self._kill_all)
+            self._atexit_registered = True
+
+    def _kill_all(self) -> None:
+        """Last resort when the interpreter exits without stop(): leave no relay behind."""
+        for child in self._children.values():
+            if child.proc.poll() is None:
+                _signal(child.proc, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(1.0)
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
