@@ -177,6 +177,7 @@ class StreamState:
         self.votes_unknowable_above: dict[int, int] = {}
         self.reset: ResetState | None = None
         self.reports_paused = False  # a split was seen: add no points until it is rebuilt
+        self.rebuilt_through = -1  # the highest point of a zone we rebuilt (5.7)
         # Our own reports count towards a commit we recognise only once some member has
         # acknowledged receiving them: then every vote that ever helped a commit is known
         # to a member that survives us, which is what lets our next incarnation inherit.
@@ -1032,7 +1033,10 @@ class RelayCore:
         if len(log) == log.maxlen and log[0][0] > tl.committed_point:
             return  # our own early reports fell out of the log: cannot prove them dead
         own = [(p, d) for p, d in log if p > tl.committed_point]
-        if not any(self._conflicts(st, p, d) and self._dead(st, p) for p, d in own):
+        # Conflicts at or below a zone we already rebuilt are settled for us: only a
+        # conflict among the points we reported since is a new split.
+        since = max(tl.committed_point, st.rebuilt_through)
+        if not any(p > since and self._conflicts(st, p, d) and self._dead(st, p) for p, d in own):
             # Dead points that nobody contradicts are only points others skipped (they
             # resumed above a promise): the next commit settles them. No split in sight.
             self._resume_reports(st)
@@ -1106,6 +1110,7 @@ class RelayCore:
                 union.setdefault(seq, tx)
         entries = sorted(union.items())
         tl.replace_range(reset.lo, reset.hi, entries)
+        st.rebuilt_through = max(st.rebuilt_through, reset.hi)
         self.counters["reset_done"] += 1
         st.progress_ms = now_ms
         self._resume_reports(st)
