@@ -1,0 +1,1523 @@
+"""The client library: producers and consumers of the relay mesh (relay.wire over ZeroMQ).
+
+    with Producer(topology="config/topology.yaml") as producer:
+        seq = producer.send("orders", b"payload", key=b"customer-7")
+        seqs = producer.send_many("orders", [b"a", b"b", (b"key", b"c")])
+
+    with Consumer(topology="config/topology.yaml").subscribe("orders", "earliest") as c:
+        for record in c:
+            print(record.seq, record.value)
+
+`AsyncProducer` and `AsyncConsumer` are the asyncio (zmq.asyncio) flavours.
+
+Relays are given either as `relays=[endpoint, ...]` (or `{relay_id: endpoint}` so that
+redirects naming relay ids can be followed) or as `topology=path | MeshConfig`: then every
+relay's `client_endpoint` is used, the members of a stream are tried first, redirects are
+mapped to endpoints, and the topology's limits bound frames.
+
+Producing (docs/protocol.md G3): every transaction carries the producer's id and the next
+producer sequence number. On `unknown`, `fenced`, a timeout, a lost connection or a relay
+that is not connected, the SAME producer sequence is retried on another relay (the relays
+a `fenced` answer lists first), up to `max_attempts` attempts within `send_timeout_s`;
+retries never create a duplicate. A `rejected` answer is final (`Rejected`, or
+`UnknownStream` when no relay serves the stream), except that once an earlier attempt of
+the same producer sequence ended without a definite answer, the final error is `Unknown`:
+that earlier copy may still commit. Running out of attempts raises `Unknown` (some attempt
+may have reached a relay) or `Fenced` (every answer was `fenced`). With `window` > 1,
+messages sent together are in flight at once, so their commit order may differ from the
+order they were given in.
+
+Consuming: `subscribe(stream, start)` with start "earliest" (the oldest entry the relay
+holds), "latest" (the relay's committed point, learnt by the first read, i.e. at the first
+`next()`), or a position: a seq, meaning "the records after it" (resume with the last seq
+processed, `Consumer.position`). A consumer reads one stream with long polls (`ReadReq`
+with `wait_ms`) of at most `max_batch` entries, and asks for the next batch only after the
+previous one was consumed, so a slow consumer costs a relay nothing. It resumes after the
+last sequence number it yielded (never yielding a seq at or below it) on another relay
+when its relay redirects, is fenced, is not ready, does not answer or goes away.
+`OutOfRange` is raised only when every relay that answered holds nothing that old; it
+names the oldest position that can still be read (`Consumer.oldest_available`; subscribe
+with `start=` that value to resume there).
+
+Neither flavour is thread-safe: use one client per thread (or per event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import os
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Protocol, TypeAlias, overload
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from relay import wire
+from relay.core.config import Limits
+from relay.core.messages import Outcome, ReadStatus
+from relay.errors import (
+    ClientError,
+    Fenced,
+    FrameError,
+    OutOfRange,
+    Rejected,
+    Unknown,
+    UnknownStream,
+)
+from relay.topology import MeshConfig, load
+
+__all__ = [
+    "DEFAULT_CONNECT_GRACE_S",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_SEND_TIMEOUT_S",
+    "DEFAULT_WAIT_MS",
+    "DEFAULT_WINDOW",
+    "MAX_WINDOW",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "Consumer",
+    "Producer",
+    "Record",
+    "RelayEndpoints",
+    "Start",
+    "TopologySource",
+]
+
+# --- named limits ------------------------------------------------------------------------
+
+DEFAULT_WINDOW = 64  # produce requests in flight at once per producer
+MAX_WINDOW = 1_000
+SEND_HWM = 2 * MAX_WINDOW  # frames queued per relay connection (more: the send fails)
+DEFAULT_SEND_TIMEOUT_S = 30.0  # total time one send may take, all attempts included
+DEFAULT_MAX_ATTEMPTS = 30  # attempts (relays asked) per send
+DEFAULT_REQUEST_TIMEOUT_S = 5.0  # one attempt without an answer (a relay answers within
+#                                   produce_timeout_ms, 2 s by default, with `unknown`)
+DEFAULT_CONNECT_GRACE_S = 0.25  # how long a new client waits for its first connections
+DEFAULT_MAX_BATCH = 1_000  # entries a consumer asks for at once
+DEFAULT_WAIT_MS = 1_000  # a consumer's long poll
+BACKOFF_BASE_S = 0.05  # pause after every relay failed once; doubles per round
+BACKOFF_MAX_S = 1.0
+CONNECT_POLL_S = 0.005  # while connecting: how often a send is tried again
+EMPTY_RETRY_S = 0.05  # pause after an empty answer that came early (not a full long poll)
+OUT_OF_RANGE_ROUNDS = 5  # rounds over all relays before out_of_range is final anyway
+MAX_NOTES = 8  # attempt descriptions kept for an error message
+DRAIN_MAX = 10_000  # frames taken from one socket per wake
+
+MAX_U63 = (1 << 63) - 1
+MAX_U64 = (1 << 64) - 1
+MAX_PRODUCER_ID_BYTES = 64
+MAX_STREAM_NAME_BYTES = 255
+MAX_READ_ENTRIES = 65_536
+MAX_WAIT_MS = 600_000
+
+RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
+TopologySource: TypeAlias = str | Path | MeshConfig
+Start: TypeAlias = Literal["earliest", "latest"] | int
+Item: TypeAlias = bytes | tuple[bytes | None, bytes]
+SendFn: TypeAlias = Callable[[str, bytes], bool]
+
+_REJECT_TEXT = {
+    "late": "a committed prefix past its sequence number left it out",
+    "too_large": "the transaction exceeds max_tx_bytes",
+    "buffer_full": "the relay's buffer or pending produces are full",
+    "invalid": "the relay found the transaction invalid",
+    "unknown_stream": "no relay serves the stream",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One committed transaction of a stream, as a consumer yields it."""
+
+    stream: str
+    seq: int
+    key: bytes | None
+    value: bytes
+    producer_id: bytes
+    producer_seq: int
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+def _check_stream(stream: object) -> str:
+    if (
+        not isinstance(stream, str)
+        or not stream
+        or "\x00" in stream
+        or "|" in stream
+        or len(stream.encode("utf-8", "surrogatepass")) > MAX_STREAM_NAME_BYTES
+    ):
+        raise ValueError(
+            f"{stream!r} is not a stream name (1..{MAX_STREAM_NAME_BYTES} UTF-8 bytes, "
+            "no NUL or '|')"
+        )
+    try:
+        stream.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{stream!r} is not valid Unicode text") from None
+    return stream
+
+
+def _check_tx(key: object, value: object) -> tuple[bytes | None, bytes]:
+    if not isinstance(value, bytes):
+        raise TypeError(f"value must be bytes, got {type(value).__name__}")
+    if key is not None and not isinstance(key, bytes):
+        raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
+    return key, value
+
+
+def _split(item: object) -> tuple[bytes | None, bytes]:
+    if isinstance(item, tuple):
+        if len(item) != 2:
+            raise TypeError("an item is a value (bytes) or a (key, value) pair")
+        return _check_tx(item[0], item[1])
+    return _check_tx(None, item)
+
+
+def _check_range(name: str, value: float, lo: float, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"at least {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def _backoff(rounds: int) -> float:
+    return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * (2 ** min(rounds - 1, 16))))
+
+
+class _RequestIds:
+    """Request ids unique within one client: a random start, then counting."""
+
+    def __init__(self) -> None:
+        self._next = int.from_bytes(os.urandom(8), "big") >> 2  # leaves room to count
+
+    def __call__(self) -> int:
+        rid = self._next
+        self._next = rid + 1 if rid < MAX_U63 else 0
+        return rid
+
+
+# --- where the relays are ----------------------------------------------------------------
+
+
+class _Relays:
+    """The relays a client may talk to: endpoints, relay ids, and the topology if given."""
+
+    def __init__(self, relays: RelayEndpoints | None, topology: TopologySource | None) -> None:
+        if (relays is None) == (topology is None):
+            raise ValueError("give exactly one of relays=[endpoints] or topology=path|MeshConfig")
+        self.config: MeshConfig | None = None
+        self.by_id: dict[int, str] = {}
+        endpoints: list[str]
+        if topology is not None:
+            config = topology if isinstance(topology, MeshConfig) else load(topology)
+            self.config = config
+            self.by_id = {rid: spec.client_endpoint for rid, spec in config.relays.items()}
+            endpoints = list(self.by_id.values())
+        elif isinstance(relays, Mapping):
+            for rid, endpoint in relays.items():
+                if isinstance(rid, bool) or not isinstance(rid, int):
+                    raise TypeError(f"relay ids must be ints, got {rid!r}")
+                if not isinstance(endpoint, str):
+                    raise TypeError(f"endpoints must be strings, got {endpoint!r}")
+            self.by_id = dict(relays)
+            endpoints = list(relays.values())
+        else:
+            assert relays is not None
+            endpoints = [relays] if isinstance(relays, str) else list(relays)
+            for endpoint in endpoints:
+                if not isinstance(endpoint, str):
+                    raise TypeError(f"endpoints must be strings, got {endpoint!r}")
+        self.endpoints: tuple[str, ...] = tuple(dict.fromkeys(endpoints))
+        if not self.endpoints:
+            raise ValueError("no relay endpoint given")
+        self.limits = self.config.limits if self.config is not None else Limits()
+        # Spread the clients of a topology over the members of a stream.
+        self._spin = random.Random(os.urandom(8)).randrange(1 << 16)
+
+    def order(self, stream: str) -> list[str]:
+        """The endpoints to try for `stream`: its members first (when the topology is
+        known), then the others."""
+        if self.config is None:
+            return list(self.endpoints)
+        members = [self.by_id[r] for r in self.config.members(stream) if r in self.by_id]
+        if members:
+            cut = self._spin % len(members)
+            members = members[cut:] + members[:cut]
+        return members + [e for e in self.endpoints if e not in members]
+
+    def redirect(self, ids: Iterable[int]) -> list[str]:
+        """The endpoints of the relay ids a relay sent us to (ids we cannot map are
+        skipped: without a topology or id map the client just tries the next relay)."""
+        return [self.by_id[i] for i in ids if i in self.by_id]
+
+
+def _prepend(candidates: deque[str], endpoints: Sequence[str], skip: set[str]) -> None:
+    fresh = [e for e in dict.fromkeys(endpoints) if e not in skip]
+    for endpoint in reversed(fresh):
+        if endpoint in candidates:
+            candidates.remove(endpoint)
+        candidates.appendleft(endpoint)
+
+
+# --- producing (no I/O: the drivers below feed frames and time in) ----------------------
+
+
+@dataclass(eq=False)
+class _Op:
+    """One transaction being produced, across all its attempts."""
+
+    stream: str
+    key: bytes | None
+    value: bytes
+    pseq: int
+    started_at: float = 0.0
+    deadline: float = 0.0
+    attempts: int = 0
+    rounds: int = 0
+    saw_unknown: bool = False  # an attempt may have reached a relay without an answer
+    last_fenced: tuple[int, ...] | None = None  # the redirect of the last answer, if fenced
+    candidates: deque[str] = field(default_factory=deque)
+    tried: set[str] = field(default_factory=set)  # in this round
+    endpoint: str = ""  # of the current or last attempt
+    rid: int | None = None  # the attempt in flight
+    rids: list[int] = field(default_factory=list)  # every attempt's request id
+    retry_same: bool = False  # still connecting: send to the same endpoint again
+    timer: int = 0  # token of the op's live timer (0: none)
+    notes: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
+    done: bool = False
+    seq: int = -1
+    error: ClientError | None = None
+
+    def result(self) -> int:
+        if self.error is not None:
+            raise self.error
+        return self.seq
+
+
+class _ProduceEngine:
+    """The retry and pipelining rules of a producer, without I/O."""
+
+    def __init__(
+        self,
+        relays: _Relays,
+        producer_id: bytes,
+        first_seq: int,
+        *,
+        window: int,
+        send_timeout_s: float,
+        request_timeout_s: float,
+        max_attempts: int,
+        connect_grace_s: float,
+        now: float,
+    ) -> None:
+        self.relays = relays
+        self.producer_id = producer_id
+        self.next_seq = first_seq
+        self.window = window
+        self.send_timeout_s = send_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.connect_until = now + connect_grace_s
+        self.frame_limit = relays.limits.max_frame_bytes
+        # Known limits (from the topology) are checked here; without a topology only the
+        # default frame bound is (a relay refuses what its own limits do not allow).
+        self.request_limit = (
+            wire.request_frame_limit(relays.limits)
+            if relays.config is not None
+            else relays.limits.max_frame_bytes
+        )
+        self.stats: Counter[str] = Counter()
+        self._rid = _RequestIds()
+        self._queue: deque[_Op] = deque()  # submitted, not started
+        self._live: dict[int, _Op] = {}  # started, not done; by producer seq
+        self._by_rid: dict[int, _Op] = {}
+        self._ready: deque[_Op] = deque()  # to attempt at the next step
+        self._timers: list[tuple[float, int, _Op]] = []
+        self._tokens = itertools.count(1)
+        self._completed: list[_Op] = []
+        self._preferred: dict[str, str] = {}  # stream -> the endpoint that last committed
+
+    @property
+    def load(self) -> int:
+        """Submitted and not done."""
+        return len(self._queue) + len(self._live)
+
+    def submit(self, stream: str, key: bytes | None, value: bytes) -> _Op:
+        if self.next_seq > MAX_U64:
+            raise OverflowError("the producer sequence is exhausted; use a new producer id")
+        op = _Op(stream, key, value, self.next_seq)
+        self.next_seq += 1
+        self._queue.append(op)
+        return op
+
+    def take_completed(self) -> list[_Op]:
+        done, self._completed = self._completed, []
+        return done
+
+    def next_wakeup(self) -> float | None:
+        if self._ready or (self._queue and len(self._live) < self.window):
+            return 0.0
+        return self._timers[0][0] if self._timers else None
+
+    def step(self, now: float, send: SendFn) -> None:
+        while self._queue and len(self._live) < self.window:
+            op = self._queue.popleft()
+            op.started_at = now
+            op.deadline = now + self.send_timeout_s
+            op.candidates = deque(self._order(op.stream))
+            self._live[op.pseq] = op
+            self._ready.append(op)
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, token, op = heapq.heappop(timers)
+            if op.done or op.timer != token:
+                continue
+            op.timer = 0
+            if op.rid is not None:
+                self.stats["timeouts"] += 1
+                self._failed(op, now, f"{op.endpoint}: no answer in time", unknown=True)
+            else:
+                self._ready.append(op)
+        while self._ready:
+            op = self._ready.popleft()
+            if not op.done:
+                self._attempt(op, now, send)
+
+    def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
+        try:
+            msg = wire.decode(frame, self.frame_limit)
+        except FrameError:
+            self.stats["bad_frames"] += 1
+            return
+        op = self._by_rid.get(msg.request_id)
+        if op is None or op.done:
+            self.stats["stale_answers"] += 1
+            return
+        current = msg.request_id == op.rid
+        if isinstance(msg, wire.ProduceResp):
+            if msg.outcome is Outcome.COMMITTED:  # from any attempt: the same transaction
+                self._preferred[op.stream] = endpoint
+                self._finish(op, seq=msg.seq)
+            elif not current:
+                self.stats["stale_answers"] += 1
+                if msg.outcome is Outcome.UNKNOWN:
+                    op.saw_unknown = True
+            elif msg.outcome is Outcome.REJECTED:
+                self._finish(op, error=self._rejected(op, endpoint, msg.reason))
+            elif msg.outcome is Outcome.FENCED:
+                self.stats["fenced"] += 1
+                note = f"{endpoint}: fenced"
+                self._failed(op, now, note, unknown=False, redirect=msg.redirect, fenced=True)
+            else:
+                self.stats["unknown"] += 1
+                self._failed(op, now, f"{endpoint}: unknown", unknown=True)
+        elif isinstance(msg, wire.ErrorResp):
+            if current:
+                reason = f"invalid ({msg.error}: {msg.message})"
+                self._finish(op, error=self._rejected(op, endpoint, reason))
+        else:
+            self.stats["bad_frames"] += 1
+
+    def on_disconnect(self, endpoint: str, now: float) -> None:
+        self.stats["disconnects"] += 1
+        for op in list(self._live.values()):
+            if op.rid is not None and op.endpoint == endpoint:
+                self._failed(op, now, f"{endpoint}: connection lost", unknown=True)
+
+    def abandon(self, why: str) -> None:
+        """Finish every message not done yet with `Unknown` (the producer is closing)."""
+        for op in [*self._live.values(), *self._queue]:
+            if not op.done:
+                self._live.setdefault(op.pseq, op)
+                error = Unknown(
+                    f"stream {op.stream!r} producer seq {op.pseq}: {why} before a definite "
+                    "answer; retrying with the same producer id and producer seq is safe"
+                )
+                self._finish(op, error=error)
+        self._queue.clear()
+
+    # --- attempts ---------------------------------------------------------------------
+
+    def _order(self, stream: str) -> list[str]:
+        order = self.relays.order(stream)
+        preferred = self._preferred.get(stream)
+        if preferred in order:
+            i = order.index(preferred)
+            order = order[i:] + order[:i]
+        return order
+
+    def _set_timer(self, op: _Op, when: float) -> None:
+        op.timer = next(self._tokens)
+        heapq.heappush(self._timers, (when, op.timer, op))
+
+    def _attempt(self, op: _Op, now: float, send: SendFn) -> None:
+        if now >= op.deadline or op.attempts >= self.max_attempts:
+            self._finish(op, error=self._exhausted(op, now))
+            return
+        if not (op.retry_same and op.endpoint):
+            op.endpoint = op.candidates.popleft()
+            op.tried.add(op.endpoint)
+        op.retry_same = False
+        rid = self._rid()
+        frame = wire.encode(
+            wire.ProduceReq(rid, op.stream, self.producer_id, op.pseq, op.key, op.value)
+        )
+        if len(frame) > self.request_limit:
+            error = self._rejected(
+                op, "the client", f"too_large (a {len(frame)}-byte request frame)"
+            )
+            self._finish(op, error=error)
+            return
+        if not send(op.endpoint, frame):
+            if now < self.connect_until:  # the first connections are still being made
+                op.retry_same = True
+                self._set_timer(op, now + CONNECT_POLL_S)
+                return
+            op.attempts += 1
+            self.stats["unreachable"] += 1
+            self._failed(op, now, f"{op.endpoint}: not connected", unknown=False)
+            return
+        op.attempts += 1
+        self.stats["attempts"] += 1
+        if op.attempts > 1:
+            self.stats["retries"] += 1
+        op.rid = rid
+        op.rids.append(rid)
+        self._by_rid[rid] = op
+        self._set_timer(op, min(now + self.request_timeout_s, op.deadline))
+
+    def _failed(
+        self,
+        op: _Op,
+        now: float,
+        note: str,
+        *,
+        unknown: bool,
+        redirect: tuple[int, ...] = (),
+        fenced: bool = False,
+    ) -> None:
+        """The current attempt failed: go on with the next relay (redirects first)."""
+        op.rid = None
+        op.timer = 0
+        op.notes.append(note)
+        op.saw_unknown = op.saw_unknown or unknown
+        op.last_fenced = redirect if fenced else None
+        if self._preferred.get(op.stream) == op.endpoint:
+            del self._preferred[op.stream]
+        _prepend(op.candidates, self.relays.redirect(redirect), op.tried | {op.endpoint})
+        if op.candidates:
+            self._ready.append(op)
+            return
+        # Every relay was tried in this round: pause, then start over.
+        op.rounds += 1
+        op.tried.clear()
+        op.candidates = deque(self._order(op.stream))
+        self._set_timer(op, min(now + _backoff(op.rounds), op.deadline))
+
+    def _finish(self, op: _Op, *, seq: int = -1, error: ClientError | None = None) -> None:
+        op.done = True
+        op.seq = seq
+        op.error = error
+        op.rid = None
+        op.timer = 0
+        op.value = b""  # the caller has it; do not keep it twice
+        for rid in op.rids:
+            self._by_rid.pop(rid, None)
+        self._live.pop(op.pseq, None)
+        self.stats["committed" if error is None else "failed"] += 1
+        self._completed.append(op)
+
+    def _what(self, op: _Op) -> str:
+        return f"stream {op.stream!r} producer seq {op.pseq}"
+
+    def _rejected(self, op: _Op, endpoint: str, reason: str) -> ClientError:
+        name = reason.split(" ", 1)[0]
+        text = _REJECT_TEXT.get(name, "")
+        detail = f"rejected ({reason}) by {endpoint}" + (f": {text}" if text else "")
+        if op.saw_unknown:
+            return Unknown(
+                f"{self._what(op)}: {detail}, but an earlier attempt ended without a definite "
+                "answer and that copy may still commit; retrying with the same producer id "
+                "and producer seq is safe"
+            )
+        if name == "unknown_stream":
+            return UnknownStream(f"{self._what(op)}: {detail}")
+        return Rejected(f"{self._what(op)}: {detail}; this copy will never be delivered")
+
+    def _exhausted(self, op: _Op, now: float) -> ClientError:
+        why = (
+            f"after {op.attempts} attempt{'s' if op.attempts != 1 else ''} in "
+            f"{now - op.started_at:.1f} s ({'; '.join(op.notes) or 'none sent'})"
+        )
+        if op.saw_unknown:
+            return Unknown(
+                f"{self._what(op)}: no definite answer {why}; retrying with the same "
+                "producer id and producer seq is safe"
+            )
+        if op.last_fenced is not None:
+            return Fenced(
+                f"{self._what(op)}: no relay could take it {why}; the last relay was fenced "
+                "(it cannot reach a quorum)",
+                redirect_to=op.last_fenced,
+            )
+        return Unknown(f"{self._what(op)}: no relay reachable {why}; it was not sent")
+
+
+# --- consuming (no I/O) ------------------------------------------------------------------
+
+# Answers after which a relay cannot serve the position now (anything but fenced and
+# not_ready, which may clear): a round made only of these, with at least one out_of_range,
+# makes out_of_range final.
+_NOT_SERVING = frozenset({"out_of_range", "redirect", "unreachable", "timeout", "disconnected"})
+
+
+class _ReadEngine:
+    """One consumer's reading rules (long poll, fail-over, resume), without I/O."""
+
+    def __init__(
+        self,
+        relays: _Relays,
+        *,
+        max_batch: int,
+        wait_ms: int,
+        request_timeout_s: float,
+        connect_grace_s: float,
+        now: float,
+    ) -> None:
+        self.relays = relays
+        self.max_batch = max_batch
+        self.wait_ms = wait_ms
+        self.request_timeout_s = request_timeout_s
+        self.connect_until = now + connect_grace_s
+        self.frame_limit = relays.limits.max_frame_bytes
+        self.stats: Counter[str] = Counter()
+        self.records: deque[Record] = deque()
+        self.error: ClientError | None = None
+        self.stream: str | None = None
+        self.last: int | None = -1  # None: "latest", not resolved yet
+        self.endpoint: str | None = None  # the relay being read from
+        self.oldest_available: int | None = None
+        self._rid_source = _RequestIds()
+        self._rid: int | None = None
+        self._sent_at = 0.0
+        self._deadline = 0.0
+        self._timer: float | None = None
+        self._candidates: deque[str] = deque()
+        self._tried: set[str] = set()
+        self._round: dict[str, str] = {}  # endpoint -> what it answered in this round
+        self._oldest: dict[str, int] = {}  # endpoint -> its oldest readable position
+        self._rounds = 0
+        self._notes: deque[str] = deque(maxlen=MAX_NOTES)
+
+    def subscribe(self, stream: str, start: Start) -> None:
+        _check_stream(stream)
+        last: int | None
+        if start == "earliest":
+            last = -1
+        elif start == "latest":
+            last = None
+        elif isinstance(start, int) and not isinstance(start, bool):
+            if not -1 <= start <= MAX_U63:
+                raise ValueError(f"start must be -1..2**63-1, got {start}")
+            last = start
+        else:
+            raise ValueError(f"start must be 'earliest', 'latest' or a seq, got {start!r}")
+        self.stream = stream
+        self.last = last
+        self.records.clear()
+        self.error = None
+        self.endpoint = None
+        self.oldest_available = None
+        self._rid = None
+        self._timer = None
+        self._candidates = deque(self.relays.order(stream))
+        self._tried.clear()
+        self._round.clear()
+        self._oldest.clear()
+        self._rounds = 0
+
+    def next_wakeup(self) -> float | None:
+        if self._rid is not None:
+            return self._deadline
+        return self._timer
+
+    def step(self, now: float, send: SendFn) -> None:
+        # Flow control: nothing is asked while records wait to be consumed.
+        if self.stream is None or self.error is not None or self.records:
+            return
+        if self._rid is not None:
+            if now < self._deadline:
+                return
+            self.stats["timeouts"] += 1
+            self._leave(now, "timeout", f"{self.endpoint}: no answer in time")
+        if self._timer is not None:
+            if now < self._timer:
+                return
+            self._timer = None
+        while self.error is None and self._timer is None:
+            if self.endpoint is None:
+                self.endpoint = self._pick(now)
+                if self.endpoint is None:
+                    return
+            rid = self._rid_source()
+            if self.last is None:  # "latest": learn the committed point first
+                req = wire.ReadReq(rid, self.stream, -1, 1, 0)
+                wait_s = 0.0
+            else:
+                req = wire.ReadReq(rid, self.stream, self.last, self.max_batch, self.wait_ms)
+                wait_s = self.wait_ms / 1000
+            if send(self.endpoint, wire.encode(req)):
+                self.stats["reads"] += 1
+                self._rid = rid
+                self._sent_at = now
+                self._deadline = now + wait_s + self.request_timeout_s
+                return
+            if now < self.connect_until:
+                self._timer = now + CONNECT_POLL_S
+                return
+            self.stats["unreachable"] += 1
+            self._leave(now, "unreachable", f"{self.endpoint}: not connected")
+
+    def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
+        try:
+            msg = wire.decode(frame, self.frame_limit)
+        except FrameError:
+            self.stats["bad_frames"] += 1
+            return
+        if self._rid is None or msg.request_id != self._rid or endpoint != self.endpoint:
+            self.stats["stale_answers"] += 1
+            return
+        self._rid = None
+        stream = self.stream
+        if isinstance(msg, wire.ErrorResp):
+            self.error = Rejected(
+                f"stream {stream!r}: {endpoint} refused the read: {msg.error}: {msg.message}"
+            )
+            return
+        if not isinstance(msg, wire.ReadResp):
+            self.stats["bad_frames"] += 1
+            self._leave(now, "timeout", f"{endpoint}: answered {type(msg).__name__}")
+            return
+        status = msg.status
+        if status is ReadStatus.OK:
+            self._good(endpoint)
+            if self.last is None:
+                self.last = max(msg.committed, -1)
+                return
+            assert stream is not None
+            last = self.last
+            for seq, key, value, pid, pseq in msg.entries:
+                if seq > last:  # never a seq at or below one already yielded
+                    self.records.append(Record(stream, seq, key, value, pid, pseq))
+                    last = seq
+                else:
+                    self.stats["dropped_old_entries"] += 1
+            self.last = last
+            early = max(self.wait_ms / 2000, EMPTY_RETRY_S)
+            if not self.records and now - self._sent_at < early:
+                self._timer = now + EMPTY_RETRY_S  # answered early and empty: do not spin
+        elif status is ReadStatus.UNKNOWN_STREAM:
+            self.error = UnknownStream(f"stream {stream!r}: no relay serves it ({endpoint})")
+        elif status is ReadStatus.OUT_OF_RANGE:
+            self.stats["out_of_range"] += 1
+            self._oldest[endpoint] = msg.oldest
+            self._leave(now, "out_of_range", f"{endpoint}: out_of_range (oldest {msg.oldest})")
+        else:  # redirect, fenced, not_ready
+            self.stats[status.value] += 1
+            self._leave(now, status.value, f"{endpoint}: {status.value}", msg.redirect)
+
+    def on_disconnect(self, endpoint: str, now: float) -> None:
+        self.stats["disconnects"] += 1
+        if self._rid is not None and endpoint == self.endpoint:
+            self._leave(now, "disconnected", f"{endpoint}: connection lost")
+
+    # --- fail-over --------------------------------------------------------------------
+
+    def _good(self, endpoint: str) -> None:
+        if self._round or self._rounds:
+            self._rounds = 0
+            self._round.clear()
+            self._oldest.clear()
+        self._tried = {endpoint}
+        assert self.stream is not None
+        # Should this relay fail: every other relay, then (after a pause) all again.
+        self._candidates = deque(e for e in self.relays.order(self.stream) if e != endpoint)
+
+    def _leave(self, now: float, status: str, note: str, redirect: Sequence[int] = ()) -> None:
+        endpoint = self.endpoint
+        self.endpoint = None
+        self._rid = None
+        if endpoint is not None:
+            self._round[endpoint] = status
+            self.stats["failovers"] += 1
+        self._notes.append(note)
+        _prepend(self._candidates, self.relays.redirect(redirect), self._tried)
+
+    def _pick(self, now: float) -> str | None:
+        if self._candidates:
+            endpoint = self._candidates.popleft()
+            self._tried.add(endpoint)
+            return endpoint
+        # A round is over: every relay was tried since the last good answer.
+        self._rounds += 1
+        if self._oldest and (
+            all(s in _NOT_SERVING for s in self._round.values())
+            or self._rounds >= OUT_OF_RANGE_ROUNDS
+        ):
+            oldest = min(self._oldest.values())
+            self.oldest_available = oldest
+            self.error = OutOfRange(
+                f"stream {self.stream!r}: no relay still holds the entries after seq "
+                f"{self.last} ({'; '.join(self._notes)}); the oldest position that can be "
+                f"read is after seq {oldest} (subscribe with start={oldest} to resume there)"
+            )
+            return None
+        assert self.stream is not None
+        self._candidates = deque(self.relays.order(self.stream))
+        self._tried.clear()
+        self._round.clear()
+        self._timer = now + _backoff(self._rounds)
+        return None
+
+
+# --- sockets -----------------------------------------------------------------------------
+
+
+class _Engine(Protocol):
+    def on_frame(self, endpoint: str, frame: bytes, now: float) -> None: ...
+
+    def on_disconnect(self, endpoint: str, now: float) -> None: ...
+
+
+def _configure(sock: Any) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+    # Queue only on a connected relay: a send to a relay that is down fails at once
+    # (zmq.Again) instead of waiting in a queue for a relay that may never come.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+
+
+class _Links:
+    """A DEALER (plus a monitor for lost connections) per relay endpoint; the drain logic
+    shared by both flavours."""
+
+    def __init__(self, ctx: Any, endpoints: Sequence[str], shadow: bool) -> None:
+        self.ctx = ctx
+        self.socks: dict[str, Any] = {}  # endpoint -> DEALER (the context's socket class)
+        self.monitors: dict[str, Any] = {}  # endpoint -> PAIR receiving monitor events
+        self._plain: list[tuple[str, zmq.Socket[Any], zmq.Socket[Any]]] = []
+        try:
+            for endpoint in endpoints:
+                sock = ctx.socket(zmq.DEALER)
+                self.socks[endpoint] = sock
+                _configure(sock)
+                mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self.monitors[endpoint] = mon
+                sock.connect(endpoint)
+                plain_sock: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock
+                plain_mon: zmq.Socket[Any] = zmq.Socket.shadow(mon.underlying) if shadow else mon
+                self._plain.append((endpoint, plain_sock, plain_mon))
+        except BaseException:
+            self.close()
+            raise
+        self._by_endpoint = {e: s for e, s, _ in self._plain}
+        self.closed = False
+
+    def send(self, endpoint: str, frame: bytes) -> bool:
+        try:
+            self._by_endpoint[endpoint].send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def drain(self, engine: _Engine, now: float) -> None:
+        for endpoint, sock, mon in self._plain:
+            for _ in range(DRAIN_MAX):
+                try:
+                    event = mon.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    kind = parse_monitor_message(event)["event"]
+                except Exception:
+                    continue
+                if kind == zmq.EVENT_DISCONNECTED:
+                    engine.on_disconnect(endpoint, now)
+            for _ in range(DRAIN_MAX):
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                engine.on_frame(endpoint, frame, now)
+
+    def close(self) -> None:
+        if getattr(self, "closed", False):
+            return
+        self.closed = True
+        for sock in self.socks.values():
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+        for mon in self.monitors.values():
+            mon.close(linger=0)
+        for sock in self.socks.values():
+            sock.close(linger=0)
+        self.ctx.destroy(linger=0)
+
+
+class _SyncLinks(_Links):
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        super().__init__(zmq.Context(), endpoints, shadow=False)
+        self.poller = zmq.Poller()
+        for endpoint in self.socks:
+            self.poller.register(self.socks[endpoint], zmq.POLLIN)
+            self.poller.register(self.monitors[endpoint], zmq.POLLIN)
+
+    def wait(self, engine: _Engine, timeout_s: float | None) -> None:
+        """Wait up to `timeout_s` (None: until something arrives) and feed the engine."""
+        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
+        if self.poller.poll(ms):
+            self.drain(engine, time.monotonic())
+
+
+class _AsyncLinks(_Links):
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        super().__init__(zmq.asyncio.Context(), endpoints, shadow=True)
+        self.poller = zmq.asyncio.Poller()
+        for endpoint in self.socks:
+            self.poller.register(self.socks[endpoint], zmq.POLLIN)
+            self.poller.register(self.monitors[endpoint], zmq.POLLIN)
+
+    async def wait(
+        self,
+        engine: _Engine,
+        timeout_s: float | None,
+        wakeup: asyncio.Future[None] | None = None,
+    ) -> None:
+        """Wait up to `timeout_s`, or until `wakeup` is done, and feed the engine."""
+        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
+        polled: asyncio.Future[Any] = asyncio.ensure_future(self.poller.poll(ms))
+        try:
+            if wakeup is None:
+                events = await polled
+            else:
+                await asyncio.wait({polled, wakeup}, return_when=asyncio.FIRST_COMPLETED)
+                events = polled.result() if polled.done() and not polled.cancelled() else True
+        finally:
+            if not polled.done():
+                polled.cancel()
+        if events:
+            self.drain(engine, time.monotonic())
+
+
+# --- producers ---------------------------------------------------------------------------
+
+
+def _check_producer_args(
+    producer_id: bytes | None,
+    first_producer_seq: int,
+    window: int,
+    send_timeout_s: float,
+    request_timeout_s: float,
+    max_attempts: int,
+    connect_grace_s: float,
+) -> bytes:
+    pid = os.urandom(16) if producer_id is None else producer_id
+    if not isinstance(pid, bytes) or not 0 < len(pid) <= MAX_PRODUCER_ID_BYTES:
+        raise ValueError(f"producer_id must be 1..{MAX_PRODUCER_ID_BYTES} bytes, got {pid!r}")
+    if isinstance(first_producer_seq, bool) or not isinstance(first_producer_seq, int):
+        raise TypeError("first_producer_seq must be an int")
+    _check_range("first_producer_seq", first_producer_seq, 0, MAX_U64)
+    _check_range("window", window, 1, MAX_WINDOW)
+    _check_range("send_timeout_s", send_timeout_s, 0.001)
+    _check_range("request_timeout_s", request_timeout_s, 0.001)
+    _check_range("max_attempts", max_attempts, 1)
+    _check_range("connect_grace_s", connect_grace_s, 0)
+    return pid
+
+
+class _ProducerBase:
+    def __init__(
+        self,
+        relays: RelayEndpoints | None,
+        topology: TopologySource | None,
+        producer_id: bytes | None,
+        first_producer_seq: int,
+        window: int,
+        send_timeout_s: float,
+        request_timeout_s: float,
+        max_attempts: int,
+        connect_grace_s: float,
+    ) -> None:
+        pid = _check_producer_args(
+            producer_id,
+            first_producer_seq,
+            window,
+            send_timeout_s,
+            request_timeout_s,
+            max_attempts,
+            connect_grace_s,
+        )
+        self._relays = _Relays(relays, topology)
+        self._window = int(window)
+        self._closed = False
+        self._engine = _ProduceEngine(
+            self._relays,
+            pid,
+            first_producer_seq,
+            window=self._window,
+            send_timeout_s=send_timeout_s,
+            request_timeout_s=request_timeout_s,
+            max_attempts=max_attempts,
+            connect_grace_s=connect_grace_s,
+            now=time.monotonic(),
+        )
+
+    @property
+    def producer_id(self) -> bytes:
+        return self._engine.producer_id
+
+    @property
+    def next_producer_seq(self) -> int:
+        """The producer sequence number the next message will carry."""
+        return self._engine.next_seq
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._relays.endpoints
+
+    @property
+    def stats(self) -> Counter[str]:
+        """Counters: attempts, retries, timeouts, unreachable, fenced, unknown, ..."""
+        return self._engine.stats
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+
+
+class Producer(_ProducerBase):
+    """A synchronous producer. `send` blocks until the transaction's outcome is definite
+    (or the retries run out); `send_many` keeps up to `window` transactions in flight."""
+
+    def __init__(
+        self,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        producer_id: bytes | None = None,
+        first_producer_seq: int = 0,
+        window: int = DEFAULT_WINDOW,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+    ) -> None:
+        super().__init__(
+            relays,
+            topology,
+            producer_id,
+            first_producer_seq,
+            window,
+            send_timeout_s,
+            request_timeout_s,
+            max_attempts,
+            connect_grace_s,
+        )
+        self._links = _SyncLinks(self._relays.endpoints)
+
+    def send(self, stream: str, value: bytes, key: bytes | None = None) -> int:
+        """Produce one transaction; return its committed sequence number. Raises
+        Rejected, UnknownStream, Unknown or Fenced (relay.errors)."""
+        self._check_open()
+        _check_stream(stream)
+        key, value = _check_tx(key, value)
+        op = self._engine.submit(stream, key, value)
+        self._run(lambda: op.done)
+        return op.result()
+
+    @overload
+    def send_many(
+        self,
+        stream: str,
+        values: Iterable[Item],
+        *,
+        return_exceptions: Literal[False] = False,
+    ) -> list[int]: ...
+
+    @overload
+    def send_many(
+        self, stream: str, values: Iterable[Item], *, return_exceptions: Literal[True]
+    ) -> list[int | ClientError]: ...
+
+    def send_many(
+        self, stream: str, values: Iterable[Item], *, return_exceptions: bool = False
+    ) -> list[int] | list[int | ClientError]:
+        """Produce many transactions (values, or (key, value) pairs), up to `window` in
+        flight; return their sequence numbers in the given order. Every transaction is
+        settled before this returns; then the first failure is raised, unless
+        `return_exceptions` puts the errors in the list instead."""
+        self._check_open()
+        _check_stream(stream)
+        items = iter(values)
+        ops: list[_Op] = []
+        bad: Exception | None = None
+        exhausted = False
+
+        def feed() -> None:
+            nonlocal bad, exhausted
+            while not exhausted and self._engine.load < self._window:
+                try:
+                    key, value = _split(next(items))
+                except StopIteration:
+                    exhausted = True
+                except (TypeError, ValueError) as e:  # stop feeding; settle what was sent
+                    bad, exhausted = e, True
+                else:
+                    ops.append(self._engine.submit(stream, key, value))
+
+        self._run(lambda: exhausted and all(op.done for op in ops), feed)
+        if bad is not None:
+            raise bad
+        if return_exceptions:
+            return [op.error if op.error is not None else op.seq for op in ops]
+        return [op.result() for op in ops]
+
+    def _run(self, done: Callable[[], bool], feed: Callable[[], None] | None = None) -> None:
+        engine, links = self._engine, self._links
+        while True:
+            if feed is not None:
+                feed()
+            now = time.monotonic()
+            engine.step(now, links.send)
+            engine.take_completed()
+            if done():
+                return
+            wake = engine.next_wakeup()
+            links.wait(engine, None if wake is None else max(0.0, wake - now))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine.abandon("the producer closed")
+            self._links.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncProducer(_ProducerBase):
+    """An asyncio producer. Many tasks may send at once; at most `window` transactions
+    are in flight (`send_async` waits for room, then returns a future)."""
+
+    def __init__(
+        self,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        producer_id: bytes | None = None,
+        first_producer_seq: int = 0,
+        window: int = DEFAULT_WINDOW,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+    ) -> None:
+        super().__init__(
+            relays,
+            topology,
+            producer_id,
+            first_producer_seq,
+            window,
+            send_timeout_s,
+            request_timeout_s,
+            max_attempts,
+            connect_grace_s,
+        )
+        self._links = _AsyncLinks(self._relays.endpoints)
+        self._slots = asyncio.Semaphore(self._window)
+        self._futures: dict[_Op, asyncio.Future[int]] = {}
+        self._pump_task: asyncio.Task[None] | None = None
+        self._broken: Exception | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+
+    async def send(self, stream: str, value: bytes, key: bytes | None = None) -> int:
+        """Produce one transaction; return its committed sequence number. Raises
+        Rejected, UnknownStream, Unknown or Fenced (relay.errors)."""
+        return await (await self.send_async(stream, value, key))
+
+    async def send_async(
+        self, stream: str, value: bytes, key: bytes | None = None
+    ) -> asyncio.Future[int]:
+        """Wait for room in the window, start producing, and return a future of the
+        committed sequence number (or of the error)."""
+        self._check_open()
+        _check_stream(stream)
+        key, value = _check_tx(key, value)
+        await self._slots.acquire()
+        if self._closed or self._broken is not None:
+            self._slots.release()
+            raise RuntimeError("the producer is closed") from self._broken
+        op = self._engine.submit(stream, key, value)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._futures[op] = future
+        if self._pump_task is None:
+            self._pump_task = asyncio.create_task(self._pump(), name="relay-producer")
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+        return future
+
+    @overload
+    async def send_many(
+        self,
+        stream: str,
+        values: Iterable[Item],
+        *,
+        return_exceptions: Literal[False] = False,
+    ) -> list[int]: ...
+
+    @overload
+    async def send_many(
+        self, stream: str, values: Iterable[Item], *, return_exceptions: Literal[True]
+    ) -> list[int | ClientError]: ...
+
+    async def send_many(
+        self, stream: str, values: Iterable[Item], *, return_exceptions: bool = False
+    ) -> list[int] | list[int | ClientError]:
+        """Like Producer.send_many."""
+        futures: list[asyncio.Future[int]] = []
+        bad: Exception | None = None
+        try:
+            for item in values:
+                key, value = _split(item)
+                futures.append(await self.send_async(stream, value, key))
+        except (TypeError, ValueError) as e:
+            bad = e
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        if bad is not None:
+            raise bad
+        out: list[int | ClientError] = []
+        for result in results:
+            if isinstance(result, ClientError):
+                if not return_exceptions:
+                    raise result
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(result)
+        return out
+
+    async def _pump(self) -> None:
+        engine, links = self._engine, self._links
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                now = time.monotonic()
+                engine.step(now, links.send)
+                self._settle()
+                wake = engine.next_wakeup()
+                self._wakeup = loop.create_future()
+                timeout = None if wake is None else max(0.0, wake - now)
+                await links.wait(engine, timeout, self._wakeup)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never leave a sender hanging
+            self._broken = e
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_exception(e)
+            raise
+
+    def _settle(self) -> None:
+        for op in self._engine.take_completed():
+            future = self._futures.pop(op, None)
+            self._slots.release()
+            if future is None or future.done():
+                continue
+            if op.error is not None:
+                future.set_exception(op.error)
+            else:
+                future.set_result(op.seq)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        task, self._pump_task = self._pump_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                pass  # already given to the senders
+        self._engine.abandon("the producer closed")
+        self._settle()
+        self._links.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+# --- consumers ---------------------------------------------------------------------------
+
+
+class _ConsumerBase:
+    def __init__(
+        self,
+        relays: RelayEndpoints | None,
+        topology: TopologySource | None,
+        max_batch: int,
+        wait_ms: int,
+        request_timeout_s: float,
+        timeout_s: float | None,
+        count: int | None,
+        connect_grace_s: float,
+    ) -> None:
+        _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
+        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        _check_range("request_timeout_s", request_timeout_s, 0.001)
+        _check_range("connect_grace_s", connect_grace_s, 0)
+        if timeout_s is not None:
+            _check_range("timeout_s", timeout_s, 0)
+        if count is not None:
+            _check_range("count", count, 0)
+        self._relays = _Relays(relays, topology)
+        self._timeout_s = timeout_s
+        self._count = count
+        self._yielded = 0
+        self._closed = False
+        self._engine = _ReadEngine(
+            self._relays,
+            max_batch=int(max_batch),
+            wait_ms=int(wait_ms),
+            request_timeout_s=request_timeout_s,
+            connect_grace_s=connect_grace_s,
+            now=time.monotonic(),
+        )
+
+    def _subscribe(self, stream: str, start: Start) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        self._engine.subscribe(stream, start)
+        self._yielded = 0
+
+    @property
+    def stream(self) -> str | None:
+        return self._engine.stream
+
+    @property
+    def position(self) -> int | None:
+        """The last seq yielded (or the start position); resume with start=position.
+        None while a "latest" start is not resolved yet."""
+        return self._engine.last if not self._engine.records else self._engine.records[0].seq - 1
+
+    @property
+    def endpoint(self) -> str | None:
+        """The relay being read from (None between relays)."""
+        return self._engine.endpoint
+
+    @property
+    def oldest_available(self) -> int | None:
+        """After OutOfRange: the oldest position any relay can still serve."""
+        return self._engine.oldest_available
+
+    @property
+    def stats(self) -> Counter[str]:
+        """Counters: reads, failovers, timeouts, unreachable, fenced, redirect, ..."""
+        return self._engine.stats
+
+    def _take(self) -> Record | None:
+        """The next record if one is buffered; raises the engine's error if any."""
+        engine = self._engine
+        if engine.stream is None:
+            raise RuntimeError("subscribe(stream) first")
+        if engine.records:
+            self._yielded += 1
+            return engine.records.popleft()
+        if engine.error is not None:
+            raise engine.error
+        return None
+
+    def _finished(self) -> bool:
+        return self._closed or (self._count is not None and self._yielded >= self._count)
+
+
+class Consumer(_ConsumerBase):
+    """A synchronous consumer of one stream: `subscribe`, then iterate over `Record`s.
+
+    Iteration ends after `count` records (counted from the last `subscribe`), or when one
+    `next()` waited `timeout_s` seconds without a record (both optional; by default it
+    waits forever). Errors: UnknownStream, OutOfRange (see `oldest_available`), Rejected
+    (a relay refused the request frame)."""
+
+    def __init__(
+        self,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        timeout_s: float | None = None,
+        count: int | None = None,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+    ) -> None:
+        super().__init__(
+            relays,
+            topology,
+            max_batch,
+            wait_ms,
+            request_timeout_s,
+            timeout_s,
+            count,
+            connect_grace_s,
+        )
+        self._links = _SyncLinks(self._relays.endpoints)
+
+    def subscribe(self, stream: str, start: Start = "earliest") -> Consumer:
+        """Read `stream` from `start`: "earliest" (the oldest entry held), "latest" (what
+        commits from now on) or a position (a seq: records after it)."""
+        self._subscribe(stream, start)
+        return self
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Record:
+        if self._finished():
+            raise StopIteration
+        engine, links = self._engine, self._links
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        while True:
+            record = self._take()
+            if record is not None:
+                return record
+            now = time.monotonic()
+            engine.step(now, links.send)
+            if engine.records or engine.error is not None:
+                continue
+            if deadline is not None and now >= deadline:
+                raise StopIteration
+            wake = engine.next_wakeup()
+            limits = [t - now for t in (wake, deadline) if t is not None]
+            links.wait(engine, max(0.0, min(limits)) if limits else None)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._links.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncConsumer(_ConsumerBase):
+    """The asyncio consumer: `subscribe`, then `async for record in consumer`."""
+
+    def __init__(
+        self,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        timeout_s: float | None = None,
+        count: int | None = None,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+    ) -> None:
+        super().__init__(
+            relays,
+            topology,
+            max_batch,
+            wait_ms,
+            request_timeout_s,
+            timeout_s,
+            count,
+            connect_grace_s,
+        )
+        self._links = _AsyncLinks(self._relays.endpoints)
+
+    def subscribe(self, stream: str, start: Start = "earliest") -> AsyncConsumer:
+        """Like Consumer.subscribe."""
+        self._subscribe(stream, start)
+        return self
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> Record:
+        if self._finished():
+            raise StopAsyncIteration
+        engine, links = self._engine, self._links
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        while True:
+            record = self._take()
+            if record is not None:
+                return record
+            now = time.monotonic()
+            engine.step(now, links.send)
+            if engine.records or engine.error is not None:
+                continue
+            if deadline is not None and now >= deadline:
+                raise StopAsyncIteration
+            wake = engine.next_wakeup()
+            limits = [t - now for t in (wake, deadline) if t is not None]
+            await links.wait(engine, max(0.0, min(limits)) if limits else None)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._links.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,510 @@
+"""The client library (relay/client.py) against real RelayNodes and scripted fake relays.
+
+Real relays run in one background thread's event loop (so the synchronous clients may
+block the test's thread); fake relays are ROUTER sockets answering from a script, for the
+rules that real relays rarely show on demand (unknown then rejected, out_of_range on every
+relay, a bounded window). Every test stops every relay it starts, also on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from relay import wire
+from relay.client import (
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    Producer,
+    Record,
+)
+from relay.core.messages import Outcome, ReadStatus
+from relay.errors import Fenced, OutOfRange, Rejected, Unknown, UnknownStream
+from relay.node import RelayNode
+from relay.topology import MeshConfig, loads
+
+pytestmark = pytest.mark.timeout(60)
+
+MAX_FRAME = 1 << 20
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def topology_text(streams: dict[int, list[str]], data_dir: Path) -> str:
+    ports = free_ports(2 * len(streams))
+    lines = ["relays:"]
+    for i, (relay_id, subs) in enumerate(sorted(streams.items())):
+        lines.append(
+            f"  - {{id: {relay_id}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
+            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(subs)}}}"
+        )
+    lines += ["limits:", "  max_tx_bytes: 4096", f"  max_frame_bytes: {MAX_FRAME}"]
+    lines.append(f"data_dir: {data_dir}")
+    return "\n".join(lines) + "\n"
+
+
+def dead_endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+
+
+class Mesh:
+    """RelayNodes running in a background thread's event loop."""
+
+    def __init__(self, tmp_path: Path, streams: dict[int, list[str]]) -> None:
+        self.path = tmp_path / "topology.yaml"
+        self.path.write_text(topology_text(streams, tmp_path))
+        self.config: MeshConfig = loads(self.path.read_text(), self.path)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.nodes: dict[int, RelayNode] = {}
+        self.runs: dict[int, concurrent.futures.Future[None]] = {}
+
+    def endpoint(self, relay_id: int) -> str:
+        return self.config.relays[relay_id].client_endpoint
+
+    def start(self, relay_id: int) -> None:
+        node = RelayNode(self.config, relay_id, handle_signals=False)
+        self.nodes[relay_id] = node
+        self.runs[relay_id] = asyncio.run_coroutine_threadsafe(node.run(), self.loop)
+        deadline = time.monotonic() + 5
+        while not node.running:
+            assert not self.runs[relay_id].done(), self.runs[relay_id].exception()
+            assert time.monotonic() < deadline, f"relay {relay_id} did not start"
+            time.sleep(0.005)
+
+    def stop(self, relay_id: int) -> None:
+        node = self.nodes.pop(relay_id)
+        run = self.runs.pop(relay_id)
+        self.loop.call_soon_threadsafe(node.stop)
+        run.result(timeout=5)  # re-raises what the node raised
+
+    def close(self) -> None:
+        try:
+            for relay_id in list(self.nodes):
+                self.stop(relay_id)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            self.loop.close()
+
+    def status(self, relay_id: int) -> dict[str, Any]:
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint(relay_id))
+            sock.send(wire.encode(wire.StatusReq(1)))
+            assert sock.poll(5_000), f"relay {relay_id} did not answer a StatusReq"
+            resp = wire.decode(sock.recv(), MAX_FRAME)
+            assert isinstance(resp, wire.StatusResp)
+            status: dict[str, Any] = json.loads(resp.status_json)
+            return status
+        finally:
+            ctx.destroy(linger=0)
+
+    def wait_joined(self, stream: str, relays: Any = None, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        for relay_id in relays or self.nodes:
+            while True:
+                info = self.status(relay_id)["streams"].get(stream, {})
+                if info.get("joined") and not info.get("fenced"):
+                    break
+                assert time.monotonic() < deadline, f"{stream} not joined on {relay_id}: {info}"
+                time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def running_mesh(tmp_path: Path, streams: dict[int, list[str]], stream: str) -> Iterator[Mesh]:
+    mesh = Mesh(tmp_path, streams)
+    try:
+        for relay_id in streams:
+            mesh.start(relay_id)
+        mesh.wait_joined(stream, [r for r, subs in streams.items() if stream in subs])
+        yield mesh
+    finally:
+        mesh.close()
+
+
+@pytest.fixture
+def mesh3(tmp_path: Path) -> Iterator[Mesh]:
+    with running_mesh(tmp_path, {1: ["orders"], 2: ["orders"], 3: ["orders"]}, "orders") as mesh:
+        yield mesh
+
+
+Handler = Callable[[wire.ClientMessage], wire.ClientMessage | None]
+
+
+class FakeRelay:
+    """A ROUTER answering client requests from a script (None: no answer)."""
+
+    def __init__(
+        self, handler: Handler, idle: Callable[[], list[wire.ClientMessage]] | None = None
+    ) -> None:
+        self.handler = handler
+        self.idle = idle
+        self.client = b""
+        self.requests: list[wire.ClientMessage] = []
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.endpoint: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(10):
+                for answer in self.idle() if self.idle is not None else []:
+                    self.sock.send_multipart([self.client, wire.encode(answer)])
+                continue
+            identity, frame = self.sock.recv_multipart()
+            self.client = identity
+            msg = wire.decode(frame, MAX_FRAME)
+            self.requests.append(msg)
+            resp = self.handler(msg)
+            if resp is not None:
+                self.sock.send_multipart([identity, wire.encode(resp)])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.ctx.destroy(linger=0)
+
+    def __enter__(self) -> FakeRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def produce_answer(
+    outcome: Outcome, seq: int = -1, reason: str = "", redirect: Any = ()
+) -> Handler:
+    def handle(msg: wire.ClientMessage) -> wire.ClientMessage | None:
+        assert isinstance(msg, wire.ProduceReq)
+        return wire.ProduceResp(msg.request_id, outcome, seq, reason, tuple(redirect))
+
+    return handle
+
+
+def read_answer(status: ReadStatus, *, oldest: int = -1, entries: Any = ()) -> Handler:
+    def handle(msg: wire.ClientMessage) -> wire.ClientMessage | None:
+        assert isinstance(msg, wire.ReadReq)
+        found = tuple(e for e in entries if e[0] > msg.after_seq)[: msg.max_entries]
+        if status is ReadStatus.OK and not found:
+            time.sleep(min(msg.wait_ms, 50) / 1000)  # a (short) long poll
+        return wire.ReadResp(msg.request_id, status, found, (), oldest, 1_000)
+
+    return handle
+
+
+def silent(msg: wire.ClientMessage) -> None:
+    return None
+
+
+# --- producer rules (fake relays) --------------------------------------------------------
+
+
+def test_rejected_is_final_unless_an_earlier_attempt_was_unknown() -> None:
+    with (
+        FakeRelay(produce_answer(Outcome.UNKNOWN)) as unknown,
+        FakeRelay(produce_answer(Outcome.REJECTED, reason="late")) as late,
+        FakeRelay(produce_answer(Outcome.REJECTED, reason="unknown_stream")) as nobody,
+        FakeRelay(silent) as mute,
+    ):
+        with Producer([late.endpoint]) as p, pytest.raises(Rejected, match="late"):
+            p.send("s", b"v")
+        with Producer([nobody.endpoint]) as p, pytest.raises(UnknownStream):
+            p.send("s", b"v")
+        # unknown, then rejected by the next relay: the first copy may still commit.
+        with Producer([unknown.endpoint, late.endpoint]) as p:
+            with pytest.raises(Unknown, match="may still commit"):
+                p.send("s", b"v")
+            assert p.next_producer_seq == 1
+        # A timeout counts as unknown too.
+        with (
+            Producer([mute.endpoint, late.endpoint], request_timeout_s=0.2) as p,
+            pytest.raises(Unknown, match="may still commit"),
+        ):
+            p.send("s", b"v")
+        retried = unknown.requests + late.requests + mute.requests
+        assert all(isinstance(m, wire.ProduceReq) for m in retried)
+        # Within one send, every attempt carries the same producer id and seq.
+        last = late.requests[-1]
+        assert isinstance(last, wire.ProduceReq)
+        same = [
+            m
+            for m in retried
+            if isinstance(m, wire.ProduceReq) and m.producer_id == last.producer_id
+        ]
+        assert {m.producer_seq for m in same} == {0} and len(same) == 2
+
+
+def test_fenced_follows_redirect_and_gives_up_with_fenced() -> None:
+    with (
+        FakeRelay(produce_answer(Outcome.FENCED, redirect=(3,))) as first,
+        FakeRelay(produce_answer(Outcome.FENCED, redirect=(1, 3))) as second,
+        FakeRelay(produce_answer(Outcome.COMMITTED, seq=77)) as third,
+    ):
+        relays = {1: first.endpoint, 2: second.endpoint, 3: third.endpoint}
+        with Producer(relays) as p:
+            assert p.send("s", b"v", key=b"k") == 77
+            # The redirect to 3 was followed before trying 2.
+            assert len(first.requests) == 1 and not second.requests
+            assert p.stats["fenced"] == 1
+            # The relay that committed is preferred next time.
+            assert p.send("s", b"w") == 77 and len(first.requests) == 1
+        with Producer({1: first.endpoint, 2: second.endpoint}, max_attempts=5) as p:
+            with pytest.raises(Fenced) as info:
+                p.send("s", b"v")
+            assert info.value.redirect_to in ((3,), (1, 3))
+            assert info.value.retriable
+
+
+def test_window_bounds_requests_in_flight() -> None:
+    held: list[wire.ProduceReq] = []
+    peak = 0
+
+    def hold(msg: wire.ClientMessage) -> None:
+        nonlocal peak
+        assert isinstance(msg, wire.ProduceReq)
+        held.append(msg)
+        peak = max(peak, len(held))
+
+    def release() -> list[wire.ClientMessage]:  # every 10 ms without a request
+        answers: list[wire.ClientMessage] = [
+            wire.ProduceResp(m.request_id, Outcome.COMMITTED, 1000 + m.producer_seq) for m in held
+        ]
+        held.clear()
+        return answers
+
+    with FakeRelay(hold, idle=release) as fake, Producer([fake.endpoint], window=8) as p:
+        seqs = p.send_many("s", (b"v%d" % i for i in range(40)))
+        assert seqs == [1000 + i for i in range(40)]
+        assert peak == 8, peak
+        # A bad item stops the feed; what was sent before it settles first.
+        with pytest.raises(TypeError):
+            p.send_many("s", [b"ok", "not bytes"])  # type: ignore[list-item]
+        assert p.next_producer_seq == 41 and not held
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        Producer()
+    with pytest.raises(ValueError, match="producer_id"):
+        Producer(["tcp://127.0.0.1:1"], producer_id=b"")
+    with Producer(["tcp://127.0.0.1:1"]) as p:
+        with pytest.raises(ValueError, match="stream name"):
+            p.send("a|b", b"v")
+        with pytest.raises(TypeError):
+            p.send("s", "text")  # type: ignore[arg-type]
+        assert len(p.producer_id) == 16
+    # No relay reachable: the transaction was never sent; Unknown says so.
+    with (
+        Producer([dead_endpoint()], max_attempts=3, connect_grace_s=0) as p,
+        pytest.raises(Unknown, match="not sent"),
+    ):
+        p.send("s", b"v")
+    with Consumer(["tcp://127.0.0.1:1"]) as c:
+        with pytest.raises(ValueError, match="start"):
+            c.subscribe("s", "middle")  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="subscribe"):
+            next(c)
+
+
+# --- consumer rules (fake relays) --------------------------------------------------------
+
+
+def test_out_of_range_only_when_every_relay_lacks_the_position() -> None:
+    entries = [(s, None, b"v%d" % s, b"p", s) for s in (60, 70, 80)]
+    with (
+        FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=100)) as young,
+        FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=50)) as younger,
+        FakeRelay(read_answer(ReadStatus.OK, oldest=50, entries=entries)) as old,
+    ):
+        with Consumer([young.endpoint, younger.endpoint], timeout_s=5).subscribe("s", 10) as c:
+            with pytest.raises(OutOfRange, match="after seq 50"):
+                next(c)
+            assert c.oldest_available == 50
+        # One relay restarted from a base lacks the history another still has.
+        with Consumer([young.endpoint, old.endpoint], timeout_s=1).subscribe("s", 10) as c:
+            assert [r.seq for r in c] == [60, 70, 80]
+            assert c.endpoint == old.endpoint and c.stats["out_of_range"] == 1
+        # Resuming at the oldest position works.
+        with Consumer([old.endpoint], timeout_s=0.3).subscribe("s", 65) as c:
+            assert [r.seq for r in c] == [70, 80]
+
+
+def test_consumer_moves_on_from_fenced_and_silent_relays() -> None:
+    entries = [(s, b"k", b"v", b"p", s) for s in (5, 6, 7)]
+    with (
+        FakeRelay(read_answer(ReadStatus.FENCED)) as fenced,
+        FakeRelay(silent) as mute,
+        FakeRelay(read_answer(ReadStatus.OK, entries=entries)) as good,
+    ):
+        relays = [fenced.endpoint, mute.endpoint, good.endpoint]
+        with Consumer(relays, request_timeout_s=0.2, wait_ms=50, count=3) as c:
+            got = list(c.subscribe("s", "earliest"))
+        assert got == [Record("s", s, b"k", b"v", b"p", s) for s in (5, 6, 7)]
+        assert c.stats["fenced"] == 1 and c.stats["timeouts"] == 1
+        # A relay sending entries the consumer already has: never yielded twice.
+        sloppy = FakeRelay(
+            lambda m: wire.ReadResp(m.request_id, ReadStatus.OK, tuple(entries), (), -1, 7)
+        )
+        with sloppy, Consumer([sloppy.endpoint], timeout_s=0.3, wait_ms=0) as c:
+            assert [r.seq for r in c.subscribe("s", 5)] == [6, 7]
+            assert c.stats["dropped_old_entries"] > 3
+        # "latest" starts at the relay's committed point (1000 here): nothing older.
+        with Consumer([good.endpoint], timeout_s=0.3).subscribe("s", "latest") as c:
+            assert list(c) == [] and c.position == 1_000
+
+
+# --- real relays -------------------------------------------------------------------------
+
+
+def test_produce_anywhere_consume_elsewhere(mesh3: Mesh) -> None:
+    produced: dict[int, tuple[bytes | None, bytes, bytes, int]] = {}
+    for relay_id in (1, 2, 3):
+        with Producer([mesh3.endpoint(relay_id)]) as p:
+            for i in range(3):
+                value = b"r%d-%d" % (relay_id, i)
+                seq = p.send("orders", value, key=b"k%d" % i)
+                produced[seq] = (b"k%d" % i, value, p.producer_id, i)
+            seqs = p.send_many("orders", [b"many-%d" % i for i in range(5)] + [(b"K", b"last")])
+            assert len(set(seqs)) == 6
+            for i, seq in enumerate(seqs):
+                key, value = (b"K", b"last") if i == 5 else (None, b"many-%d" % i)
+                produced[seq] = (key, value, p.producer_id, 3 + i)
+            with pytest.raises(UnknownStream):
+                p.send("nobody.serves.this", b"x")
+            assert p.stats["timeouts"] == 0
+    for relay_id in (1, 2, 3):
+        other = relay_id % 3 + 1
+        with Consumer([mesh3.endpoint(other)], count=len(produced), timeout_s=10, max_batch=7) as c:
+            records = list(c.subscribe("orders"))
+        assert [r.seq for r in records] == sorted(produced)
+        for r in records:
+            assert r.stream == "orders"
+            assert (r.key, r.value, r.producer_id, r.producer_seq) == produced[r.seq]
+    with Consumer([mesh3.endpoint(2)], timeout_s=5) as c, pytest.raises(UnknownStream):
+        next(c.subscribe("nobody.serves.this"))
+
+
+def test_async_flavours(mesh3: Mesh) -> None:
+    async def scenario() -> None:
+        async with AsyncProducer(topology=mesh3.path, window=4) as p:
+            first = await p.send("orders", b"first", key=b"a")
+            futures = [await p.send_async("orders", b"f%d" % i) for i in range(10)]
+            more = await p.send_many("orders", [b"m%d" % i for i in range(10)])
+            seqs = [first, *[await f for f in futures], *more]
+            assert len(set(seqs)) == 21
+            async with AsyncConsumer(topology=mesh3.config, count=21, timeout_s=10) as c:
+                got = [r async for r in c.subscribe("orders", "earliest")]
+            assert [r.seq for r in got] == sorted(seqs)
+            assert [r.producer_seq for r in got if r.seq in (first,)] == [0]
+
+            # "latest": only what commits after the subscription.
+            async with AsyncConsumer([mesh3.endpoint(3)], count=3, timeout_s=10, wait_ms=200) as c:
+                c.subscribe("orders", "latest")
+
+                async def consume() -> list[Record]:
+                    return [r async for r in c]
+
+                task = asyncio.create_task(consume())
+                while c.position is None:  # the first read learns the committed point
+                    await asyncio.sleep(0.01)
+                    assert not task.done(), task
+                new = await p.send_many("orders", [b"n0", b"n1", b"n2"])
+                tail = await task
+            assert [r.seq for r in tail] == new
+            assert [r.value for r in tail] == [b"n0", b"n1", b"n2"]
+
+    asyncio.run(scenario())
+
+
+def test_idempotent_retry_commits_once(mesh3: Mesh) -> None:
+    dead = dead_endpoint()
+    # The first relay is unreachable: the producer moves on and commits once.
+    with Producer([dead, mesh3.endpoint(1)], connect_grace_s=0.1) as p:
+        seq = p.send("orders", b"once")
+        assert p.stats["unreachable"] >= 1
+        pid = p.producer_id
+    # Resending the same producer seq (as after a crash) through another relay returns
+    # the copy that was delivered.
+    with Producer([mesh3.endpoint(3)], producer_id=pid, first_producer_seq=0) as again:
+        assert again.send("orders", b"once") == seq
+        assert again.next_producer_seq == 1
+        later = again.send("orders", b"twice")
+    with Consumer([mesh3.endpoint(2)], timeout_s=1, wait_ms=200) as c:
+        mine = [r for r in c.subscribe("orders") if r.producer_id == pid]
+    assert [(r.seq, r.value, r.producer_seq) for r in mine] == [
+        (seq, b"once", 0),
+        (later, b"twice", 1),
+    ]
+
+
+def test_consumer_resumes_on_another_relay(mesh3: Mesh) -> None:
+    relays = [mesh3.endpoint(r) for r in (1, 2, 3)]
+    with Producer([mesh3.endpoint(2), mesh3.endpoint(3)]) as p:
+        seqs = p.send_many("orders", [b"a%d" % i for i in range(10)])
+        with Consumer(relays, max_batch=3, wait_ms=200, timeout_s=10) as c:
+            c.subscribe("orders")
+            got = [next(c) for _ in range(5)]
+            assert c.endpoint == relays[0]
+            mesh3.stop(1)
+            seqs += p.send_many("orders", [b"b%d" % i for i in range(10)])
+            got += [next(c) for _ in range(15)]
+            assert c.endpoint in relays[1:]
+            assert c.stats["failovers"] >= 1
+            assert [r.seq for r in got] == seqs == sorted(seqs)
+            # Nothing more (no duplicate) arrives.
+            c._timeout_s = 0.5
+            assert list(c) == []
+
+
+def test_redirect_from_a_relay_outside_the_stream(tmp_path: Path) -> None:
+    streams = {0: ["x"], 1: ["x"], 2: ["x"], 3: ["y"]}
+    with running_mesh(tmp_path, streams, "x") as mesh:
+        # Produce through the relay outside x's set: it forwards to a member.
+        with Producer([mesh.endpoint(3)]) as p:
+            forwarded = p.send("x", b"via-3")
+        with Producer(topology=mesh.path) as p:
+            direct = p.send("x", b"direct")
+        # Relay 3 answers redirect (0, 1, 2); relay 2 is not in this client's map, and
+        # the redirect is followed to 0 although 1 comes next in the given order.
+        relays = {3: mesh.endpoint(3), 1: mesh.endpoint(1), 0: mesh.endpoint(0)}
+        with Consumer(relays, count=2, timeout_s=10) as c:
+            got = [r.value for r in c.subscribe("x")]
+            assert c.stats["redirect"] == 1
+            assert c.endpoint == mesh.endpoint(0)
+        assert sorted(got) == [b"direct", b"via-3"]
+        assert forwarded != direct
