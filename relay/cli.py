@@ -4,6 +4,9 @@
     relay run --config FILE --relay ID [--log-level LEVEL]
     relay up FILE [--log-level LEVEL] [--log-dir DIR] [--timeout SECONDS]
     relay status --config FILE [--json] [--timeout SECONDS]
+    relay produce --config FILE --stream S [--relay ID] [--key K]
+    relay consume --config FILE --stream S [--relay ID] [--from earliest|latest|SEQ]
+                  [--count N] [--timeout-s T] [--base64]
 
 Heavy modules are imported inside the subcommands, so `relay --help` stays fast and works
 even while a subcommand's module is broken.
@@ -25,7 +28,9 @@ _FAULT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 if TYPE_CHECKING:
+    from relay.client import Start
     from relay.launcher import Mesh, StatusReply
+    from relay.topology import MeshConfig
 
 
 def _check_relays(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -430,3 +435,335 @@ def status(config_path: str, as_json: bool, timeout_s: float) -> None:
         _warn_config(config.warnings)
         _print_status(doc)
     sys.exit(0 if doc["all_reachable"] else 1)
+
+
+# --- produce and consume ------------------------------------------------------------------
+
+READ_CHUNK_BYTES = 64 * 1024  # stdin is read in chunks of at most this many bytes
+READ_QUEUE_CHUNKS = 8  # chunks read ahead of the producer (bounds memory)
+UNREACHABLE_PROBE_S = 0.5  # after an idle consume: how long to ask the relays if they are up
+
+
+def relays_first(config: MeshConfig, relay_id: int | None, stream: str) -> dict[int, str]:
+    """relay id -> client endpoint in the order a client should try them: `relay_id` first
+    (if given), then the relays serving `stream`, then the others. Given to a Producer or
+    Consumer as `relays=`, it makes that relay the first one asked while redirects (relay
+    ids) can still be followed."""
+    if relay_id is not None and relay_id not in config.relays:
+        known = ", ".join(str(r) for r in config.relays)
+        raise click.BadParameter(
+            f"relay {relay_id} is not in {config.path} ({known})", param_hint="--relay"
+        )
+    try:
+        members = list(config.members(stream))
+    except ValueError:
+        members = []
+    order = [relay_id] if relay_id is not None else []
+    order += [r for r in members if r not in order]
+    order += [r for r in config.relays if r not in order]
+    return {r: config.relays[r].client_endpoint for r in order}
+
+
+def _load_config(config_path: str) -> MeshConfig:
+    from relay.errors import ConfigError
+    from relay.topology import load
+
+    try:
+        config = load(config_path)
+    except ConfigError as e:
+        _config_failed(e)
+    _warn_config(config.warnings)
+    return config
+
+
+def _client_endpoints(
+    config: MeshConfig, relay_id: int | None, stream: str
+) -> dict[int, str] | None:
+    """None: let the client use the topology (its limits, stream members first)."""
+    return None if relay_id is None else relays_first(config, relay_id, stream)
+
+
+def _check_stream_name(stream: str) -> str:
+    from relay.client import _check_stream  # the client's own rule for stream names
+
+    try:
+        return _check_stream(stream)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--stream") from None
+
+
+def _served_streams(config: MeshConfig) -> str:
+    names = dict.fromkeys(config.streams)
+    for spec in config.relays.values():
+        names.update(dict.fromkeys(spec.streams))
+    return ", ".join(names) or "none"
+
+
+def _emit(line: str) -> None:
+    """One output line, flushed (a reader of the pipe sees it at once)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _outcome(stream: str, result: int | BaseException) -> dict[str, Any]:
+    from relay.errors import ClientError, Fenced, Unknown
+
+    if isinstance(result, int):
+        return {"stream": stream, "seq": result, "outcome": "committed"}
+    if not isinstance(result, ClientError):
+        raise result
+    if isinstance(result, Fenced):
+        outcome = "fenced"
+    elif isinstance(result, Unknown):
+        outcome = "unknown"
+    else:  # Rejected, UnknownStream
+        outcome = "rejected"
+    return {"stream": stream, "seq": None, "outcome": outcome, "reason": str(result)}
+
+
+async def _produce_stdin(
+    stdin: Any,
+    config: MeshConfig,
+    relays: dict[int, str] | None,
+    stream: str,
+    key: bytes | None,
+) -> tuple[int, int]:
+    """Produce every line of `stdin` (pipelined, up to the producer's window in flight);
+    print each outcome in input order. Returns (transactions, not committed)."""
+    import asyncio
+    import json
+    import threading
+
+    from relay.client import AsyncProducer
+
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[list[bytes] | None] = asyncio.Queue(READ_QUEUE_CHUNKS)
+    read = getattr(stdin, "read1", None) or stdin.read
+
+    def put(item: list[bytes] | None) -> None:
+        asyncio.run_coroutine_threadsafe(chunks.put(item), loop).result()
+
+    def reader() -> None:  # a daemon thread: a blocked read never keeps the process alive
+        rest = b""
+        try:
+            while True:
+                data = read(READ_CHUNK_BYTES)
+                if not data:
+                    break
+                lines = (rest + data).split(b"\n")
+                rest = lines.pop()
+                if lines:
+                    put(lines)
+            if rest:
+                put([rest])
+        finally:
+            put(None)
+
+    outcomes: asyncio.Queue[asyncio.Future[int] | None] = asyncio.Queue()
+    counts = [0, 0]
+
+    async def printer() -> None:
+        while (future := await outcomes.get()) is not None:
+            try:
+                result: int | BaseException = await future
+            except Exception as e:
+                result = e
+            doc = _outcome(stream, result)
+            counts[0] += 1
+            counts[1] += doc["outcome"] != "committed"
+            _emit(json.dumps(doc))
+
+    producer = AsyncProducer(topology=config) if relays is None else AsyncProducer(relays=relays)
+    async with producer:
+        printing = asyncio.create_task(printer())
+        threading.Thread(target=reader, name="relay-produce-stdin", daemon=True).start()
+        try:
+            while (lines := await chunks.get()) is not None:
+                for value in lines:
+                    await outcomes.put(await producer.send_async(stream, value, key))
+        finally:
+            await outcomes.put(None)
+            await printing
+    return counts[0], counts[1]
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@click.option("--stream", "stream", required=True, metavar="S", help="The stream to write.")
+@click.option(
+    "--relay",
+    "relay_id",
+    type=int,
+    default=None,
+    metavar="ID",
+    help="Send to this relay first (redirects and retries still go elsewhere).",
+)
+@click.option("--key", "key", default=None, metavar="K", help="The key of every transaction.")
+def produce(config_path: str, stream: str, relay_id: int | None, key: str | None) -> None:
+    """Produce one transaction per line of stdin to stream S.
+
+    The value is the line's bytes without the newline. Up to the producer's window of
+    transactions are in flight at once; one JSON line per transaction is printed, in input
+    order: {"stream", "seq", "outcome": "committed"}, or outcome rejected / unknown / fenced
+    with "reason" (an unknown one may still commit; producing it again with a new producer
+    may duplicate it). Exit codes: 0 if every transaction committed, 1 if any did not, 2 for
+    a usage or configuration error.
+    """
+    import asyncio
+
+    config = _load_config(config_path)
+    _check_stream_name(stream)
+    relays = _client_endpoints(config, relay_id, stream)
+    stdin = sys.stdin.buffer
+    key_bytes = None if key is None else key.encode("utf-8", "surrogateescape")
+    try:
+        total, failed = asyncio.run(_produce_stdin(stdin, config, relays, stream, key_bytes))
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)
+    if failed:
+        click.echo(f"error: {failed} of {total} transactions were not committed", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _parse_start(ctx: click.Context, param: click.Parameter, value: str) -> Start:
+    text = value.strip().lower()
+    if text in ("earliest", "latest"):
+        return "earliest" if text == "earliest" else "latest"
+    try:
+        seq = int(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not earliest, latest or a seq.") from None
+    if seq < -1:
+        raise click.BadParameter(f"{seq} is not a seq (-1 or more).")
+    return seq
+
+
+def _record_doc(record: Any, as_base64: bool) -> dict[str, Any]:
+    import base64
+
+    def text(data: bytes | None) -> str | None:
+        if data is None:
+            return None
+        if as_base64:
+            return base64.b64encode(data).decode("ascii")
+        return data.decode("utf-8", errors="replace")
+
+    return {
+        "stream": record.stream,
+        "seq": record.seq,
+        "key": text(record.key),
+        "value": text(record.value),
+    }
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@click.option("--stream", "stream", required=True, metavar="S", help="The stream to read.")
+@click.option(
+    "--relay",
+    "relay_id",
+    type=int,
+    default=None,
+    metavar="ID",
+    help="Read from this relay first (fail-over still goes elsewhere).",
+)
+@click.option(
+    "--from",
+    "start",
+    default="earliest",
+    show_default=True,
+    callback=_parse_start,
+    metavar="earliest|latest|SEQ",
+    help="The oldest entry held, what commits from now on, or the records after SEQ.",
+)
+@click.option(
+    "--count",
+    "count",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Stop after N records (default: no limit).",
+)
+@click.option(
+    "--timeout-s",
+    "timeout_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="T",
+    help="Stop after T seconds without a record (default: wait forever).",
+)
+@click.option(
+    "--base64", "as_base64", is_flag=True, help="Print keys and values as base64, not UTF-8."
+)
+def consume(
+    config_path: str,
+    stream: str,
+    relay_id: int | None,
+    start: Start,
+    count: int | None,
+    timeout_s: float | None,
+    as_base64: bool,
+) -> None:
+    """Read stream S and print one JSON line per transaction: {"stream", "seq", "key",
+    "value"} (bytes decoded as UTF-8 with replacement characters, or base64 with --base64;
+    a missing key is null).
+
+    Stops after --count records or --timeout-s seconds without one (Ctrl-C also stops it).
+    Exit codes: 0 when it stops so, 1 if the stream is unknown, the position is no longer
+    held (the message names the oldest one) or no relay is reachable, 2 for a usage or
+    configuration error.
+    """
+    import json
+
+    from relay.client import Consumer
+    from relay.errors import ClientError, OutOfRange, UnknownStream
+    from relay.launcher import query_status
+
+    config = _load_config(config_path)
+    _check_stream_name(stream)
+    relays = _client_endpoints(config, relay_id, stream)
+    consumer = (
+        Consumer(topology=config, timeout_s=timeout_s, count=count)
+        if relays is None
+        else Consumer(relays=relays, timeout_s=timeout_s, count=count)
+    )
+    seen = 0
+    code = 0
+    try:
+        with consumer.subscribe(stream, start):
+            for record in consumer:
+                _emit(json.dumps(_record_doc(record, as_base64)))
+                seen += 1
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # e.g. `relay consume ... | head -3`
+        sys.stderr.close()
+    except OutOfRange as e:
+        click.echo(f"error: {e}", err=True)
+        if consumer.oldest_available is not None:
+            click.echo(f"hint: read from there with --from {consumer.oldest_available}", err=True)
+        code = 1
+    except UnknownStream as e:
+        click.echo(f"error: unknown stream: {e}", err=True)
+        click.echo(f"the streams of {config_path}: {_served_streams(config)}", err=True)
+        code = 1
+    except ClientError as e:
+        click.echo(f"error: {e}", err=True)
+        code = 1
+    else:
+        if seen == 0 and timeout_s is not None:
+            endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
+            replies = query_status(endpoints, UNREACHABLE_PROBE_S)
+            if not any(reply.reachable for reply in replies.values()):
+                where = ", ".join(f"{r} ({e})" for r, e in endpoints.items())
+                click.echo(
+                    f"error: no relay of {config_path} is reachable: {where}; "
+                    f"is the mesh up (relay up {config_path})?",
+                    err=True,
+                )
+                code = 1
+    sys.exit(code)

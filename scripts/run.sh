@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job. Until the ZeroMQ relay processes land, this runs the deterministic
-# simulation of a local 3-relay mesh with producers and consumers over 20 seeds.
-# Extra arguments go to `relay sim` (e.g. `--seed 7` to replay one seed verbosely).
+# The main job: start the local 3-relay mesh of config/topology.yaml (real relay processes
+# over ZeroMQ), produce a batch of transactions to `orders.eu` through relay 0, read them
+# back from relay 1 and check every committed seq came back once and in order; the mesh is
+# always stopped. Extra arguments go to scripts/main_job.py (`--count N`, `--config FILE`).
+# The deterministic simulator is `.venv/bin/relay sim ...` (see the README).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
-exec .venv/bin/relay sim --seeds 20 --relays 3 "$@"
+exec .venv/bin/python scripts/main_job.py "$@"
