@@ -103,7 +103,12 @@ class MeshConfig:
         ):
             known = ", ".join(str(r) for r in self.relays)
             raise ConfigError(f"{self.path}: relay {relay_id!r} is not in the topology ({known})")
-        return CoreConfig(relay_id=relay_id, topology=self.topology, limits=self.limits)
+        return CoreConfig(
+            relay_id=relay_id,
+            topology=self.topology,
+            limits=self.limits,
+            declared_streams=self.streams,
+        )
 
     def members(self, stream: str) -> tuple[int, ...]:
         """R(S): the relays serving `stream`, ascending; empty if none does."""

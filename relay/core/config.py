@@ -109,6 +109,9 @@ class CoreConfig:
     relay_id: int
     topology: Topology
     limits: Limits = field(default_factory=Limits)
+    # Streams to open (and join) at start even when only a pattern names them; other
+    # pattern-matched streams open on first use.
+    declared_streams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.relay_id not in self.topology.subscriptions:

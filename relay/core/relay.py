@@ -216,9 +216,11 @@ class RelayCore:
         self._last_heartbeat_ms = NEVER
         self._floor_sent = -1
         self._announce_floor = False
-        for pattern in self.topology.subscriptions[self.id]:
-            if not any(c in pattern for c in "*?["):
-                self._stream(pattern)  # named streams join at start; patterns on first use
+        named = [p for p in self.topology.subscriptions[self.id] if not any(c in p for c in "*?[")]
+        for stream in named + [
+            s for s in config.declared_streams if self.topology.serves(self.id, s)
+        ]:
+            self._stream(stream)  # named and declared streams join at start; others on first use
 
     # === inputs ==========================================================================
 
