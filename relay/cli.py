@@ -138,6 +138,22 @@ _log_level_option = click.option(
 )
 
 
+@main.command(
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def explore(args: tuple[str, ...]) -> None:
+    """Bounded exhaustive safety check of 3 relays and up to 3 transactions.
+
+    Every interleaving, loss and duplication of the protocol's messages within the
+    bounds (see `relay explore --help`); ends with `N passed, M failed`.
+    """
+    from relay.sim.explore import main as explore_main
+
+    sys.exit(explore_main(list(args)))
+
+
 def _config_failed(error: Exception) -> NoReturn:
     """A ConfigError: its message names the file, field and problem; exit code 2."""
     click.echo(f"error: {error}", err=True)
