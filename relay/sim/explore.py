@@ -1,6 +1,6 @@
 """A bounded exhaustive model checker of the real protocol core (safety only).
 
-Entry points (the lead wires `relay sim explore` to them):
+Entry points (`relay explore ARGS` calls `main(ARGS)`):
 
     run_explore(
         max_states: int = 20_000,      # distinct states to discover before stopping
@@ -1169,8 +1169,8 @@ def run_explore(
     frontier: deque[_Node] = deque()
     if strategy == "walk":
         # Random walks from the start to a terminal state (or max_depth), until a bound;
-        # each step applies one random enabled action. Stops early once `stale_walks`
-        # walks in a row found nothing new (the space is then likely covered).
+        # each step applies one random enabled action. Stops early once 1,000 walks in a
+        # row found nothing new (the space is then likely covered).
         stale = 0
         while stale < 1_000 and not should_stop():
             walks += 1
