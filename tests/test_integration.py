@@ -1,0 +1,776 @@
+"""Integration tests: real relay processes on 127.0.0.1 (free ports), real clients.
+
+1. produce through every relay, consume from every relay: one committed order everywhere;
+2. a consumer that starts on a relay outside the stream's members is redirected;
+3. SIGKILL of a relay under a steady stream of produces: nothing acknowledged is lost,
+   consumers go on, and the restarted relay catches up and serves reads;
+4. SIGSTOP of a relay does not stop the others; after SIGCONT it unfences and serves;
+5. a relay cut off from its quorum answers `fenced` within about suspect_timeout_ms, and
+   commits again once the others are back.
+
+Timing bounds are generous (a loaded 2-core CI machine): they check behaviour, not speed.
+Every test stops every process and thread it starts, even when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from relay import wire
+from relay.client import Consumer, Producer, Record
+from relay.core.messages import Outcome, ReadStatus
+from relay.errors import ClientError, Fenced
+from relay.launcher import Mesh
+
+pytestmark = pytest.mark.timeout(120)
+
+STREAM = "orders.eu"
+AUDIT = "audit"
+START_TIMEOUT_S = 30.0  # for a mesh, or a restarted relay, to come up
+CATCH_UP_S = 30.0  # for a consumer to see what was committed
+PROGRESS_S = 30.0  # for a few more commits to happen after a fault
+FENCE_MARGIN_S = 2.5  # on top of suspect_timeout_ms, for a relay to answer `fenced`
+UNFENCE_S = 15.0  # for a relay to unfence once its peers are back
+
+
+# --- topologies and processes ----------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_topology(
+    directory: Path, subscriptions: Sequence[Sequence[str]], declared: Sequence[str]
+) -> Path:
+    """A topology with relay i serving `subscriptions[i]`, on free ports of 127.0.0.1."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2 * len(subscriptions))
+    lines = ["relays:"]
+    for i, streams in enumerate(subscriptions):
+        lines.append(
+            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
+            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(list(streams))}}}"
+        )
+    lines += [f"streams: {json.dumps(list(declared))}", f"data_dir: {directory / 'data'}"]
+    path = directory / "topology.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def running(pid: int) -> bool:
+    """True if the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def force_kill(pids: Sequence[int]) -> None:
+    for pid in pids:
+        if running(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_mesh(mesh: Mesh, pids: set[int]) -> None:
+    pids |= set(mesh.pids.values())
+    try:
+        mesh.stop()
+    finally:
+        force_kill(sorted(pids))  # e.g. a relay still stopped by SIGSTOP
+
+
+class Harness:
+    """What one test starts: meshes, producer and consumer threads. `close` ends the
+    threads first (so that nothing waits on a relay that is gone), then every relay."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.meshes: list[tuple[Mesh, set[int]]] = []
+        self.workers: list[Worker] = []
+
+    def mesh(self, subscriptions: Sequence[Sequence[str]]) -> Mesh:
+        directory = self.directory / f"mesh{len(self.meshes)}"
+        declared = list(dict.fromkeys(s for streams in subscriptions for s in streams))
+        path = write_topology(directory, subscriptions, declared)
+        mesh = Mesh(path, log_level="warning", log_dir=directory / "logs")
+        pids: set[int] = set()
+        self.meshes.append((mesh, pids))
+        print(f"relay logs: {directory / 'logs'}")  # shown by pytest when the test fails
+        mesh.start(timeout_s=START_TIMEOUT_S)
+        pids |= set(mesh.pids.values())
+        return mesh
+
+    def track(self, mesh: Mesh) -> None:
+        """Remember the relays' current pids (call after a restart)."""
+        for m, pids in self.meshes:
+            if m is mesh:
+                pids |= set(mesh.pids.values())
+
+    def pump(self, **kwargs: Any) -> Pump:
+        worker = Pump(**kwargs)
+        self.workers.append(worker)
+        worker.start()
+        return worker
+
+    def reader(
+        self, relays: Mapping[int, str], stream: str = STREAM, start: Any = "earliest"
+    ) -> Reader:
+        worker = Reader(relays, stream, start)
+        self.workers.append(worker)
+        worker.start()
+        return worker
+
+    def close(self) -> None:
+        try:
+            for worker in self.workers:
+                worker.halt()
+            for worker in self.workers:
+                worker.join(20)
+        finally:
+            for mesh, pids in self.meshes:
+                stop_mesh(mesh, pids)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+# --- clients in threads ----------------------------------------------------------------------
+
+
+class Worker(threading.Thread):
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def halt(self) -> None:
+        self.stopping.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"{self.name} failed: {self.error!r}") from self.error
+
+
+class Pump(Worker):
+    """Produces to `stream` one transaction at a time, as fast as they commit."""
+
+    def __init__(
+        self,
+        *,
+        relays: Mapping[int, str] | None = None,
+        topology: Path | None = None,
+        stream: str = STREAM,
+        send_timeout_s: float = 15.0,
+    ) -> None:
+        super().__init__("pump")
+        self.producer_kwargs: dict[str, Any] = {"relays": relays, "topology": topology}
+        self.stream = stream
+        self.send_timeout_s = send_timeout_s
+        self.producer_id = os.urandom(16)
+        self.committed: list[tuple[float, int, int]] = []  # (monotonic time, pseq, seq)
+        self.failed: list[tuple[int, str]] = []  # (pseq, error)
+        self.stats: Counter[str] = Counter()
+
+    def run(self) -> None:
+        try:
+            with Producer(
+                **self.producer_kwargs,
+                producer_id=self.producer_id,
+                window=1,
+                send_timeout_s=self.send_timeout_s,
+            ) as producer:
+                while not self.stopping.is_set():
+                    pseq = producer.next_producer_seq
+                    try:
+                        seq = producer.send(self.stream, b"v%d" % pseq, key=b"k%d" % pseq)
+                    except ClientError as e:
+                        self.failed.append((pseq, repr(e)))
+                    else:
+                        self.committed.append((time.monotonic(), pseq, seq))
+                self.stats = Counter(producer.stats)
+        except BaseException as e:
+            self.error = e
+
+    def count(self) -> int:
+        return len(self.committed)
+
+    def wait_for(self, n: int, timeout_s: float = PROGRESS_S) -> None:
+        """Wait until `n` transactions in all have committed."""
+        deadline = time.monotonic() + timeout_s
+        while self.count() < n:
+            self.check()
+            assert time.monotonic() < deadline, (
+                f"only {self.count()} of {n} commits within {timeout_s} s; "
+                f"failures: {self.failed[-3:]}"
+            )
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.halt()
+        self.join(self.send_timeout_s + 10)
+        assert not self.is_alive(), "the producer did not stop"
+        self.check()
+
+
+class Reader(Worker):
+    """Consumes `stream` from `start` through the given relays, keeping every record."""
+
+    def __init__(self, relays: Mapping[int, str], stream: str, start: Any) -> None:
+        super().__init__("reader")
+        self.relays = dict(relays)
+        self.stream = stream
+        self.start_at = start
+        self.records: list[Record] = []
+        self.stats: Counter[str] = Counter()
+
+    def run(self) -> None:
+        try:
+            with Consumer(self.relays, timeout_s=0.2, wait_ms=500) as consumer:
+                consumer.subscribe(self.stream, self.start_at)
+                while not self.stopping.is_set():
+                    try:
+                        record = next(consumer)
+                    except StopIteration:  # idle for timeout_s: look at `stopping`
+                        continue
+                    self.records.append(record)
+                    self.stats = consumer.stats
+                self.stats = Counter(consumer.stats)
+        except BaseException as e:
+            self.error = e
+
+    def last_seq(self) -> int:
+        return self.records[-1].seq if self.records else -1
+
+    def wait_for(self, seq: int, timeout_s: float = CATCH_UP_S) -> list[Record]:
+        """Wait until a record at or beyond `seq` arrived; return the records so far."""
+        deadline = time.monotonic() + timeout_s
+        while self.last_seq() < seq:
+            self.check()
+            assert time.monotonic() < deadline, (
+                f"reader on {sorted(self.relays)} reached seq {self.last_seq()}, not {seq}, "
+                f"within {timeout_s} s ({len(self.records)} records; stats {dict(self.stats)})"
+            )
+            time.sleep(0.02)
+        return list(self.records)
+
+
+def read_until(
+    relays: Mapping[int, str], stream: str, last: int, **kw: Any
+) -> tuple[list[Record], Counter[str]]:
+    """Read `stream` from earliest until a record at or beyond `last`; (records, stats)."""
+    records: list[Record] = []
+    with Consumer(relays, timeout_s=CATCH_UP_S, wait_ms=500, **kw) as consumer:
+        consumer.subscribe(stream, "earliest")
+        for record in consumer:
+            records.append(record)
+            if record.seq >= last:
+                break
+        stats = Counter(consumer.stats)
+    assert records and records[-1].seq >= last, (
+        f"{stream} on {sorted(relays)}: reached {records[-1].seq if records else None}, "
+        f"not {last}, within {CATCH_UP_S} s; stats {dict(stats)}"
+    )
+    return records, stats
+
+
+def check_timeline(records: Sequence[Record]) -> None:
+    """G1 on one consumer: ascending seqs, no duplicate seq, no transaction twice."""
+    seqs = [r.seq for r in records]
+    assert all(a < b for a, b in itertools.pairwise(seqs)), "seqs not strictly ascending"
+    copies = Counter((r.producer_id, r.producer_seq) for r in records)
+    twice = [k for k, n in copies.items() if n > 1]
+    assert not twice, f"transactions delivered more than once: {twice[:5]}"
+
+
+def check_acknowledged(records: Sequence[Record], pump: Pump) -> None:
+    """G2/G3: every seq the producer was told committed is there, with its payload."""
+    by_seq = {r.seq: r for r in records}
+    missing = [(pseq, seq) for _, pseq, seq in pump.committed if seq not in by_seq]
+    assert not missing, f"{len(missing)} acknowledged transactions lost: {missing[:5]}"
+    for _, pseq, seq in pump.committed:
+        record = by_seq[seq]
+        assert (record.producer_id, record.producer_seq) == (pump.producer_id, pseq)
+        assert (record.key, record.value) == (b"k%d" % pseq, b"v%d" % pseq)
+
+
+def same_prefix(a: Sequence[Record], b: Sequence[Record], last: int) -> None:
+    """Two consumers agree on everything committed up to `last`."""
+    cut_a = [r for r in a if r.seq <= last]
+    cut_b = [r for r in b if r.seq <= last]
+    assert cut_a == cut_b, f"timelines differ up to {last}: {len(cut_a)} vs {len(cut_b)} records"
+
+
+# --- the raw client protocol (to see the wire outcome itself) -------------------------------
+
+
+class RawClient:
+    """One DEALER to one relay: send requests, collect answers by request id."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.ids = itertools.count(1)
+        self.answers: dict[int, tuple[float, Any]] = {}
+
+    def send(self, msg_of: Callable[[int], Any]) -> int:
+        rid = next(self.ids)
+        self.sock.send(wire.encode(msg_of(rid)))
+        return rid
+
+    def poll(self, timeout_s: float) -> None:
+        if self.sock.poll(int(timeout_s * 1000)):
+            while True:
+                try:
+                    frame = self.sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                msg = wire.decode(frame, 64 * 1024 * 1024)
+                self.answers[msg.request_id] = (time.monotonic(), msg)
+
+    def ask(self, msg_of: Callable[[int], Any], timeout_s: float = 5.0) -> Any:
+        rid = self.send(msg_of)
+        deadline = time.monotonic() + timeout_s
+        while rid not in self.answers:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no answer within {timeout_s} s"
+            self.poll(left)
+        return self.answers[rid][1]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def wait_status(mesh: Mesh, relay_id: int, stream: str, *, fenced: bool, timeout_s: float) -> float:
+    """Wait until the relay reports `stream` joined with the given fenced state; return
+    the time it took."""
+    start = time.monotonic()
+    seen: Any = None
+    while True:
+        status = mesh.status(relay_id, timeout_s=0.5)
+        seen = status["streams"].get(stream) if status else None
+        if seen and seen["joined"] and seen["fenced"] is fenced:
+            return time.monotonic() - start
+        assert time.monotonic() - start < timeout_s, (
+            f"relay {relay_id}: {stream} not {'fenced' if fenced else 'unfenced'} within "
+            f"{timeout_s} s (last status {seen})"
+        )
+        time.sleep(0.05)
+
+
+def clients(mesh: Mesh, *relay_ids: int) -> dict[int, str]:
+    """relay id -> client endpoint, in the given order (a client tries them in order)."""
+    return {r: mesh.endpoints[r].client for r in relay_ids}
+
+
+# --- 1 and 2: a 4-relay mesh; orders.eu lives on relays 0-2, audit on all four ------------
+
+
+@pytest.fixture(scope="module")
+def mesh4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    directory = tmp_path_factory.mktemp("mesh4")
+    subscriptions = [[STREAM, AUDIT]] * 3 + [[AUDIT]]
+    mesh = Mesh(
+        write_topology(directory, subscriptions, [STREAM, AUDIT]),
+        log_level="warning",
+        log_dir=directory / "logs",
+    )
+    pids: set[int] = set()
+    try:
+        mesh.start(timeout_s=START_TIMEOUT_S)
+        pids |= set(mesh.pids.values())
+        yield mesh
+    finally:
+        stop_mesh(mesh, pids)
+
+
+@pytest.mark.parametrize("stream", [AUDIT, STREAM])
+def test_produce_to_every_relay_consume_from_every_relay(mesh4: Mesh, stream: str) -> None:
+    """Producers on every relay at once (relay 3 forwards orders.eu, which it does not
+    serve); every member serves the same committed order."""
+    per_relay = 25
+    members = mesh4.config.members(stream)
+
+    def produce(relay_id: int) -> tuple[bytes, list[int]]:
+        pid = b"relay-%d-" % relay_id + os.urandom(8)
+        with Producer(clients(mesh4, relay_id), producer_id=pid, window=4) as producer:
+            values = [
+                (b"r%d" % relay_id, b"%s/%d/%d" % (stream.encode(), relay_id, i))
+                for i in range(per_relay)
+            ]
+            return pid, producer.send_many(stream, values)
+
+    with ThreadPoolExecutor(len(mesh4.relay_ids)) as pool:
+        produced = list(pool.map(produce, mesh4.relay_ids))
+    mine = {seq: (pid, i) for pid, seqs in produced for i, seq in enumerate(seqs)}
+    assert len(mine) == per_relay * len(mesh4.relay_ids), "two transactions got one seq"
+    last = max(mine)
+
+    timelines = {}
+    for relay_id in members:
+        records, stats = read_until(clients(mesh4, relay_id), stream, last)
+        timelines[relay_id] = [r for r in records if r.seq <= last]
+        check_timeline(timelines[relay_id])
+        assert stats["redirect"] == 0, stats
+    first = timelines[members[0]]
+    for relay_id in members[1:]:
+        assert timelines[relay_id] == first, f"relay {relay_id} serves another timeline"
+    by_seq = {r.seq: r for r in first}
+    for seq, (pid, pseq) in mine.items():
+        record = by_seq.get(seq)
+        assert record is not None, f"committed seq {seq} missing"
+        assert (record.producer_id, record.producer_seq) == (pid, pseq)
+        relay_id = int(pid.split(b"-")[1])
+        assert record.key == b"r%d" % relay_id
+        assert record.value == b"%s/%d/%d" % (stream.encode(), relay_id, pseq)
+    # Each producer's own transactions commit in the order it sent them (window 4 may
+    # reorder within a window, so only check that all are present, which is done above).
+
+
+def test_consumer_on_a_non_member_is_redirected(mesh4: Mesh) -> None:
+    """Relay 3 does not serve orders.eu: a read there answers `redirect` to 0, 1, 2, and a
+    consumer that starts there follows it and reads the stream."""
+    raw = RawClient(mesh4.endpoints[3].client)
+    try:
+        answer = raw.ask(lambda rid: wire.ReadReq(rid, STREAM, -1, 10, 0))
+    finally:
+        raw.close()
+    assert isinstance(answer, wire.ReadResp), answer
+    assert answer.status is ReadStatus.REDIRECT and answer.redirect == (0, 1, 2), answer
+
+    with Producer(topology=mesh4.config_path) as producer:
+        seqs = producer.send_many(STREAM, [b"redirected-%d" % i for i in range(10)])
+    last = max(seqs)
+    # No topology: the consumer tries relay 3 first (it only knows the ids to map).
+    records, stats = read_until(clients(mesh4, 3, 0, 1, 2), STREAM, last)
+    check_timeline(records)
+    assert stats["redirect"] >= 1, stats
+    assert set(seqs) <= {r.seq for r in records}
+    direct, _ = read_until(clients(mesh4, 1), STREAM, last)
+    same_prefix(records, direct, last)
+
+
+# --- 3: kill -9 under load, then restart ---------------------------------------------------
+
+
+def test_sigkill_loses_nothing_acknowledged_and_the_relay_rejoins(harness: Harness) -> None:
+    """Relay 1 is killed while a producer commits through relays 0 and 2: the stream goes
+    on without it, and once restarted it catches up and serves reads."""
+    mesh = harness.mesh([[STREAM]] * 3)
+    victim = 1
+    # The producer goes through the survivors: a transaction the victim coordinated and
+    # only one survivor received may split the survivors until the victim is back (the
+    # limit of docs/protocol.md section 8; see the next test).
+    pump = harness.pump(relays=clients(mesh, 0, 2))
+    on_survivor = harness.reader(clients(mesh, 2))
+    on_victim = harness.reader(clients(mesh, victim, 0, 2))  # starts on the victim
+    pump.wait_for(50)
+    on_victim.wait_for(pump.committed[9][2])
+
+    mesh.kill(victim, signal.SIGKILL)
+    at_kill = pump.count()
+    pump.wait_for(at_kill + 100)  # the survivors go on
+
+    mesh.restart(victim, timeout_s=START_TIMEOUT_S)
+    harness.track(mesh)
+    rejoined = harness.reader(clients(mesh, victim))  # the restarted relay only
+    at_restart = pump.count()
+    pump.wait_for(at_restart + 100)
+    pump.stop()
+
+    last = pump.committed[-1][2]
+    survivor = on_survivor.wait_for(last)
+    check_timeline(survivor)
+    check_acknowledged(survivor, pump)
+
+    # The consumer that was reading from the victim went on elsewhere: no gap, no repeat.
+    moved = on_victim.wait_for(last)
+    check_timeline(moved)
+    check_acknowledged(moved, pump)
+    same_prefix(moved, survivor, last)
+    assert on_victim.stats["failovers"] >= 1, on_victim.stats
+
+    # The restarted relay serves a suffix of the same timeline including everything
+    # committed after it came back.
+    back = rejoined.wait_for(last)
+    check_timeline(back)
+    after_restart = [seq for _, _, seq in pump.committed[at_restart:]]
+    assert set(after_restart) <= {r.seq for r in back}
+    start = [r.seq for r in survivor].index(back[0].seq)
+    assert survivor[start : start + len(back)] == back
+    status = mesh.status(victim)
+    assert status is not None and status["streams"][STREAM]["committed"] >= last, status
+
+
+def test_sigkill_of_a_coordinating_relay_loses_nothing_acknowledged(harness: Harness) -> None:
+    """Every relay coordinates (a producer pinned to each, failing over to the others)
+    when relay 1 is killed. The survivors may stall until it is back (a transaction it
+    sent to only one of them splits them: docs/protocol.md section 8), but after its
+    restart everything commits again, and nothing acknowledged is lost or repeated."""
+    mesh = harness.mesh([[STREAM]] * 3)
+    victim = 1
+    pumps = [
+        harness.pump(relays=clients(mesh, r, *(o for o in (0, 1, 2) if o != r)), send_timeout_s=10)
+        for r in (0, 1, 2)
+    ]
+    readers = [harness.reader(clients(mesh, r, *(o for o in (0, 1, 2) if o != r))) for r in (0, 2)]
+    for pump in pumps:
+        pump.wait_for(30)
+
+    mesh.kill(victim, signal.SIGKILL)
+    counts = [p.count() for p in pumps]
+    time.sleep(1.5)
+    went_on = sum(p.count() for p in pumps) - sum(counts)
+    mesh.restart(victim, timeout_s=START_TIMEOUT_S)
+    harness.track(mesh)
+    counts = [p.count() for p in pumps]
+    for pump, count in zip(pumps, counts, strict=True):
+        pump.wait_for(count + 30)
+    for pump in pumps:
+        pump.stop()
+
+    last = max(p.committed[-1][2] for p in pumps)
+    timelines = [reader.wait_for(last) for reader in readers]
+    for timeline in timelines:
+        check_timeline(timeline)
+        for pump in pumps:
+            check_acknowledged(timeline, pump)
+    same_prefix(timelines[0], timelines[1], last)
+    print(f"{went_on} commits in the 1.5 s the victim was down")
+
+
+# --- 4: SIGSTOP of one relay ----------------------------------------------------------------
+
+
+def test_sigstop_of_one_relay_does_not_stop_the_others(harness: Harness) -> None:
+    mesh = harness.mesh([[STREAM]] * 3)
+    paused = 2
+    pump = harness.pump(relays=clients(mesh, 0, 1))
+    reader = harness.reader(clients(mesh, 0))
+    pump.wait_for(10)
+
+    mesh.kill(paused, signal.SIGSTOP)
+    try:
+        at_stop = pump.count()
+        pump.wait_for(at_stop + 40)  # commits go on without relay 2
+        for relay_id in (0, 1):
+            wait_status(mesh, relay_id, STREAM, fenced=False, timeout_s=UNFENCE_S)
+        assert mesh.status(paused, timeout_s=0.3) is None  # it really is stopped
+    finally:
+        mesh.kill(paused, signal.SIGCONT)
+    wait_status(mesh, paused, STREAM, fenced=False, timeout_s=UNFENCE_S)
+    pump.wait_for(pump.count() + 10)
+    pump.stop()
+
+    # The resumed relay takes produces itself and serves the whole timeline again.
+    with Producer(clients(mesh, paused), send_timeout_s=20) as producer:
+        own = producer.send(STREAM, b"through the resumed relay")
+    last = max(own, pump.committed[-1][2])
+    resumed, _ = read_until(clients(mesh, paused), STREAM, last)
+    check_timeline(resumed)
+    check_acknowledged(resumed, pump)
+    assert own in {r.seq for r in resumed}
+    same_prefix(resumed, reader.wait_for(last), last)
+
+
+# --- 5: fencing -----------------------------------------------------------------------------
+
+
+def test_a_relay_cut_off_from_its_quorum_answers_fenced_then_recovers(
+    harness: Harness,
+) -> None:
+    mesh = harness.mesh([[STREAM]] * 3)
+    suspect_s = mesh.config.limits.suspect_timeout_ms / 1000
+    alone, others = 0, (1, 2)
+    raw = RawClient(mesh.endpoints[alone].client)
+    pid = b"fence-test"
+    pseqs = itertools.count(1)
+    sent: dict[int, tuple[int, float]] = {}  # request id -> (producer seq, sent at)
+
+    def produce(rid: int, pseq: int) -> wire.ProduceReq:
+        return wire.ProduceReq(rid, STREAM, pid, pseq, None, b"p%d" % pseq)
+
+    def commit(pseq: int) -> wire.ProduceResp:
+        """Produce `pseq` until it commits (a retry with the same producer seq is safe; a
+        loaded machine may fence a relay for a moment)."""
+        deadline = time.monotonic() + 20
+        while True:
+            answer: wire.ProduceResp = raw.ask(functools.partial(produce, pseq=pseq), timeout_s=10)
+            if answer.outcome is Outcome.COMMITTED or time.monotonic() > deadline:
+                return answer
+            time.sleep(0.1)
+
+    try:
+        first = commit(next(pseqs))
+        assert first.outcome is Outcome.COMMITTED, first
+
+        for relay_id in others:
+            mesh.kill(relay_id, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            # A produce every 20 ms until one is answered fenced.
+            fenced_at = None
+            while fenced_at is None:
+                elapsed = time.monotonic() - stopped_at
+                assert elapsed < suspect_s + FENCE_MARGIN_S, (
+                    f"relay {alone} did not answer fenced within {elapsed:.2f} s "
+                    f"(suspect_timeout_ms {suspect_s * 1000:g}): {raw.answers}"
+                )
+                pseq = next(pseqs)
+                sent[raw.send(functools.partial(produce, pseq=pseq))] = (pseq, time.monotonic())
+                raw.poll(0.02)
+                fenced_at = min(
+                    (
+                        raw.answers[r][0]
+                        for r in sent
+                        if r in raw.answers and raw.answers[r][1].outcome is Outcome.FENCED
+                    ),
+                    default=None,
+                )
+            print(f"first fenced answer {fenced_at - stopped_at:.3f} s after SIGSTOP")
+
+            # Now fenced: a produce is answered fenced at once, naming relays to try.
+            asked = time.monotonic()
+            answer = raw.ask(lambda rid: produce(rid, next(pseqs)), timeout_s=5)
+            assert answer.outcome is Outcome.FENCED, answer
+            assert set(answer.redirect) <= set(others) and answer.redirect, answer
+            assert time.monotonic() - asked < 2.0
+            read = raw.ask(lambda rid: wire.ReadReq(rid, STREAM, -1, 10, 0))
+            assert read.status is ReadStatus.FENCED, read
+
+            # The client library says Fenced (every answer was fenced).
+            with (
+                Producer(clients(mesh, alone), max_attempts=2, send_timeout_s=5) as producer,
+                pytest.raises(Fenced) as info,
+            ):
+                producer.send(STREAM, b"cut off")
+            assert set(info.value.redirect_to) <= set(others), info.value.redirect_to
+
+            # The produces sent before it fenced end as unknown (produce_timeout_ms),
+            # never as committed while it is alone.
+            wait_until = time.monotonic() + mesh.config.limits.produce_timeout_ms / 1000 + 3
+            while len([r for r in sent if r in raw.answers]) < len(sent):
+                assert time.monotonic() < wait_until, "a produce was never answered"
+                raw.poll(0.1)
+            outcomes = Counter(raw.answers[r][1].outcome for r in sent)
+            assert set(outcomes) <= {Outcome.FENCED, Outcome.UNKNOWN}, outcomes
+            unknown = [sent[r][0] for r in sent if raw.answers[r][1].outcome is Outcome.UNKNOWN]
+        finally:
+            for relay_id in others:
+                mesh.kill(relay_id, signal.SIGCONT)
+
+        took = wait_status(mesh, alone, STREAM, fenced=False, timeout_s=UNFENCE_S)
+        print(f"unfenced {took:.3f} s after SIGCONT; outcomes while alone {dict(outcomes)}")
+        for relay_id in others:
+            wait_status(mesh, relay_id, STREAM, fenced=False, timeout_s=UNFENCE_S)
+        again = commit(next(pseqs))
+        assert again.outcome is Outcome.COMMITTED, again
+    finally:
+        raw.close()
+
+    # Retrying the unknown ones with the same producer seq is safe: one copy each.
+    retried = []
+    for pseq in unknown:
+        with Producer(clients(mesh, alone), producer_id=pid, first_producer_seq=pseq) as p:
+            retried.append(p.send(STREAM, b"p%d" % pseq))
+    last = max([again.seq, *retried])
+    records, _ = read_until(clients(mesh, 1), STREAM, last)
+    check_timeline(records)
+    ours = Counter(r.producer_seq for r in records if r.producer_id == pid)
+    for pseq in [*unknown, 1]:
+        assert ours[pseq] == 1, (pseq, ours)
+
+
+# --- slow: a soak of kills and pauses ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_soak_kill_restart_and_pause_every_relay_in_turn(harness: Harness) -> None:
+    """A producer pinned to each relay (failing over to the others) and a consumer on each
+    relay run while each relay in turn is killed with SIGKILL and restarted, then paused
+    for a few seconds (a backlog builds up) and resumed. The stream may stall while a
+    coordinator is gone (docs/protocol.md section 8) but goes on once it is back; nothing
+    acknowledged is lost; every consumer sees one timeline."""
+    mesh = harness.mesh([[STREAM]] * 3)
+    others = {r: [o for o in (0, 1, 2) if o != r] for r in (0, 1, 2)}
+    pumps = [
+        harness.pump(relays=clients(mesh, r, *others[r]), send_timeout_s=10) for r in (0, 1, 2)
+    ]
+    readers = [harness.reader(clients(mesh, r, *others[r])) for r in (0, 1, 2)]
+
+    def progress(n: int = 50) -> None:
+        targets = [p.count() + n for p in pumps]
+        for pump, target in zip(pumps, targets, strict=True):
+            pump.wait_for(target, timeout_s=60)
+
+    progress()
+    for victim in (0, 1, 2, 0, 1, 2):
+        mesh.kill(victim, signal.SIGKILL)
+        time.sleep(1)
+        mesh.restart(victim, timeout_s=START_TIMEOUT_S)
+        harness.track(mesh)
+        progress()
+        mesh.kill(victim, signal.SIGSTOP)
+        try:
+            time.sleep(3)
+        finally:
+            mesh.kill(victim, signal.SIGCONT)
+        wait_status(mesh, victim, STREAM, fenced=False, timeout_s=UNFENCE_S)
+        progress()
+    for pump in pumps:
+        pump.stop()
+
+    last = max(p.committed[-1][2] for p in pumps)
+    timelines = [reader.wait_for(last, timeout_s=60) for reader in readers]
+    for timeline in timelines:
+        check_timeline(timeline)
+        for pump in pumps:
+            check_acknowledged(timeline, pump)
+    for timeline in timelines[1:]:
+        same_prefix(timeline, timelines[0], last)
+    for relay_id in mesh.relay_ids:
+        status = mesh.status(relay_id)
+        assert status is not None and status["streams"][STREAM]["committed"] >= last, status
+    print(
+        f"committed {sum(p.count() for p in pumps)}, failed "
+        f"{[f for p in pumps for f in p.failed][:5]}, reader stats "
+        f"{[dict(r.stats) for r in readers]}"
+    )
