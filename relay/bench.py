@@ -1,0 +1,1101 @@
+"""`relay bench`: a real 3-relay mesh on loopback, side by side with raw ZeroMQ PUB/SUB.
+
+One run starts the mesh (a temporary topology on free 127.0.0.1 ports, relays as child
+processes through `relay.launcher.Mesh`, always stopped) and measures, for each value size:
+
+* throughput: committed transactions per second of a pipelined `Producer` (window 128 and
+  1000, the client's MAX_WINDOW) sending to relay 0 for `duration_s`; the clock stops when
+  the last transaction is settled;
+* latency at one transaction in flight (`Producer.send` in a loop) and at a fixed rate
+  (1,000 tx/s, open loop: `AsyncProducer.send_async` at scheduled times): produce-to-commit
+  (the producer's answer) and produce-to-delivery (a `Consumer` of relay 1, in a thread of
+  this process, yields the record). Every timestamp is `time.perf_counter()` in this process.
+
+The baseline sends the same payloads through one PUB and two SUBs (one thread, one poller,
+tcp on 127.0.0.1), measured the same way: fan-out msgs/s with the same windows (at most W
+messages published and not yet received by both subscribers) and one-way latency (publish
+to receipt, both subscribers' receipts counted) at one message in flight and at the same
+rate. Ratios are relay / baseline.
+
+The targets (>= 50,000 committed tx/s at 100 B pipelined; p50 <= 1 ms at one in flight;
+p99 <= 5 ms at 1,000 tx/s) are reported, never asserted. `--profile` runs relay 0 (the
+coordinator of every produce) under cProfile and profiles this process's producer during
+the 100 B throughput run, so the report can say where the time goes; CPU seconds of every
+relay and of the client are recorded for each throughput run in any case (Linux /proc).
+
+    relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
+from relay.errors import ClientError
+from relay.launcher import Mesh, MeshError
+
+__all__ = [
+    "DEFAULT_DURATION_S",
+    "DEFAULT_SIZES",
+    "DEFAULT_WINDOWS",
+    "BenchOptions",
+    "parse_sizes",
+    "run",
+    "run_cli",
+]
+
+DEFAULT_DURATION_S = 5.0  # per measured run
+QUICK_DURATION_S = 0.25
+DEFAULT_SIZES = (100, 1024)
+DEFAULT_WINDOWS = (128, MAX_WINDOW)
+DEFAULT_RATE_TX_S = 1_000
+STREAM = "bench"
+MIN_VALUE_BYTES = 8  # the header: run id (2 bytes) and index (6 bytes)
+MAX_VALUE_BYTES = 512 * 1024
+WARMUP_TX = 200  # unmeasured transactions before each relay run
+WARMUP_S = 0.2  # and unmeasured baseline traffic
+ONE_IN_FLIGHT_MAX = 20_000  # bounds the samples kept per run
+QUICK_ONE_IN_FLIGHT_MAX = 200
+DELIVERY_WAIT_S = 5.0  # after a latency run: how long to wait for the last deliveries
+START_TIMEOUT_S = 30.0
+BASELINE_STALL_S = 2.0  # no progress this long: the baseline run ends (messages lost)
+PROFILE_TOP = 25
+
+TARGET_TX_S = 50_000.0
+TARGET_P50_ONE_MS = 1.0
+TARGET_P99_RATE_MS = 5.0
+
+_HEADER = struct.Struct(">HIH")  # run id, index (low 32 bits), index (high 16 bits)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    duration_s: float = DEFAULT_DURATION_S
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    windows: tuple[int, ...] = DEFAULT_WINDOWS
+    rate_tx_s: int = DEFAULT_RATE_TX_S
+    quick: bool = False
+    profile: bool = False
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """Parse a list of sizes: "100,1k" -> (100, 1024). Raises ValueError naming a bad item."""
+    sizes: list[int] = []
+    for raw in text.split(","):
+        item = raw.strip().lower()
+        scale = 1
+        if item.endswith("k"):
+            item, scale = item[:-1], 1024
+        try:
+            size = int(item) * scale
+        except ValueError:
+            raise ValueError(f"{raw.strip()!r} is not a size in bytes") from None
+        if not MIN_VALUE_BYTES <= size <= MAX_VALUE_BYTES:
+            raise ValueError(f"size {size} is outside {MIN_VALUE_BYTES}..{MAX_VALUE_BYTES} bytes")
+        if size not in sizes:
+            sizes.append(size)
+    if not sizes:
+        raise ValueError("no size given")
+    return tuple(sizes)
+
+
+# --- payloads and statistics ------------------------------------------------------------
+
+
+def _payload(run_id: int, index: int, size: int, pad: bytes) -> bytes:
+    return _HEADER.pack(run_id, index & 0xFFFFFFFF, index >> 32) + pad[: size - _HEADER.size]
+
+
+def _unpack(value: bytes) -> tuple[int, int]:
+    if len(value) < _HEADER.size:
+        return -1, -1
+    run_id, low, high = _HEADER.unpack_from(value)
+    return run_id, (high << 32) | low
+
+
+def _percentile(ordered: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of sorted samples."""
+    if not ordered:
+        return float("nan")
+    rank = max(1, min(len(ordered), int(-(-p * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def _summary_ms(samples_s: Sequence[float]) -> dict[str, float | int | None]:
+    if not samples_s:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "mean": None, "max": None}
+    ordered = sorted(s * 1000.0 for s in samples_s)
+    return {
+        "count": len(ordered),
+        "p50": round(_percentile(ordered, 50), 4),
+        "p90": round(_percentile(ordered, 90), 4),
+        "p99": round(_percentile(ordered, 99), 4),
+        "mean": round(sum(ordered) / len(ordered), 4),
+        "max": round(ordered[-1], 4),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return round(a / b, 4)
+
+
+# --- CPU accounting ---------------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), None where unknown."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class _CpuMeter:
+    """CPU seconds used by each relay process and by this process between two points."""
+
+    def __init__(self, pids: dict[int, int]) -> None:
+        self.pids = pids
+        self._start = {r: _cpu_s(p) for r, p in pids.items()}
+        self._self = time.process_time()
+
+    def read(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for relay_id, pid in self.pids.items():
+            before, after = self._start[relay_id], _cpu_s(pid)
+            out[f"relay{relay_id}_s"] = (
+                None if before is None or after is None else round(after - before, 3)
+            )
+        out["client_s"] = round(time.process_time() - self._self, 3)
+        return out
+
+
+# --- the mesh -----------------------------------------------------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _write_topology(directory: Path) -> Path:
+    ports = _free_ports(6)
+    lines = ["relays:"]
+    for i in range(3):
+        lines.append(
+            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
+            f"client_port: {ports[2 * i + 1]}, streams: [{STREAM}]}}"
+        )
+    lines += [f"streams: [{STREAM}]", f"data_dir: {directory / 'data'}"]
+    path = directory / "topology.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+class _ProfiledMesh(Mesh):
+    """The mesh with one relay run under cProfile (its stats are written when it stops:
+    the relay exits through SystemExit on SIGTERM, which cProfile catches)."""
+
+    def __init__(self, *args: Any, profiled: int, stats_path: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.profiled = profiled
+        self.stats_path = stats_path
+
+    def _command(self, relay_id: int) -> list[str]:
+        # The launcher has no hook to wrap a relay's command; its command is
+        # [python, "-m", "relay", "run", ...].
+        command = super()._command(relay_id)
+        if relay_id != self.profiled:
+            return command
+        return [command[0], "-m", "cProfile", "-o", str(self.stats_path), *command[1:]]
+
+
+# --- relay runs -----------------------------------------------------------------------------
+
+
+class _Deliveries(threading.Thread):
+    """A Consumer of relay 1 (a thread of this process, so that it shares the clock) that
+    reads from "latest" and stamps the arrival of every record of one run (value header:
+    run id, index). One per latency run: it runs only while that run does."""
+
+    def __init__(self, relays: dict[int, str], run_id: int) -> None:
+        super().__init__(name="bench-consumer", daemon=True)
+        self.relays = relays
+        self.ready = threading.Event()
+        self.stopping = threading.Event()
+        self.run_id = run_id
+        self.arrivals: dict[int, float] = {}
+        self.error: BaseException | None = None
+        self.records = 0
+
+    def run(self) -> None:
+        try:
+            with Consumer(relays=self.relays, timeout_s=0.05, wait_ms=1_000) as consumer:
+                consumer.subscribe(STREAM, "latest")
+                while not self.stopping.is_set():
+                    record = next(consumer, None)
+                    if record is None:
+                        if consumer.position is not None:
+                            self.ready.set()
+                        continue
+                    now = time.perf_counter()
+                    self.records += 1
+                    run_id, index = _unpack(record.value)
+                    if run_id == self.run_id:
+                        self.arrivals.setdefault(index, now)
+        except BaseException as e:  # reported by the run that waits for deliveries
+            self.error = e
+            self.ready.set()
+
+
+@contextlib.contextmanager
+def _consuming(relays: dict[int, str], run_id: int) -> Iterator[_Deliveries]:
+    deliveries = _Deliveries(relays, run_id)
+    deliveries.start()
+    try:
+        if not deliveries.ready.wait(10.0) or deliveries.error is not None:
+            raise RuntimeError(f"the consumer of relay 1 did not start: {deliveries.error!r}")
+        yield deliveries
+    finally:
+        deliveries.stopping.set()
+        deliveries.join(2.0)
+
+
+@dataclass
+class _Context:
+    options: BenchOptions
+    producer_relays: dict[int, str]
+    consumer_relays: dict[int, str]
+    pids: dict[int, int]
+    mesh: Mesh
+    client_profile: cProfile.Profile | None = None
+    run_ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 1 << 16)))
+
+
+def _mesh_frames(ctx: _Context) -> int:
+    """Peer frames received so far by all relays together (node counters)."""
+    total = 0
+    for reply in ctx.mesh.statuses(2.0).values():
+        node = (reply.status or {}).get("node") or {}
+        total += int((node.get("counters") or {}).get("peer_frames", 0))
+    return total
+
+
+def _relay_throughput(ctx: _Context, size: int, window: int, profile: bool) -> dict[str, Any]:
+    run_id = next(ctx.run_ids)
+    pad = os.urandom(size)
+    duration = ctx.options.duration_s
+    with Producer(relays=ctx.producer_relays, window=window) as producer:
+        warm = [_payload(0, i, size, pad) for i in range(max(WARMUP_TX, window))]
+        producer.send_many(STREAM, warm, return_exceptions=True)
+        deadline = 0.0
+        sent = 0
+
+        def items() -> Iterator[bytes]:
+            nonlocal sent
+            while time.perf_counter() < deadline:
+                yield _payload(run_id, sent, size, pad)
+                sent += 1
+
+        frames_before = _mesh_frames(ctx)
+        cpu = _CpuMeter(ctx.pids)
+        profiler = cProfile.Profile() if profile else None
+        started = time.perf_counter()
+        deadline = started + duration
+        if profiler is not None:
+            profiler.enable()
+        try:
+            results = producer.send_many(STREAM, items(), return_exceptions=True)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+        elapsed = time.perf_counter() - started
+        used = cpu.read()
+        stats = dict(producer.stats)
+        frames = _mesh_frames(ctx) - frames_before
+    if profiler is not None:
+        ctx.client_profile = profiler
+    committed = sum(1 for r in results if not isinstance(r, ClientError))
+    per_tx = {
+        k.replace("_s", "_us_per_tx"): (None if v is None or not committed else v * 1e6 / committed)
+        for k, v in used.items()
+    }
+    return {
+        "value_bytes": size,
+        "window": window,
+        "sent": len(results),
+        "committed": committed,
+        "failed": len(results) - committed,
+        "elapsed_s": round(elapsed, 4),
+        "tx_per_s": round(committed / elapsed, 1) if elapsed > 0 else 0.0,
+        "retries": stats.get("retries", 0),
+        "mesh_frames_per_tx": round(frames / committed, 3) if committed else None,
+        "cpu_s": used,
+        "cpu_us_per_tx": {k: None if v is None else round(v, 1) for k, v in per_tx.items()},
+    }
+
+
+def _wait_deliveries(deliveries: _Deliveries, want: set[int]) -> None:
+    deadline = time.monotonic() + DELIVERY_WAIT_S
+    while time.monotonic() < deadline and not want.issubset(deliveries.arrivals):
+        if deliveries.error is not None:
+            return
+        time.sleep(0.01)
+
+
+def _latency_result(
+    ctx: _Context,
+    size: int,
+    mode: str,
+    sent_at: dict[int, float],
+    committed_at: dict[int, float],
+    failed: int,
+    elapsed: float,
+    deliveries: _Deliveries,
+    frames: int,
+) -> dict[str, Any]:
+    _wait_deliveries(deliveries, set(committed_at))
+    arrivals = deliveries.arrivals
+    commit = [committed_at[i] - sent_at[i] for i in committed_at]
+    delivery = [arrivals[i] - sent_at[i] for i in committed_at if i in arrivals]
+    return {
+        "value_bytes": size,
+        "mode": mode,
+        "rate_tx_s": ctx.options.rate_tx_s if mode == "rate" else None,
+        "sent": len(sent_at),
+        "committed": len(committed_at),
+        "failed": failed,
+        "delivered": len(delivery),
+        "achieved_tx_s": round(len(sent_at) / elapsed, 1) if elapsed > 0 else 0.0,
+        "mesh_frames_per_tx": round(frames / len(committed_at), 3) if committed_at else None,
+        "commit_ms": _summary_ms(commit),
+        "delivery_ms": _summary_ms(delivery),
+        "consumer_error": None if deliveries.error is None else repr(deliveries.error),
+    }
+
+
+def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
+    run_id = next(ctx.run_ids)
+    pad = os.urandom(size)
+    limit = QUICK_ONE_IN_FLIGHT_MAX if ctx.options.quick else ONE_IN_FLIGHT_MAX
+    sent_at: dict[int, float] = {}
+    committed_at: dict[int, float] = {}
+    failed = 0
+    with (
+        _consuming(ctx.consumer_relays, run_id) as deliveries,
+        Producer(relays=ctx.producer_relays, window=1) as producer,
+    ):
+        for i in range(WARMUP_TX // 4):
+            with contextlib.suppress(ClientError):
+                producer.send(STREAM, _payload(0, i, size, pad))
+        frames_before = _mesh_frames(ctx)
+        started = time.perf_counter()
+        deadline = started + ctx.options.duration_s
+        i = 0
+        while i < limit and time.perf_counter() < deadline:
+            value = _payload(run_id, i, size, pad)
+            sent_at[i] = time.perf_counter()
+            try:
+                producer.send(STREAM, value)
+            except ClientError:
+                failed += 1
+            else:
+                committed_at[i] = time.perf_counter()
+            i += 1
+        elapsed = time.perf_counter() - started
+        frames = _mesh_frames(ctx) - frames_before
+        return _latency_result(
+            ctx, size, "one_in_flight", sent_at, committed_at, failed, elapsed, deliveries, frames
+        )
+
+
+def _relay_at_rate(ctx: _Context, size: int) -> dict[str, Any]:
+    run_id = next(ctx.run_ids)
+    pad = os.urandom(size)
+    rate = ctx.options.rate_tx_s
+    count = max(1, int(rate * ctx.options.duration_s))
+    sent_at: dict[int, float] = {}
+    committed_at: dict[int, float] = {}
+    failures = [0]
+    elapsed = [0.0]
+    frames = [0]
+
+    def stamp(index: int) -> Callable[[asyncio.Future[int]], None]:
+        def done(future: asyncio.Future[int]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                failures[0] += 1
+            else:
+                committed_at[index] = time.perf_counter()
+
+        return done
+
+    async def main() -> None:
+        # Open loop: the i-th transaction is sent at start + i / rate whatever came back.
+        async with AsyncProducer(relays=ctx.producer_relays, window=MAX_WINDOW) as producer:
+            warm = [_payload(0, i, size, pad) for i in range(WARMUP_TX)]
+            await producer.send_many(STREAM, warm, return_exceptions=True)
+            frames[0] = -_mesh_frames(ctx)
+            futures: list[asyncio.Future[int]] = []
+            started = time.perf_counter()
+            for i in range(count):
+                delay = started + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                value = _payload(run_id, i, size, pad)
+                sent_at[i] = time.perf_counter()
+                future = await producer.send_async(STREAM, value)
+                future.add_done_callback(stamp(i))
+                futures.append(future)
+            await asyncio.gather(*futures, return_exceptions=True)
+            await asyncio.sleep(0)  # let the last done callbacks run
+            elapsed[0] = time.perf_counter() - started
+            frames[0] += _mesh_frames(ctx)
+
+    with _consuming(ctx.consumer_relays, run_id) as deliveries:
+        asyncio.run(main())
+        return _latency_result(
+            ctx, size, "rate", sent_at, committed_at, failures[0], elapsed[0], deliveries, frames[0]
+        )
+
+
+# --- the baseline: raw PUB/SUB fan-out ---------------------------------------------------
+
+
+class _Baseline:
+    """One PUB and two SUBs on 127.0.0.1, driven by one thread and one poller."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.subs: list[zmq.Socket[Any]] = []
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 0)  # the window bounds what is queued
+        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.poller = zmq.Poller()
+        for _ in range(2):
+            sub = self.ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(f"tcp://127.0.0.1:{port}")
+            self.subs.append(sub)
+            self.poller.register(sub, zmq.POLLIN)
+        self._join()
+
+    def _join(self) -> None:
+        """Publish until both subscribers receive (PUB/SUB drops before they join)."""
+        seen = [False, False]
+        deadline = time.monotonic() + 10.0
+        while not all(seen):
+            if time.monotonic() > deadline:
+                raise RuntimeError("baseline subscribers did not connect within 10 s")
+            self.pub.send(b"")
+            for sock, _ in self.poller.poll(10):
+                k = self.subs.index(sock)
+                while True:
+                    try:
+                        sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    seen[k] = True
+        self._drain(lambda k, frame, now: None)
+
+    def close(self) -> None:
+        for sock in [self.pub, *self.subs]:
+            sock.close(linger=0)
+        self.ctx.term()
+
+    def _drain(self, on: Callable[[int, bytes, float], None]) -> int:
+        got = 0
+        for k, sock in enumerate(self.subs):
+            while True:
+                try:
+                    frame = sock.recv(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                on(k, frame, time.perf_counter())
+                got += 1
+        return got
+
+    def throughput(self, size: int, window: int, duration_s: float) -> dict[str, Any]:
+        pad = os.urandom(size)
+        received = [0, 0]
+
+        def count(k: int, frame: bytes, now: float) -> None:
+            received[k] += 1
+
+        for warm in (True, False):
+            received[0] = received[1] = 0
+            sent = 0
+            started = time.perf_counter()
+            deadline = started + (WARMUP_S if warm else duration_s)
+            last_progress = time.monotonic()
+            while True:
+                now = time.perf_counter()
+                if now < deadline:
+                    while sent - min(received) < window:
+                        self.pub.send(_payload(1, sent, size, pad), copy=True)
+                        sent += 1
+                elif min(received) >= sent:
+                    break
+                if self._drain(count):
+                    last_progress = time.monotonic()
+                else:
+                    if time.monotonic() - last_progress > BASELINE_STALL_S:
+                        break
+                    self.poller.poll(1)
+            elapsed = time.perf_counter() - started
+        delivered = min(received)
+        return {
+            "value_bytes": size,
+            "window": window,
+            "msgs": sent,
+            "delivered_to_both": delivered,
+            "lost": sent - delivered,
+            "elapsed_s": round(elapsed, 4),
+            "msgs_per_s": round(delivered / elapsed, 1) if elapsed > 0 else 0.0,
+            "deliveries_per_s": round(sum(received) / elapsed, 1) if elapsed > 0 else 0.0,
+        }
+
+    def latency(
+        self, size: int, mode: str, duration_s: float, rate: int, limit: int
+    ) -> dict[str, Any]:
+        pad = os.urandom(size)
+        sent_at: dict[int, float] = {}
+        samples: list[float] = []
+        outstanding: dict[int, int] = {}  # index -> subscribers still to receive it
+
+        def receipt(k: int, frame: bytes, now: float) -> None:
+            _, index = _unpack(frame)
+            if index in sent_at:
+                samples.append(now - sent_at[index])
+                left = outstanding.get(index, 0) - 1
+                if left <= 0:
+                    outstanding.pop(index, None)
+                else:
+                    outstanding[index] = left
+
+        count = max(1, int(rate * duration_s)) if mode == "rate" else limit
+        started = time.perf_counter()
+        deadline = started + duration_s
+        i = 0
+        last_progress = time.monotonic()
+        while True:
+            now = time.perf_counter()
+            if mode == "one_in_flight":
+                may_send = not outstanding and i < count and now < deadline
+                next_at = now
+            else:
+                next_at = started + i / rate
+                may_send = i < count and now >= next_at
+            if may_send:
+                t0 = time.perf_counter()
+                sent_at[i] = t0
+                outstanding[i] = len(self.subs)
+                self.pub.send(_payload(2, i, size, pad), copy=True)
+                i += 1
+                continue
+            done_sending = i >= count or (mode == "one_in_flight" and now >= deadline)
+            if done_sending and not outstanding:
+                break
+            if self._drain(receipt):
+                last_progress = time.monotonic()
+                continue
+            if time.monotonic() - last_progress > BASELINE_STALL_S:
+                break
+            if mode == "rate" and not done_sending:
+                wait_ms = max(0, int((next_at - time.perf_counter()) * 1000))
+            else:
+                wait_ms = 1
+            self.poller.poll(wait_ms)
+        elapsed = time.perf_counter() - started
+        return {
+            "value_bytes": size,
+            "mode": mode,
+            "rate_tx_s": rate if mode == "rate" else None,
+            "sent": i,
+            "lost_receipts": len(self.subs) * i - len(samples),
+            "achieved_msgs_s": round(i / elapsed, 1) if elapsed > 0 else 0.0,
+            "one_way_ms": _summary_ms(samples),
+        }
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+_IMPORT_NOISE = (
+    "importlib",
+    "<built-in method _imp.",
+    "marshal.loads",
+    "builtins.compile",
+    "builtins.__build_class__",
+    "posix.stat",
+    "builtins.exec",
+)
+
+# (label, file suffix, function) whose cumulative time says where a relay's loop goes
+RELAY_STAGES = (
+    ("loop iterations (busy)", "relay/node.py", "_loop"),
+    ("  peer frames: drain", "relay/node.py", "_drain_peers"),
+    ("    core.receive", "relay/core/relay.py", "receive"),
+    ("    codec.decode", "relay/core/codec.py", "decode"),
+    ("  client frames: drain", "relay/node.py", "_drain_clients"),
+    ("    wire.decode", "relay/wire.py", "decode"),
+    ("    core.produce", "relay/core/relay.py", "produce"),
+    ("  core.tick", "relay/core/relay.py", "tick"),
+    ("  flush: ready + publish + replies", "relay/node.py", "_flush"),
+    ("    core.ready", "relay/core/relay.py", "ready"),
+    ("    codec.encode", "relay/core/codec.py", "encode"),
+    ("    publish to peers", "relay/node.py", "_publish"),
+    ("    replies to clients", "relay/node.py", "_send_client"),
+    ("    wake parked reads", "relay/node.py", "_wake_reads"),
+    ("  expire + watch", "relay/node.py", "_expire"),
+    ("zmq send (all)", "zmq/sugar/socket.py", "send"),
+    ("zmq send_multipart (all)", "zmq/sugar/socket.py", "send_multipart"),
+    ("zmq recv_multipart (all)", "zmq/sugar/socket.py", "recv_multipart"),
+    ("waiting in epoll (idle)", "~", "<method 'poll' of 'select.epoll' objects>"),
+)
+
+
+def _short_name(filename: str, line: int, name: str) -> str:
+    short = filename
+    marker = f"{os.sep}relay{os.sep}"
+    if marker in filename:
+        short = "relay/" + filename.rsplit(marker, 1)[1]
+    elif "site-packages" in filename:
+        short = filename.rsplit("site-packages" + os.sep, 1)[1]
+    elif os.sep in filename:
+        short = filename.rsplit(os.sep, 1)[1]
+    return f"{short}:{line}({name})"
+
+
+def _profile_rows(stats: pstats.Stats, top: int = PROFILE_TOP) -> list[dict[str, Any]]:
+    """The `top` functions by own time (import-time work left out), with cumulative time;
+    shares are of the profiled time outside epoll waits."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    idle = sum(tt for (f, _, n), (_, _, tt, _, _) in raw.items() if "select.epoll" in n)
+    total = (sum(tt for _, _, tt, _, _ in raw.values()) - idle) or 1.0
+    rows = []
+    ranked = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)
+    for (filename, line, name), (_, calls, tt, ct, _) in ranked:
+        label = _short_name(filename, line, name)
+        if "select.epoll" in name or any(noise in label for noise in _IMPORT_NOISE):
+            continue
+        rows.append(
+            {
+                "function": label,
+                "calls": calls,
+                "tottime_s": round(tt, 4),
+                "cumtime_s": round(ct, 4),
+                "share_of_busy": round(tt / total, 4),
+            }
+        )
+        if len(rows) >= top:
+            break
+    return rows
+
+
+def _stage_rows(stats: pstats.Stats) -> list[dict[str, Any]]:
+    """Cumulative time of the relay loop's stages (RELAY_STAGES), as shares of the busy
+    loop time."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    found: dict[str, tuple[int, float]] = {}
+    for (filename, _, name), (_, calls, _, ct, _) in raw.items():
+        for label, suffix, func in RELAY_STAGES:
+            if name == func and filename.replace(os.sep, "/").endswith(suffix):
+                old_calls, old_ct = found.get(label, (0, 0.0))
+                found[label] = (old_calls + calls, old_ct + ct)
+    busy = found.get(RELAY_STAGES[0][0], (0, 0.0))[1] or 1.0
+    return [
+        {
+            "stage": label,
+            "calls": found[label][0],
+            "cumtime_s": round(found[label][1], 4),
+            "share_of_busy": round(found[label][1] / busy, 4),
+        }
+        for label, _, _ in RELAY_STAGES
+        if label in found
+    ]
+
+
+def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    tput = [r["tx_per_s"] for r in report["relay"]["throughput"] if r["value_bytes"] == 100]
+    one = [
+        r["commit_ms"]["p50"]
+        for r in report["relay"]["latency"]
+        if r["mode"] == "one_in_flight"
+        and r["value_bytes"] == 100
+        and r["commit_ms"]["p50"] is not None
+    ]
+    rate = [
+        r["commit_ms"]["p99"]
+        for r in report["relay"]["latency"]
+        if r["mode"] == "rate" and r["commit_ms"]["p99"] is not None
+    ]
+    out = []
+    for name, target, measured, better in (
+        (
+            "committed tx/s at 100 B, pipelined (best window)",
+            TARGET_TX_S,
+            max(tput) if tput else None,
+            "higher",
+        ),
+        (
+            "produce-to-commit p50 ms at one in flight, 100 B",
+            TARGET_P50_ONE_MS,
+            min(one) if one else None,
+            "lower",
+        ),
+        (
+            f"produce-to-commit p99 ms at {report['config']['rate_tx_s']} tx/s (worst size)",
+            TARGET_P99_RATE_MS,
+            max(rate) if rate else None,
+            "lower",
+        ),
+    ):
+        met = None
+        if measured is not None:
+            met = measured >= target if better == "higher" else measured <= target
+        out.append({"target": name, "goal": target, "measured": measured, "met": met})
+    return out
+
+
+def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the whole benchmark; return the report (see `relay bench --json`)."""
+    say = log or (lambda text: None)
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    keep = False
+    topology = _write_topology(workdir)
+    stats_path = workdir / "relay0.prof"
+    mesh: Mesh
+    if options.profile:
+        mesh = _ProfiledMesh(
+            topology,
+            log_level="warning",
+            log_dir=workdir / "logs",
+            profiled=0,
+            stats_path=stats_path,
+        )
+    else:
+        mesh = Mesh(topology, log_level="warning", log_dir=workdir / "logs")
+    report: dict[str, Any] = {
+        "config": {
+            "duration_s": options.duration_s,
+            "sizes": list(options.sizes),
+            "windows": list(options.windows),
+            "rate_tx_s": options.rate_tx_s,
+            "quick": options.quick,
+            "profile": options.profile,
+            "relays": 3,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyzmq": zmq.pyzmq_version(),
+            "libzmq": zmq.zmq_version(),
+        },
+        "relay": {"throughput": [], "latency": []},
+        "baseline": {"throughput": [], "latency": []},
+    }
+    baseline: _Baseline | None = None
+    try:
+        say("starting the 3-relay mesh ...")
+        mesh.start(START_TIMEOUT_S)
+        ends = mesh.endpoints
+        ctx = _Context(
+            options,
+            producer_relays={r: ends[r].client for r in (0, 1, 2)},
+            consumer_relays={r: ends[r].client for r in (1, 2, 0)},
+            pids=mesh.pids,
+            mesh=mesh,
+        )
+        baseline = _Baseline()
+        limit = QUICK_ONE_IN_FLIGHT_MAX if options.quick else ONE_IN_FLIGHT_MAX
+        for size in options.sizes:
+            for window in options.windows:
+                say(f"throughput: {size} B, window {window}")
+                report["baseline"]["throughput"].append(
+                    baseline.throughput(size, window, options.duration_s)
+                )
+                profile = (
+                    options.profile and size == options.sizes[0] and window == max(options.windows)
+                )
+                report["relay"]["throughput"].append(_relay_throughput(ctx, size, window, profile))
+            say(f"latency: {size} B, one in flight")
+            report["baseline"]["latency"].append(
+                baseline.latency(size, "one_in_flight", options.duration_s, 0, limit)
+            )
+            report["relay"]["latency"].append(_relay_one_in_flight(ctx, size))
+            say(f"latency: {size} B, {options.rate_tx_s} tx/s")
+            report["baseline"]["latency"].append(
+                baseline.latency(size, "rate", options.duration_s, options.rate_tx_s, 0)
+            )
+            report["relay"]["latency"].append(_relay_at_rate(ctx, size))
+        report["relay_counters"] = {
+            r: {
+                **((reply.status or {}).get("counters") or {}),
+                **(((reply.status or {}).get("node") or {}).get("counters") or {}),
+            }
+            for r, reply in mesh.statuses().items()
+        }
+        if options.profile and ctx.client_profile is not None:
+            text = io.StringIO()
+            rows = _profile_rows(pstats.Stats(ctx.client_profile, stream=text))
+            report.setdefault("profile", {})["client"] = {
+                "run": f"throughput {options.sizes[0]} B window {max(options.windows)}",
+                "top_by_own_time": rows,
+            }
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        if baseline is not None:
+            baseline.close()
+        mesh.stop()
+        if options.profile and stats_path.exists():
+            relay_stats = pstats.Stats(str(stats_path), stream=io.StringIO())
+            report.setdefault("profile", {})["relay0"] = {
+                "run": "relay 0 (coordinator of every produce) over the whole bench",
+                "top_by_own_time": _profile_rows(relay_stats),
+                "stages": _stage_rows(relay_stats),
+            }
+        if keep:
+            say(f"relay logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["ratios"] = _ratios(report)
+    report["targets"] = _targets(report)
+    return report
+
+
+def _ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    base_t = {(b["value_bytes"], b["window"]): b for b in report["baseline"]["throughput"]}
+    for r in report["relay"]["throughput"]:
+        b = base_t.get((r["value_bytes"], r["window"]))
+        if b is not None:
+            out.append(
+                {
+                    "metric": "throughput",
+                    "value_bytes": r["value_bytes"],
+                    "window": r["window"],
+                    "relay": r["tx_per_s"],
+                    "baseline": b["msgs_per_s"],
+                    "ratio": _ratio(r["tx_per_s"], b["msgs_per_s"]),
+                }
+            )
+    base_l = {(b["value_bytes"], b["mode"]): b for b in report["baseline"]["latency"]}
+    for r in report["relay"]["latency"]:
+        b = base_l.get((r["value_bytes"], r["mode"]))
+        if b is None:
+            continue
+        for what in ("commit", "delivery"):
+            for p in ("p50", "p99"):
+                relay_ms = r[f"{what}_ms"][p]
+                base_ms = b["one_way_ms"][p]
+                out.append(
+                    {
+                        "metric": f"{what}_latency_{p}",
+                        "value_bytes": r["value_bytes"],
+                        "mode": r["mode"],
+                        "relay": relay_ms,
+                        "baseline": base_ms,
+                        "ratio": _ratio(relay_ms, base_ms),
+                    }
+                )
+    return out
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cfg = report["config"]
+    console.print(
+        f"relay bench: 3 relays on 127.0.0.1, {cfg['cpus']} CPUs, Python {cfg['python']}, "
+        f"pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); {cfg['duration_s']:g} s per run"
+        + ("; relay 0 under cProfile (slower)" if cfg["profile"] else "")
+    )
+    base_t = {(b["value_bytes"], b["window"]): b for b in report["baseline"]["throughput"]}
+    table = Table(title="throughput: committed tx/s (relay) vs fan-out msgs/s (PUB -> 2 SUB)")
+    for name in (
+        "value",
+        "window",
+        "relay tx/s",
+        "failed",
+        "baseline msgs/s",
+        "ratio",
+        "CPU µs/tx r0/r1/r2/client",
+        "mesh frames/tx",
+    ):
+        table.add_column(name, justify="right")
+    for r in report["relay"]["throughput"]:
+        b = base_t.get((r["value_bytes"], r["window"]), {})
+        cpu = r["cpu_us_per_tx"]
+        cpu_text = "/".join(
+            _fmt(cpu.get(k), 0)
+            for k in (
+                "relay0_us_per_tx",
+                "relay1_us_per_tx",
+                "relay2_us_per_tx",
+                "client_us_per_tx",
+            )
+        )
+        table.add_row(
+            f"{r['value_bytes']} B",
+            str(r["window"]),
+            _fmt(r["tx_per_s"], 0),
+            str(r["failed"]),
+            _fmt(b.get("msgs_per_s"), 0),
+            _fmt(_ratio(r["tx_per_s"], b.get("msgs_per_s")), 3),
+            cpu_text,
+            _fmt(r["mesh_frames_per_tx"], 2),
+        )
+    console.print(table)
+
+    base_l = {(b["value_bytes"], b["mode"]): b for b in report["baseline"]["latency"]}
+    table = Table(
+        title="latency ms, p50 / p99 (relay: produce->commit, produce->delivery "
+        "on relay 1; baseline: PUB->SUB one way)"
+    )
+    for name in (
+        "value",
+        "load",
+        "relay commit",
+        "relay delivery",
+        "baseline one-way",
+        "commit ratio p50/p99",
+        "achieved tx/s",
+        "mesh frames/tx",
+    ):
+        table.add_column(name, justify="right")
+    for r in report["relay"]["latency"]:
+        b = base_l.get((r["value_bytes"], r["mode"]), {})
+        bw = b.get("one_way_ms", {})
+        cm, dm = r["commit_ms"], r["delivery_ms"]
+        load = "1 in flight" if r["mode"] == "one_in_flight" else f"{r['rate_tx_s']} tx/s"
+        table.add_row(
+            f"{r['value_bytes']} B",
+            load,
+            f"{_fmt(cm['p50'], 3)} / {_fmt(cm['p99'], 3)}",
+            f"{_fmt(dm['p50'], 3)} / {_fmt(dm['p99'], 3)}",
+            f"{_fmt(bw.get('p50'), 3)} / {_fmt(bw.get('p99'), 3)}",
+            f"{_fmt(_ratio(cm['p50'], bw.get('p50')), 1)} / "
+            f"{_fmt(_ratio(cm['p99'], bw.get('p99')), 1)}",
+            _fmt(r["achieved_tx_s"], 0),
+            _fmt(r["mesh_frames_per_tx"], 1),
+        )
+    console.print(table)
+
+    table = Table(title="targets (reported, not asserted)")
+    for name in ("target", "goal", "measured", "met"):
+        table.add_column(name)
+    for t in report["targets"]:
+        met = "-" if t["met"] is None else ("[green]yes[/green]" if t["met"] else "[red]no[/red]")
+        table.add_row(t["target"], _fmt(t["goal"]), _fmt(t["measured"], 3), met)
+    console.print(table)
+
+    for who, prof in (report.get("profile") or {}).items():
+        if prof.get("stages"):
+            table = Table(title=f"profile {who}: where the loop's time goes (cumulative)")
+            for name in ("stage", "calls", "cum s", "of busy loop"):
+                table.add_column(name, justify="left" if name == "stage" else "right")
+            for row in prof["stages"]:
+                table.add_row(
+                    row["stage"],
+                    str(row["calls"]),
+                    f"{row['cumtime_s']:.3f}",
+                    f"{100 * row['share_of_busy']:.1f}%",
+                )
+            console.print(table)
+        table = Table(title=f"profile {who}: {prof['run']} (top by own time)")
+        for name in ("function", "calls", "own s", "cum s", "of busy"):
+            table.add_column(name, justify="left" if name == "function" else "right")
+        for row in prof["top_by_own_time"]:
+            table.add_row(
+                row["function"],
+                str(row["calls"]),
+                f"{row['tottime_s']:.3f}",
+                f"{row['cumtime_s']:.3f}",
+                f"{100 * row['share_of_busy']:.1f}%",
+            )
+        console.print(table)
+
+
+def run_cli(
+    *,
+    duration_s: float | None,
+    sizes: tuple[int, ...],
+    windows: tuple[int, ...] = DEFAULT_WINDOWS,
+    rate_tx_s: int = DEFAULT_RATE_TX_S,
+    quick: bool,
+    as_json: bool,
+    profile: bool,
+) -> int:
+    """The `relay bench` command: 0 when every run produced figures, 1 otherwise."""
+    if duration_s is None:
+        duration_s = QUICK_DURATION_S if quick else DEFAULT_DURATION_S
+    options = BenchOptions(duration_s, sizes, windows, rate_tx_s, quick, profile)
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        report = run(options, log=log)
+    except MeshError as e:
+        print(f"error: the mesh did not start: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print_report(report)
+    ok = all(r["committed"] > 0 for r in report["relay"]["throughput"]) and all(
+        r["committed"] > 0 for r in report["relay"]["latency"]
+    )
+    return 0 if ok else 1

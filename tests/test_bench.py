@@ -1,0 +1,111 @@
+"""`relay bench` runs end to end on a real 3-relay mesh and reports sane figures.
+
+Only shape and sanity are checked (positive rates, ordered percentiles, every latency
+sample delivered, ratios present): performance is measured by the benchmark, never
+asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from relay.bench import parse_sizes
+from relay.cli import main
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(*args: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "relay", "bench", "--quick", "--json", *args]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+def check_summary(summary: dict[str, Any]) -> None:
+    assert summary["count"] > 0, summary
+    assert 0 < summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"], summary
+    assert summary["mean"] > 0, summary
+
+
+def test_quick_json_reports_sane_numbers() -> None:
+    report = bench()
+    config = report["config"]
+    assert config["quick"] is True and config["sizes"] == [100, 1024]
+    windows = config["windows"]
+    assert len(windows) == 2 and all(w > 1 for w in windows)
+    cases = {(s, w) for s in (100, 1024) for w in windows}
+
+    relay_t = report["relay"]["throughput"]
+    assert {(r["value_bytes"], r["window"]) for r in relay_t} == cases
+    for r in relay_t:
+        assert r["committed"] > 0 and r["committed"] + r["failed"] == r["sent"], r
+        assert r["tx_per_s"] > 0 and r["elapsed_s"] > 0, r
+        assert r["cpu_s"]["client_s"] >= 0, r
+
+    base_t = report["baseline"]["throughput"]
+    assert {(b["value_bytes"], b["window"]) for b in base_t} == cases
+    for b in base_t:
+        assert b["msgs_per_s"] > 0 and b["deliveries_per_s"] >= b["msgs_per_s"], b
+        assert b["lost"] == 0, b
+
+    relay_l = report["relay"]["latency"]
+    modes = {(s, m) for s in (100, 1024) for m in ("one_in_flight", "rate")}
+    assert {(r["value_bytes"], r["mode"]) for r in relay_l} == modes
+    for r in relay_l:
+        assert r["committed"] > 0 and r["consumer_error"] is None, r
+        assert r["delivered"] == r["committed"], r  # a consumer on relay 1 saw every one
+        assert r["achieved_tx_s"] > 0, r
+        check_summary(r["commit_ms"])
+        check_summary(r["delivery_ms"])
+        if r["mode"] == "rate":
+            assert r["rate_tx_s"] == config["rate_tx_s"], r
+
+    base_l = report["baseline"]["latency"]
+    assert {(b["value_bytes"], b["mode"]) for b in base_l} == modes
+    for b in base_l:
+        assert b["sent"] > 0 and b["lost_receipts"] == 0, b
+        check_summary(b["one_way_ms"])
+
+    ratios = report["ratios"]
+    assert len([r for r in ratios if r["metric"] == "throughput"]) == len(cases)
+    assert len([r for r in ratios if r["metric"] != "throughput"]) == 8 * len(config["sizes"])
+    for r in ratios:
+        assert r["ratio"] is not None and r["ratio"] > 0, r
+        assert r["ratio"] == pytest.approx(r["relay"] / r["baseline"], rel=1e-3, abs=1e-4), r
+
+    targets = report["targets"]
+    assert len(targets) == 3
+    for t in targets:
+        assert t["measured"] is not None and t["measured"] > 0, t
+        assert isinstance(t["met"], bool), t
+    assert "profile" not in report
+
+
+def test_quick_profile_says_where_time_goes() -> None:
+    report = bench("--sizes", "100", "--duration-s", "0.15", "--profile")
+    profile = report["profile"]
+    relay0 = profile["relay0"]
+    stages = {row["stage"].strip(): row for row in relay0["stages"]}
+    assert stages["loop iterations (busy)"]["cumtime_s"] > 0
+    assert stages["core.produce"]["calls"] > 0
+    assert relay0["top_by_own_time"] and profile["client"]["top_by_own_time"]
+    assert any("relay/" in row["function"] for row in relay0["top_by_own_time"])
+
+
+def test_bad_options_are_refused_before_any_mesh_starts() -> None:
+    runner = CliRunner()
+    for args in (["--sizes", "abc"], ["--sizes", "4"], ["--sizes", ""], ["--duration-s", "0"]):
+        result = runner.invoke(main, ["bench", *args])
+        assert result.exit_code == 2, (args, result.output)
+    assert parse_sizes("100, 1k,100") == (100, 1024)
