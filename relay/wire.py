@@ -61,9 +61,10 @@ from typing import Any, NoReturn
 
 import msgpack
 
+from relay.core import codec
 from relay.core.config import Limits
 from relay.core.messages import Outcome, ReadStatus
-from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
+from relay.errors import FieldError, MalformedFrame
 
 __all__ = [
     "ClientMessage",
@@ -389,50 +390,7 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
 
 def decode(frame: bytes, max_frame_bytes: int) -> ClientMessage:
     """The client message in `frame`; raises only `FrameError` subclasses, for any input."""
-    try:
-        size = len(frame)
-    except TypeError:
-        raise MalformedFrame(f"frame is not bytes: {type(frame).__name__}") from None
-    if size > max_frame_bytes:
-        raise OversizedFrame(f"frame of {size} bytes exceeds the maximum of {max_frame_bytes}")
-    if size == 0:
-        raise MalformedFrame("empty frame")
-    try:
-        # Bound every length by the frame's size, so a short header cannot make the
-        # unpacker pre-allocate more than the frame could hold.
-        obj = msgpack.unpackb(
-            frame,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=size,
-            max_bin_len=size,
-            max_array_len=size,
-            max_map_len=size,
-            max_ext_len=size,
-        )
-    except msgpack.ExtraData:
-        raise MalformedFrame("trailing data after the message") from None
-    except Exception as e:  # ValueError, FormatError, StackError, UnicodeDecodeError, ...
-        raise MalformedFrame(f"not a msgpack message ({type(e).__name__}: {e})") from None
-
-    if type(obj) is not list or not obj:
-        raise MalformedFrame(f"expected a non-empty array, got {_show(obj)}")
-    code = obj[0]
-    if type(code) is not int:
-        raise MalformedFrame(f"type code is not an int: {_show(code)}")
-    found = _DECODERS.get(code)
-    if found is None:
-        raise UnknownMessageType(f"unknown client message type code {_show(code)}")
-    name, length, dec = found
-    if len(obj) != length:
-        raise MalformedFrame(f"{name}: expected an array of {length} items, got {len(obj)}")
-    try:
-        msg: ClientMessage = dec(obj)
-    except FrameError:
-        raise
-    except Exception as e:  # a gap in the validators must still not escape the boundary
-        raise FieldError(f"{name}: invalid field ({type(e).__name__}: {e})") from None
+    msg: ClientMessage = codec.decode_with(frame, max_frame_bytes, _DECODERS, "client message")
     return msg
 
 

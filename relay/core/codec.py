@@ -28,9 +28,9 @@ producer sequences 0..2**64-1.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
@@ -69,6 +69,8 @@ TYPE_CODES: dict[type, int] = {
     RepairReply: 9,
     Refusal: 10,
 }
+
+T = TypeVar("T")
 
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
@@ -598,12 +600,27 @@ _DECODERS: dict[int, tuple[type, int, Callable[[list[Any]], Any]]] = {
     code: (cls, 1 + len(fields(cls)), _DECODER_OF[cls]) for cls, code in TYPE_CODES.items()
 }
 
+_DECODERS_BY_NAME = {code: (cls.__name__, n, dec) for code, (cls, n, dec) in _DECODERS.items()}
+
 assert set(_ENCODERS) == set(TYPE_CODES) == set(_DECODER_OF)
 assert len(set(TYPE_CODES.values())) == len(TYPE_CODES)
 
 
 def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:
     """The peer message in `frame`; raises only `FrameError` subclasses, for any input."""
+    msg: PeerMessage = decode_with(frame, max_frame_bytes, _DECODERS_BY_NAME, "message")
+    return msg
+
+
+def decode_with(
+    frame: bytes,
+    max_frame_bytes: int,
+    decoders: Mapping[int, tuple[str, int, Callable[[list[Any]], T]]],
+    what: str,
+) -> T:
+    """Decode a frame `[type code, field, ...]` with `decoders` (code -> name, array
+    length, field decoder): the one place where remote bytes become values, for peer
+    and client protocols alike. Raises only `FrameError` subclasses, for any input."""
     try:
         size = len(frame)
     except TypeError:
@@ -636,16 +653,15 @@ def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:
     code = obj[0]
     if type(code) is not int:
         raise MalformedFrame(f"type code is not an int: {_show(code)}")
-    found = _DECODERS.get(code)
+    found = decoders.get(code)
     if found is None:
-        raise UnknownMessageType(f"unknown message type code {code}")
-    cls, length, dec = found
+        raise UnknownMessageType(f"unknown {what} type code {code}")
+    name, length, dec = found
     if len(obj) != length:
-        raise MalformedFrame(f"{cls.__name__}: expected an array of {length} items, got {len(obj)}")
+        raise MalformedFrame(f"{name}: expected an array of {length} items, got {len(obj)}")
     try:
-        msg: PeerMessage = dec(obj)
+        return dec(obj)
     except FrameError:
         raise
     except Exception as e:  # a gap in the validators must still not escape the boundary
-        raise FieldError(f"{cls.__name__}: invalid field ({type(e).__name__}: {e})") from None
-    return msg
+        raise FieldError(f"{name}: invalid field ({type(e).__name__}: {e})") from None
