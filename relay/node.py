@@ -66,7 +66,9 @@ log = logging.getLogger("relay.node")
 
 HEARTBEAT_TOPIC = b"H|"
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
-CLIENT_HWM = 1_000  # messages queued per client connection
+# Messages queued per client connection: well above a client's largest window (1,000 in
+# relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
+CLIENT_HWM = 10_000
 TICK_MS = 1  # the loop wakes at least this often
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
