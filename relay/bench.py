@@ -37,7 +37,6 @@ import os
 import platform
 import pstats
 import shutil
-import socket
 import struct
 import sys
 import tempfile
@@ -52,7 +51,7 @@ import zmq
 
 from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
 from relay.errors import ClientError
-from relay.launcher import Mesh, MeshError
+from relay.launcher import Mesh, MeshError, write_loopback_topology
 
 __all__ = [
     "DEFAULT_DURATION_S",
@@ -198,31 +197,8 @@ class _CpuMeter:
 # --- the mesh -----------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _write_topology(directory: Path) -> Path:
-    ports = _free_ports(6)
-    lines = ["relays:"]
-    for i in range(3):
-        lines.append(
-            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: [{STREAM}]}}"
-        )
-    lines += [f"streams: [{STREAM}]", f"data_dir: {directory / 'data'}"]
-    path = directory / "topology.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_loopback_topology(directory, {i: [STREAM] for i in range(3)}, [STREAM])
 
 
 class _ProfiledMesh(Mesh):

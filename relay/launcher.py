@@ -23,15 +23,17 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import yaml  # type: ignore[import-untyped, unused-ignore]
 import zmq
 
 from relay import wire
@@ -43,9 +45,11 @@ __all__ = [
     "MeshError",
     "RelayEndpoints",
     "StatusReply",
+    "free_ports",
     "named_streams",
     "not_ready_reason",
     "query_status",
+    "write_loopback_topology",
 ]
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
@@ -464,3 +468,49 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pr_set_pdeathsig = 1
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free on `host` right now (held open together while chosen)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def write_loopback_topology(
+    directory: Path,
+    subscriptions: Mapping[int, Sequence[str]],
+    declared: Sequence[str] = (),
+    limits: Mapping[str, int] | None = None,
+) -> Path:
+    """Write `directory/topology.yaml`: relay id -> its subscriptions, every relay on free
+    ports of 127.0.0.1, the declared streams, optional limits, data under `directory`.
+    For tests and benchmarks that must not collide with a running mesh."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2 * len(subscriptions))
+    doc: dict[str, Any] = {
+        "relays": [
+            {
+                "id": relay_id,
+                "host": "127.0.0.1",
+                "mesh_port": ports[2 * i],
+                "client_port": ports[2 * i + 1],
+                "streams": list(streams),
+            }
+            for i, (relay_id, streams) in enumerate(sorted(subscriptions.items()))
+        ],
+        "streams": list(declared),
+        "data_dir": str(directory / "data"),
+    }
+    if limits:
+        doc["limits"] = dict(limits)
+    path = directory / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
-from relay.launcher import Mesh, MeshError
+from relay.launcher import Mesh, MeshError, write_loopback_topology
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,31 +31,10 @@ RELAYS = 3
 STREAMS = ["orders", "audit", "logs.*"]
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def write_topology(tmp_path: Path, relays: int = RELAYS) -> Path:
-    ports = free_ports(2 * relays)
-    lines = ["relays:"]
-    for i in range(relays):
-        lines.append(
-            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(STREAMS)}}}"
-        )
-    lines += ["streams: [orders, audit]", f"data_dir: {tmp_path / 'data'}"]
-    path = tmp_path / "topology.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_loopback_topology(
+        tmp_path, {i: STREAMS for i in range(relays)}, ["orders", "audit"]
+    )
 
 
 def children_of(pid: int) -> list[int]:

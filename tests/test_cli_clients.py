@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
-from relay.launcher import Mesh
+from relay.launcher import Mesh, write_loopback_topology
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,32 +23,10 @@ MAIN_JOB = ROOT / "scripts" / "main_job.py"
 STREAM = "orders.eu"
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def write_topology(directory: Path, relays: int = 3) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2 * relays)
-    lines = ["relays:"]
-    for i in range(relays):
-        lines.append(
-            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f'client_port: {ports[2 * i + 1]}, streams: ["orders.*", audit]}}'
-        )
-    lines += [f"streams: [{STREAM}, audit]", f"data_dir: {directory / 'data'}"]
-    path = directory / "topology.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_loopback_topology(
+        directory, {i: ["orders.*", "audit"] for i in range(relays)}, [STREAM, "audit"]
+    )
 
 
 @pytest.fixture(scope="module")

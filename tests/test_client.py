@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from relay.client import (
 )
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import Fenced, OutOfRange, Rejected, Unknown, UnknownStream
+from relay.launcher import free_ports, write_loopback_topology
 from relay.node import RelayNode
 from relay.topology import MeshConfig, loads
 
@@ -43,30 +43,9 @@ MAX_FRAME = 1 << 20
 # --- helpers -----------------------------------------------------------------------------
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def topology_text(streams: dict[int, list[str]], data_dir: Path) -> str:
-    ports = free_ports(2 * len(streams))
-    lines = ["relays:"]
-    for i, (relay_id, subs) in enumerate(sorted(streams.items())):
-        lines.append(
-            f"  - {{id: {relay_id}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(subs)}}}"
-        )
-    lines += ["limits:", "  max_tx_bytes: 4096", f"  max_frame_bytes: {MAX_FRAME}"]
-    lines.append(f"data_dir: {data_dir}")
-    return "\n".join(lines) + "\n"
+def write_topology(tmp_path: Path, streams: dict[int, list[str]]) -> Path:
+    limits = {"max_tx_bytes": 4096, "max_frame_bytes": MAX_FRAME}
+    return write_loopback_topology(tmp_path, streams, (), limits)
 
 
 def dead_endpoint() -> str:
@@ -77,8 +56,7 @@ class Mesh:
     """RelayNodes running in a background thread's event loop."""
 
     def __init__(self, tmp_path: Path, streams: dict[int, list[str]]) -> None:
-        self.path = tmp_path / "topology.yaml"
-        self.path.write_text(topology_text(streams, tmp_path))
+        self.path = write_topology(tmp_path, streams)
         self.config: MeshConfig = loads(self.path.read_text(), self.path)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

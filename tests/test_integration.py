@@ -17,10 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import os
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -36,7 +34,7 @@ from relay import wire
 from relay.client import Consumer, Producer, Record
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import ClientError, Fenced
-from relay.launcher import Mesh
+from relay.launcher import Mesh, write_loopback_topology
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,35 +50,11 @@ UNFENCE_S = 15.0  # for a relay to unfence once its peers are back
 # --- topologies and processes ----------------------------------------------------------------
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def write_topology(
     directory: Path, subscriptions: Sequence[Sequence[str]], declared: Sequence[str]
 ) -> Path:
     """A topology with relay i serving `subscriptions[i]`, on free ports of 127.0.0.1."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2 * len(subscriptions))
-    lines = ["relays:"]
-    for i, streams in enumerate(subscriptions):
-        lines.append(
-            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(list(streams))}}}"
-        )
-    lines += [f"streams: {json.dumps(list(declared))}", f"data_dir: {directory / 'data'}"]
-    path = directory / "topology.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_loopback_topology(directory, dict(enumerate(subscriptions)), declared)
 
 
 def running(pid: int) -> bool:

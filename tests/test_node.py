@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,8 +27,9 @@ import zmq.asyncio
 from relay import wire
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import FrameError
+from relay.launcher import write_loopback_topology
 from relay.node import RelayNode, subscription_prefix
-from relay.topology import MeshConfig, loads
+from relay.topology import MeshConfig, load
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,35 +38,9 @@ MAX_TX = 4_096
 MAX_FRAME = 1 << 20
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def topology_text(streams: dict[int, list[str]], data_dir: Path) -> str:
-    ports = free_ports(2 * len(streams))
-    lines = ["relays:"]
-    for i, (relay_id, subs) in enumerate(sorted(streams.items())):
-        lines.append(
-            f"  - {{id: {relay_id}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: {json.dumps(subs)}}}"
-        )
-    lines += [
-        "limits:",
-        f"  max_tx_bytes: {MAX_TX}",
-        f"  max_frame_bytes: {MAX_FRAME}",
-        "  max_batch_bytes: 262144",
-        f"data_dir: {data_dir}",
-    ]
-    return "\n".join(lines) + "\n"
+def write_topology(tmp_path: Path, streams: dict[int, list[str]]) -> Path:
+    limits = {"max_tx_bytes": MAX_TX, "max_frame_bytes": MAX_FRAME, "max_batch_bytes": 262144}
+    return write_loopback_topology(tmp_path, streams, (), limits)
 
 
 class Client:
@@ -123,7 +97,7 @@ async def mesh(
     tmp_path: Path, streams: dict[int, list[str]], start: tuple[int, ...] | None = None
 ) -> AsyncIterator[tuple[MeshConfig, dict[int, RelayNode], dict[int, Client]]]:
     """Start the relays `start` (default: all) of a mesh serving `streams`."""
-    config = loads(topology_text(streams, tmp_path), tmp_path / "topology.yaml")
+    config = load(write_topology(tmp_path, streams))
     started = config.relays if start is None else start
     nodes = {r: RelayNode(config, r, handle_signals=False) for r in started}
     ctx = zmq.asyncio.Context()
@@ -428,9 +402,8 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
-    path = tmp_path / "topology.yaml"
-    path.write_text(topology_text({1: ["solo"]}, tmp_path))
-    config = loads(path.read_text(), path)
+    path = write_topology(tmp_path, {1: ["solo"]})
+    config = load(path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "relay.node", str(path), "1"],

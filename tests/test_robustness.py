@@ -21,7 +21,6 @@ the `slow` variants run ten times as many.
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from relay.core.messages import (
     TxBatch,
 )
 from relay.errors import FrameError, Rejected, UnknownStream
-from relay.launcher import Mesh, query_status
+from relay.launcher import Mesh, query_status, write_loopback_topology
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,39 +71,15 @@ MAX_U64 = (1 << 64) - 1
 MARKER = [b"H|", b"robustness-marker", b"3 parts: counted as peer_bad_parts"]
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def write_topology(directory: Path) -> Path:
-    ports = free_ports(8)
-    lines = ["relays:"]
-    for i in (*RELAYS, HOSTILE):
-        streams = '["orders.*", audit]' if i != HOSTILE else "[hostile]"
-        lines.append(
-            f"  - {{id: {i}, host: 127.0.0.1, mesh_port: {ports[2 * i]}, "
-            f"client_port: {ports[2 * i + 1]}, streams: {streams}}}"
-        )
-    lines += [
-        "streams: [orders.eu, audit]",
-        "limits:",
-        f"  max_tx_bytes: {MAX_TX_BYTES}",
-        f"  max_frame_bytes: {MAX_FRAME_BYTES}",
-        "  max_batch_bytes: 262144",
-        f"data_dir: {directory / 'data'}",
-    ]
-    path = directory / "topology.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    subscriptions = {i: ["orders.*", "audit"] for i in RELAYS}
+    subscriptions[HOSTILE] = ["hostile"]
+    limits = {
+        "max_tx_bytes": MAX_TX_BYTES,
+        "max_frame_bytes": MAX_FRAME_BYTES,
+        "max_batch_bytes": 262144,
+    }
+    return write_loopback_topology(directory, subscriptions, ["orders.eu", "audit"], limits)
 
 
 # --- a raw client -----------------------------------------------------------------------------
