@@ -57,14 +57,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import msgpack
 
 from relay.core import codec
 from relay.core.config import Limits
+from relay.core.fields import array as _array
+from relay.core.fields import bad as _bad
+from relay.core.fields import enum as _enum
+from relay.core.fields import producer_id as _producer_id
+from relay.core.fields import stream as _stream
 from relay.core.messages import Outcome, ReadStatus
-from relay.errors import FieldError, MalformedFrame
 
 __all__ = [
     "ClientMessage",
@@ -84,8 +88,6 @@ __all__ = [
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
 MAX_RELAY_ID = 1023
-MAX_STREAM_NAME_BYTES = 255
-MAX_PRODUCER_ID_BYTES = 64
 MAX_READ_ENTRIES = 65_536
 MAX_WAIT_MS = 600_000
 MAX_TEXT_CHARS = 4_096  # reason, error, message
@@ -217,15 +219,6 @@ def encode(msg: ClientMessage) -> bytes:
 # --- decoding: field validators -------------------------------------------------------------
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _bad(name: str, expected: str, value: object) -> NoReturn:
-    raise FieldError(f"{name}: expected {expected}, got {_show(value)}")
-
-
 def _int(v: Any, name: str, lo: int, hi: int) -> int:
     if type(v) is not int or not lo <= v <= hi:
         _bad(name, f"int {lo}..{hi}", v)
@@ -258,32 +251,6 @@ def _text(v: Any, name: str) -> str:
     return v
 
 
-def _stream(v: Any, name: str) -> str:
-    if (
-        type(v) is not str
-        or not 0 < len(v) <= MAX_STREAM_NAME_BYTES
-        or len(v.encode()) > MAX_STREAM_NAME_BYTES
-        or "\x00" in v
-        or "|" in v
-    ):
-        _bad(name, f"stream name of 1..{MAX_STREAM_NAME_BYTES} UTF-8 bytes, no NUL or '|'", v)
-    return v
-
-
-def _producer_id(v: Any, name: str) -> bytes:
-    if type(v) is not bytes or not 0 < len(v) <= MAX_PRODUCER_ID_BYTES:
-        _bad(name, f"producer id of 1..{MAX_PRODUCER_ID_BYTES} bytes", v)
-    return v
-
-
-def _array(v: Any, name: str, length: int | None = None) -> list[Any]:
-    if type(v) is not list:
-        raise MalformedFrame(f"{name}: expected an array, got {_show(v)}")
-    if length is not None and len(v) != length:
-        raise MalformedFrame(f"{name}: expected an array of {length}, got {len(v)} items")
-    return v
-
-
 def _redirect(v: Any, name: str) -> tuple[int, ...]:
     items = _array(v, name)
     if len(items) > MAX_RELAY_ID + 1:
@@ -293,12 +260,6 @@ def _redirect(v: Any, name: str) -> tuple[int, ...]:
 
 _OUTCOMES = {o.value: o for o in Outcome}
 _READ_STATUSES = {s.value: s for s in ReadStatus}
-
-
-def _enum(v: Any, table: dict[str, Any], name: str) -> Any:
-    if type(v) is not str or v not in table:
-        _bad(name, "one of " + ", ".join(table), v)
-    return table[v]
 
 
 def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:

@@ -35,6 +35,15 @@ from typing import Any, NoReturn, TypeVar
 import msgpack
 
 from relay.core.digest import DIGEST_BYTES
+from relay.core.fields import (
+    MAX_PRODUCER_ID_BYTES,
+)
+from relay.core.fields import array as _array
+from relay.core.fields import bad as _bad
+from relay.core.fields import enum as _enum
+from relay.core.fields import producer_id as _producer_id
+from relay.core.fields import show as _show
+from relay.core.fields import stream as _stream
 from relay.core.messages import (
     Forward,
     ForwardReply,
@@ -74,8 +83,6 @@ T = TypeVar("T")
 
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
-MAX_STREAM_NAME_BYTES = 255
-MAX_PRODUCER_ID_BYTES = 64
 
 
 # --- encoding -----------------------------------------------------------------------------
@@ -244,15 +251,6 @@ def encode(msg: PeerMessage) -> bytes:
 # --- decoding: field validators -------------------------------------------------------------
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _bad(name: str, expected: str, value: object) -> NoReturn:
-    raise FieldError(f"{name}: expected {expected}, got {_show(value)}")
-
-
 def _relay_id(v: Any, name: str) -> int:
     if type(v) is not int or not 0 <= v <= MAX_RELAY_ID:
         _bad(name, f"relay id 0..{MAX_RELAY_ID}", v)
@@ -290,35 +288,9 @@ def _str(v: Any, name: str) -> str:
     return v
 
 
-def _stream(v: Any, name: str) -> str:
-    if (
-        type(v) is not str
-        or not 0 < len(v) <= MAX_STREAM_NAME_BYTES
-        or len(v.encode()) > MAX_STREAM_NAME_BYTES
-        or "\x00" in v
-        or "|" in v
-    ):
-        _bad(name, f"stream name of 1..{MAX_STREAM_NAME_BYTES} UTF-8 bytes, no NUL or '|'", v)
-    return v
-
-
 def _digest(v: Any, name: str) -> bytes:
     if type(v) is not bytes or len(v) != DIGEST_BYTES:
         _bad(name, f"{DIGEST_BYTES}-byte digest", v)
-    return v
-
-
-def _producer_id(v: Any, name: str) -> bytes:
-    if type(v) is not bytes or not 0 < len(v) <= MAX_PRODUCER_ID_BYTES:
-        _bad(name, f"producer id of 1..{MAX_PRODUCER_ID_BYTES} bytes", v)
-    return v
-
-
-def _array(v: Any, name: str, length: int | None = None) -> list[Any]:
-    if type(v) is not list:
-        raise MalformedFrame(f"{name}: expected an array, got {_show(v)}")
-    if length is not None and len(v) != length:
-        raise MalformedFrame(f"{name}: expected an array of {length}, got {len(v)} items")
     return v
 
 
@@ -392,13 +364,6 @@ def _acks(v: Any, name: str) -> tuple[tuple[int, int], ...]:
 
 _OUTCOMES = {o.value: o for o in Outcome}
 _REPAIR_STATUSES = {s.value: s for s in RepairStatus}
-
-
-def _enum(v: Any, table: dict[str, Any], name: str) -> Any:
-    found = table.get(v) if type(v) is str else None
-    if found is None:
-        _bad(name, "one of " + ", ".join(sorted(table)), v)
-    return found
 
 
 # --- decoding: one function per message type ------------------------------------------------
