@@ -57,7 +57,7 @@ from relay.core.messages import (
     Transaction,
     TxBatch,
 )
-from relay.core.seq import HybridClock, end_of_ms, ms_of, relay_of
+from relay.core.seq import MAX_SEQ, HybridClock, end_of_ms, ms_of, relay_of
 from relay.core.timeline import NO_DIGEST, DedupeWindow, Timeline
 from relay.core.votes import VoteTally
 from relay.errors import FieldError, FrameError
@@ -65,6 +65,9 @@ from relay.errors import FieldError, FrameError
 GENESIS_POINT = 0
 NEVER = -(1 << 62)  # a time long before anything happened
 REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across restarts
+# A suspicion sync (5.2) waits at most this many repair_retry_ms rounds for the members it
+# asked, then lets the watermark leave the suspected member out anyway.
+SYNC_MAX_ROUNDS = 3
 
 
 @dataclass
@@ -135,6 +138,20 @@ class ResetState:
 
 
 @dataclass
+class SuspectSync:
+    """Before the watermark leaves out a suspected member, fetch from the live members the
+    transactions it coordinated above the floor we last had from it (5.2): a frame it sent
+    to only some members before it died then reaches all of them, and they agree."""
+
+    heard_ms: int  # the member's last_heard_ms at the start: hearing it again ends the sync
+    lo: int
+    started_ms: int
+    sent_ms: int
+    awaiting: dict[int, int] = field(default_factory=dict)  # request id -> member asked
+    done: bool = False
+
+
+@dataclass
 class JoinState:
     """Joining (no history) or rebasing (history too old to repair)."""
 
@@ -191,6 +208,7 @@ class StreamState:
         self.votes_final_through = -1
         self.progress_ms = NEVER  # last time the committed point moved
         self.dead_check_ms = NEVER
+        self.syncs: dict[int, SuspectSync] = {}  # suspected member -> its sync (5.2)
 
 
 class RelayCore:
@@ -259,6 +277,20 @@ class RelayCore:
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
         now_ms = self._set_time(now_ms, mono_ms)
         self._accept(request.stream, request.tx, Waiter(request.request_id, None), now_ms)
+
+    def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None:
+        """The shell saw its connection to a peer close (the process died, the host went
+        away): suspect it now rather than after suspect_timeout_ms of silence. Hearing from
+        it again makes it live again. A hint for liveness only; safety never rests on it."""
+        now_ms = self._set_time(now_ms, mono_ms)
+        peer = self.peers.get(relay_id)
+        if peer is None:
+            self.counters["peer_lost_unknown"] += 1
+            return
+        silent_since = now_ms - self.limits.suspect_timeout_ms
+        if peer.last_heard_ms > silent_since:
+            peer.last_heard_ms = silent_since
+            self.counters["peer_lost"] += 1
 
     def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
         now_ms = self._set_time(now_ms, mono_ms)
@@ -339,6 +371,11 @@ class RelayCore:
                     "late": len(st.timeline.late),
                     "pending": len(st.pending),
                     "repairing": st.repair is not None,
+                    # A split seen (5.7): reports held back, then the zone rebuilt.
+                    "reports_paused": st.reports_paused,
+                    "rebuilding": st.reset is not None,
+                    # Suspected members whose transactions are still being fetched (5.2).
+                    "syncing": sorted(m for m, sync in st.syncs.items() if not sync.done),
                 }
                 for name, st in sorted(self.streams.items())
             },
@@ -660,7 +697,10 @@ class RelayCore:
         for m in st.peers:
             peer = self.peers[m]
             if now_ms - peer.last_heard_ms >= self.limits.suspect_timeout_ms:
-                continue  # suspected: left out (a liveness choice; digests keep us safe)
+                sync = st.syncs.get(m)
+                if sync is not None and sync.done and sync.heard_ms == peer.last_heard_ms:
+                    continue  # suspected and synced: left out (liveness; digests keep us safe)
+                # Suspected, but what it sent others is not fetched yet: hold at its floor.
             link = peer.links.get(st.stream)
             floor = link.contig_floor if link is not None else 0
             if floor < w:
@@ -828,6 +868,15 @@ class RelayCore:
         for waiter in waiters:
             self._answer(waiter, outcome, seq=result_seq, reason=reason)
 
+    def _abandon_pending(self, st: StreamState) -> None:
+        """Fenced: what we coordinate cannot commit while we stay cut off, so tell its
+        producers `unknown` now (they retry elsewhere with the same producer sequence;
+        dedupe keeps one copy if ours commits after all) instead of at its deadline."""
+        for seq, waiters in list(st.pending.items()):
+            self.counters["produce_unknown_fenced"] += 1
+            self._finish(st, seq, waiters, Outcome.UNKNOWN, -1)
+        st.pending.clear()
+
     # === repair ==========================================================================
 
     def _start_repair(self, st: StreamState, now_ms: int) -> None:
@@ -951,6 +1000,10 @@ class RelayCore:
         if link is not None and msg.request_id == link.fill_request and link.hole_lo >= 0:
             self._on_fill_reply(st, msg.sender, link, msg, now_ms)
             return
+        for suspect, sync in st.syncs.items():
+            if sync.awaiting.get(msg.request_id) == msg.sender:
+                self._on_sync_reply(st, suspect, sync, msg)
+                return
         if st.reset is not None and msg.request_id in st.reset.awaiting:
             self._on_reset_reply(st, msg, now_ms)
             return
@@ -1012,6 +1065,89 @@ class RelayCore:
         """Our history is too old to repair: take a base at or above need_point."""
         st.join = JoinState(amnesiac=False, need_point=need_point, first_round_done=True)
         self._send_join_request(st, now_ms)
+
+    # === suspicion sync (5.2) =============================================================
+
+    def _tick_syncs(self, st: StreamState, now_ms: int) -> None:
+        for m in st.peers:
+            peer = self.peers[m]
+            sync = st.syncs.get(m)
+            if self._is_live(peer, now_ms):
+                if sync is not None:
+                    del st.syncs[m]  # heard again: its own link speaks for it
+                continue
+            if sync is None or sync.heard_ms != peer.last_heard_ms:
+                self._start_sync(st, m, now_ms)
+            elif not sync.done:
+                self._retry_sync(st, m, sync, now_ms)
+
+    def _start_sync(self, st: StreamState, suspect: int, now_ms: int) -> None:
+        peer = self.peers[suspect]
+        link = peer.links.get(st.stream)
+        floor = link.contig_floor if link is not None else 0
+        # Below our committed point the suspect's transactions are settled for us.
+        lo = max(floor, st.timeline.committed_point, 0)
+        sync = st.syncs[suspect] = SuspectSync(peer.last_heard_ms, lo, now_ms, now_ms)
+        self.counters["suspect_sync_started"] += 1
+        for m in st.peers:
+            if m != suspect and self._is_live(self.peers[m], now_ms):
+                self._send_sync_request(st, suspect, sync, m, lo)
+        if not sync.awaiting:
+            sync.done = True
+
+    def _send_sync_request(
+        self, st: StreamState, suspect: int, sync: SuspectSync, member: int, lo: int
+    ) -> None:
+        request_id = self._request_id()
+        sync.awaiting[request_id] = member
+        self._send(
+            RepairRequest(
+                self.id,
+                self.incarnation,
+                self.clock.floor,
+                member,
+                st.stream,
+                request_id,
+                lo,
+                MAX_SEQ,
+                suspect,
+            )
+        )
+
+    def _retry_sync(self, st: StreamState, suspect: int, sync: SuspectSync, now_ms: int) -> None:
+        retry_ms = self.limits.repair_retry_ms
+        # A member that went silent too has its own sync; one that does not answer in time
+        # must not hold the watermark (and so every commit) for ever.
+        for request_id, member in list(sync.awaiting.items()):
+            if not self._is_live(self.peers[member], now_ms):
+                del sync.awaiting[request_id]
+        if sync.awaiting and now_ms - sync.started_ms >= SYNC_MAX_ROUNDS * retry_ms:
+            self.counters["suspect_sync_gave_up"] += 1
+            sync.awaiting.clear()
+        if not sync.awaiting:
+            sync.done = True
+            return
+        if now_ms - sync.sent_ms >= retry_ms:
+            sync.sent_ms = now_ms
+            members = list(sync.awaiting.values())
+            sync.awaiting.clear()
+            for member in members:
+                self._send_sync_request(st, suspect, sync, member, sync.lo)
+
+    def _on_sync_reply(
+        self, st: StreamState, suspect: int, sync: SuspectSync, msg: RepairReply
+    ) -> None:
+        del sync.awaiting[msg.request_id]
+        if msg.status is RepairStatus.OK:
+            for seq, tx in msg.entries:
+                if relay_of(seq) == suspect:
+                    self.counters[f"sync_{st.timeline.insert(seq, tx)}"] += 1
+            if msg.more:
+                self._send_sync_request(st, suspect, sync, msg.sender, msg.hi)
+                return
+        if not sync.awaiting:
+            sync.done = True
+            self.counters["suspect_sync_done"] += 1
 
     # === dead points: rebuilding an uncommitted zone ======================================
 
@@ -1359,6 +1495,8 @@ class RelayCore:
         if fenced != st.fenced:
             self.counters["fenced" if fenced else "unfenced"] += 1
             st.fenced = fenced
+            if fenced and st.join is None:
+                self._abandon_pending(st)
         join = st.join
         if join is not None and not st.peers and join.amnesiac:
             self._on_join_round(st, now_ms)  # a stream of one: nobody to ask
@@ -1378,6 +1516,7 @@ class RelayCore:
         if st.reset is not None and now_ms - st.reset.started_ms >= 3 * limits.repair_retry_ms:
             self._finish_reset(st, now_ms)  # proceed with the members that answered
         self._maybe_reset(st, now_ms)
+        self._tick_syncs(st, now_ms)
         for m in st.peers:
             link = self.peers[m].links.get(st.stream)
             if link is None or link.hole_lo < 0:

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 from relay.sim.faults import FaultConfig
 
+# Queued on a link when its sender crashes: the receiver's shell sees the connection close
+# after everything sent before it (TCP delivers the FIN after the data). A real frame is
+# never empty.
+CLOSED = b""
+
 
 @dataclass
 class NetParams:
@@ -121,6 +126,17 @@ class Network:
             stats.duplicated += 1
             self._n += 1
             heapq.heappush(self._heap, (at, self._n, src, dst, dst_epoch, frame))
+
+    def close(self, now: int, src: int, dst: int, dst_epoch: int) -> None:
+        """`src` crashed: queue CLOSED behind its frames on src->dst. Never dropped, but a
+        cut link hides it (the receiver only notices the silence)."""
+        if (src, dst) in self._cut:
+            return
+        link = (src, dst)
+        at = max(now + self.params.base_latency_ms, self._link_last.get(link, 0))
+        self._link_last[link] = at
+        self._n += 1
+        heapq.heappush(self._heap, (at, self._n, src, dst, dst_epoch, CLOSED))
 
     def due(self, now: int) -> list[tuple[int, int, int, bytes]]:
         """(src, dst, dst_epoch, frame) of every frame due by `now`, in delivery order;

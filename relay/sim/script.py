@@ -36,7 +36,9 @@ Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
     heal                         every link back to normal: uncut, released, no drops
     pause R | resume R           no ticks and no deliveries to R while paused
     crash R | restart R          restart = a new RelayCore with incarnation + 1; frames
-                                 queued towards a crashed relay are lost
+                                 queued towards a crashed relay are lost; its peers see
+                                 the connection close after what it sent before
+                                 (`peer_lost`), unless the link is cut
     skew R MS                    set R's clock offset to MS
     step R MS                    add MS to R's clock offset (a clock jump)
     show [R ...]                 per relay: the peers it hears and its watched counters;
@@ -97,6 +99,7 @@ from relay.core.messages import (
 )
 from relay.core.relay import RelayCore
 from relay.core.seq import counter_of, ms_of, relay_of, wall_ms
+from relay.sim.network import CLOSED
 
 START_UNIX_MS = 1_800_000_000_000
 STABILIZE_MAX_MS = 5_000
@@ -219,10 +222,12 @@ class Mesh:
             raise ScriptError(f"relay {r} is already crashed")
         node.core = None
         node.paused = False
-        for (_, dst), link in self.links.items():
+        for (src, dst), link in self.links.items():
             if dst == r:
                 link.lost += len(link.queue)
                 link.queue.clear()
+            elif src == r and not link.cut and self.nodes[dst].core is not None:
+                link.queue.append((self.now, CLOSED))  # its peers see the connection close
 
     def restart(self, r: int) -> None:
         node = self.nodes[r]
@@ -274,14 +279,17 @@ class Mesh:
         return not link.held and not link.cut and node.core is not None and not node.paused
 
     def _deliver_due(self) -> None:
-        for (_, dst), link in sorted(self.links.items()):
+        for (src, dst), link in sorted(self.links.items()):
             if not link.queue or not self._deliverable(dst, link):
                 continue
             core = self.nodes[dst].core
             assert core is not None
             while link.queue and link.queue[0][0] < self.now:
                 _, frame = link.queue.popleft()
-                core.receive(frame, self.clock(dst), self.now)
+                if frame == CLOSED:
+                    core.peer_lost(src, self.clock(dst), self.now)
+                else:
+                    core.receive(frame, self.clock(dst), self.now)
 
     def drain(self, r: int) -> None:
         node = self.nodes[r]
@@ -660,7 +668,10 @@ class Interpreter:
         out: list[str] = []
         repeats = 0
         for _, frame in list(link.queue)[:limit]:
-            line = self._summary(codec.decode(frame, self.m.limits.max_frame_bytes))
+            if frame == CLOSED:
+                line = "connection closed"
+            else:
+                line = self._summary(codec.decode(frame, self.m.limits.max_frame_bytes))
             if out and out[-1] == line:
                 repeats += 1
                 continue

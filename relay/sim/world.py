@@ -24,7 +24,7 @@ from relay.core.messages import ProduceRequest, ReadResult, Transaction
 from relay.sim.clients import Consumer, Producer
 from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
-from relay.sim.network import NetParams, Network
+from relay.sim.network import CLOSED, NetParams, Network
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 FENCE_SAMPLE_EVERY_MS = 5
@@ -33,6 +33,7 @@ STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
 
 class CoreLike(Protocol):
     def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None: ...
+    def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None: ...
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None: ...
     def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
     def tick(self, now_ms: int, mono_ms: int | None = None) -> None: ...
@@ -64,7 +65,9 @@ class Node:
     restarts: int = 0
     epoch: int = 0  # grows at every crash; frames addressed to an older epoch are discarded
     paused_until: int = -1  # >= 0 while paused
-    inbox: list[tuple[bool, Any]] = field(default_factory=list)  # (is_frame, frame | request)
+    # What arrived while paused: (sender, frame) from a peer (frame CLOSED: the sender's
+    # connection closed) or (None, request) from a producer.
+    inbox: list[tuple[int | None, Any]] = field(default_factory=list)
     skew: int = 0
     step: int = 0
     streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
@@ -204,7 +207,7 @@ class World:
         if node.core is None:
             self._refused.append((relay, node.incarnation))
         elif node.paused_until >= 0:
-            node.inbox.append((False, request))
+            node.inbox.append((None, request))
         else:
             node.core.produce(request, self.clock(relay), self.now)
         return node.incarnation, request_id
@@ -343,8 +346,17 @@ class World:
         node.inbox.clear()
         self.stats["crashes"] += 1
         self.events.append(f"{self.now} crash {r}/{node.incarnation}")
+        for other in self.nodes:
+            if other != r and self.nodes[other].core is not None:
+                self.network.close(self.now, r, other, self.nodes[other].epoch)
         for producer in self.producers:
             producer.on_crash(r, node.incarnation, self.now)
+
+    def _receive(self, core: CoreLike, r: int, src: int, frame: bytes) -> None:
+        if frame == CLOSED:
+            core.peer_lost(src, self.clock(r), self.now)
+        else:
+            core.receive(frame, self.clock(r), self.now)
 
     def _start(self, r: int) -> None:
         node = self.nodes[r]
@@ -366,11 +378,11 @@ class World:
         if core is None:
             return
         inbox, node.inbox = node.inbox, []
-        for is_frame, item in inbox:
-            if is_frame:
-                core.receive(item, self.clock(r), self.now)
-            else:
+        for src, item in inbox:
+            if src is None:
                 core.produce(item, self.clock(r), self.now)
+            else:
+                self._receive(core, r, src, item)
 
     def heal(self) -> None:
         """End of the safety phase: every fault ends, crashed relays restart."""
@@ -478,15 +490,15 @@ class World:
             _, _, kind, args = heapq.heappop(heap)
             self._apply_fault(kind, args)
         nodes = self.nodes
-        for _src, dst, epoch, frame in self.network.due(now):
+        for src, dst, epoch, frame in self.network.due(now):
             node = nodes[dst]
             if node.core is None or node.epoch != epoch:
                 self.network.stats.stale += 1
             elif node.paused_until >= 0:
-                node.inbox.append((True, frame))
+                node.inbox.append((src, frame))
             else:
                 self.network.stats.delivered += 1
-                node.core.receive(frame, self.clock(dst), self.now)
+                self._receive(node.core, dst, src, frame)
         for p in self.producers:
             before = self._next_request
             p.step(self)
