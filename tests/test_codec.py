@@ -65,6 +65,7 @@ transactions = st.builds(
     u64,
     st.none() | st.binary(max_size=32),
     st.binary(max_size=64),
+    st.integers(0, 255),
 )
 entries = st.lists(st.tuples(u63, transactions), max_size=5).map(tuple)
 report_points = st.lists(st.tuples(u63, digests), max_size=5).map(tuple)
@@ -262,7 +263,7 @@ def test_wire_layout() -> None:
         3,
         "orders.eu",
         4,
-        [[5, b"p", 6, None, b"v"], [7, b"q", 8, b"k", b""]],
+        [[5, b"p", 6, None, b"v", 0], [7, b"q", 8, b"k", b"", 0]],
     ]
     assert as_list(Forward(1, 2, 3, 4, "s", 5, Transaction(b"p", 6, b"", b"v"))) == [
         5,
@@ -272,7 +273,7 @@ def test_wire_layout() -> None:
         4,
         "s",
         5,
-        [b"p", 6, b"", b"v"],
+        [b"p", 6, b"", b"v", 0],
     ]
     reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
     assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, []]
@@ -456,7 +457,7 @@ def test_wrong_array_lengths() -> None:
         decode(frame_of(*items, 0), MAX)
     entry = items[6][0]
     with pytest.raises(MalformedFrame):
-        decode(frame_of(*items[:6], [entry[:4]]), MAX)
+        decode(frame_of(*items[:6], [entry[:5]]), MAX)
     with pytest.raises(MalformedFrame):
         decode(frame_of(*items[:6], [[*entry, b""]]), MAX)
     with pytest.raises(MalformedFrame):  # entries not an array
@@ -473,7 +474,7 @@ def test_wrong_array_lengths() -> None:
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
             decode(frame_of(4, 1, 2, 3, [status]), MAX)
     with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
-        decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None]), MAX)
+        decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None, b"v"]), MAX)
 
 
 def test_wrong_digest_length() -> None:
@@ -507,9 +508,11 @@ def test_bool_where_int_expected() -> None:
         with pytest.raises(FieldError, match=r"expected .*, got True"):
             decode(frame_of(*bad), MAX)
     with pytest.raises(FieldError, match="seq"):
-        decode(frame_of(*items[:6], [[False, b"p", 6, None, b"v"]]), MAX)
+        decode(frame_of(*items[:6], [[False, b"p", 6, None, b"v", 0]]), MAX)
     with pytest.raises(FieldError, match="producer_seq"):
-        decode(frame_of(*items[:6], [[5, b"p", True, None, b"v"]]), MAX)
+        decode(frame_of(*items[:6], [[5, b"p", True, None, b"v", 0]]), MAX)
+    with pytest.raises(FieldError, match="kind"):
+        decode(frame_of(*items[:6], [[5, b"p", 6, None, b"v", True]]), MAX)
 
 
 def test_int_where_bool_expected() -> None:
@@ -558,7 +561,11 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="point"):
         decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, []), MAX)
     with pytest.raises(FieldError, match="seq"):
-        decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b""]]), MAX)
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b"", 0]]), MAX)
+    with pytest.raises(FieldError, match="kind"):
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[1, b"p", 1, None, b"", -1]]), MAX)
+    with pytest.raises(FieldError, match="kind"):
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[1, b"p", 1, None, b"", 256]]), MAX)
     with pytest.raises(FieldError, match="request_id"):
         decode(frame_of(8, 1, 2, 3, 4, "s", -1, 6, 7, -1), MAX)
     with pytest.raises(FieldError, match="lo"):
@@ -580,9 +587,9 @@ def test_sequence_fields_above_int63_are_refused() -> None:
     with pytest.raises(FieldError, match="floor"):
         decode(frame_of(3, 1, 2, 2**63, "s", 4, -1), MAX)
     with pytest.raises(FieldError, match="seq"):
-        decode(frame_of(1, 1, 2, 3, "s", 4, [[2**63, b"p", 1, None, b""]]), MAX)
+        decode(frame_of(1, 1, 2, 3, "s", 4, [[2**63, b"p", 1, None, b"", 0]]), MAX)
     # producer sequences use the full unsigned 64-bit range
-    m = decode(frame_of(1, 1, 2, 3, "s", 4, [[1, b"p", U64, None, b""]]), MAX)
+    m = decode(frame_of(1, 1, 2, 3, "s", 4, [[1, b"p", U64, None, b"", 0]]), MAX)
     assert isinstance(m, TxBatch)
     assert m.entries[0][1].producer_seq == U64
 
@@ -590,15 +597,16 @@ def test_sequence_fields_above_int63_are_refused() -> None:
 @pytest.mark.parametrize(
     ("entry", "field"),
     [
-        ([5, b"", 6, None, b"v"], "producer_id"),
-        ([5, b"p" * 65, 6, None, b"v"], "producer_id"),
-        ([5, "p", 6, None, b"v"], "producer_id"),
-        ([5, b"p", -1, None, b"v"], "producer_seq"),
-        ([5, b"p", 6, "k", b"v"], "key"),
-        ([5, b"p", 6, 0, b"v"], "key"),
-        ([5, b"p", 6, None, "v"], "value"),
-        ([5, b"p", 6, None, None], "value"),
-        ([5.0, b"p", 6, None, b"v"], "seq"),
+        ([5, b"", 6, None, b"v", 0], "producer_id"),
+        ([5, b"p" * 65, 6, None, b"v", 0], "producer_id"),
+        ([5, "p", 6, None, b"v", 0], "producer_id"),
+        ([5, b"p", -1, None, b"v", 0], "producer_seq"),
+        ([5, b"p", 6, "k", b"v", 0], "key"),
+        ([5, b"p", 6, 0, b"v", 0], "key"),
+        ([5, b"p", 6, None, "v", 0], "value"),
+        ([5, b"p", 6, None, None, 0], "value"),
+        ([5.0, b"p", 6, None, b"v", 0], "seq"),
+        ([5, b"p", 6, None, b"v", "0"], "kind"),
     ],
 )
 def test_bad_transaction_fields(entry: list[Any], field: str) -> None:

@@ -9,6 +9,8 @@ from relay.core.digest import DIGEST_BYTES, chain, chain_over, genesis, tx_hash
 from relay.core.messages import Transaction
 
 TX = Transaction(b"producer", 7, b"key", b"value")
+# tx_hash(Transaction(b"p", 1, b"k", b"v")) as computed before transactions had a kind
+KIND_ZERO_HASH_HEX = "698fe6e4eb9c736e5ed57112763247a0"
 
 # small alphabets, so that generated timelines are often equal and often nearly equal
 transactions = st.builds(
@@ -50,6 +52,8 @@ def test_tx_hash_differs_when_any_field_differs() -> None:
         Transaction(b"producer", 7, b"", b"value"),
         Transaction(b"producer", 7, b"key", b"valuf"),
         Transaction(b"producer", 7, b"key", b""),
+        Transaction(b"producer", 7, b"key", b"value", 1),
+        Transaction(b"producer", 7, b"key", b"value", 255),
     ]
     assert len({tx_hash(t) for t in variants}) == len(variants)
     assert tx_hash(Transaction(b"producer", 7, b"key", b"value")) == tx_hash(TX)
@@ -66,6 +70,11 @@ def test_tx_hash_field_boundaries_cannot_shift() -> None:
     # the same between key and value, and between producer id and key
     assert tx_hash(Transaction(b"p", 1, b"ab", b"c")) != tx_hash(Transaction(b"p", 1, b"a", b"bc"))
     assert tx_hash(Transaction(b"pk", 1, b"", b"v")) != tx_hash(Transaction(b"p", 1, b"k", b"v"))
+
+
+def test_tx_hash_of_kind_zero_is_the_hash_from_before_kinds() -> None:
+    # Chains built before transactions had a kind stay valid.
+    assert tx_hash(Transaction(b"p", 1, b"k", b"v")).hex() == KIND_ZERO_HASH_HEX
 
 
 def test_tx_hash_full_producer_seq_range() -> None:

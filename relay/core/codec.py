@@ -2,8 +2,8 @@
 
 Fields follow the dataclass field order. Nested values:
 
-    Transaction   -> [producer_id, producer_seq, key (nil or bin), value]
-    Entry         -> [seq, producer_id, producer_seq, key, value]   (flattened)
+    Transaction   -> [producer_id, producer_seq, key (nil or bin), value, kind]
+    Entry         -> [seq, producer_id, producer_seq, key, value, kind]   (flattened)
     Report        -> [point, digest]
     StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined]
     DedupeKey     -> [producer_id, producer_seq, seq]
@@ -35,9 +35,7 @@ from typing import Any, NoReturn, TypeVar
 import msgpack
 
 from relay.core.digest import DIGEST_BYTES
-from relay.core.fields import (
-    MAX_PRODUCER_ID_BYTES,
-)
+from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND
 from relay.core.fields import array as _array
 from relay.core.fields import bad as _bad
 from relay.core.fields import enum as _enum
@@ -92,7 +90,7 @@ MAX_U64 = (1 << 64) - 1
 
 
 def _enc_entries(entries: tuple[tuple[int, Transaction], ...]) -> list[tuple[Any, ...]]:
-    return [(s, t.producer_id, t.producer_seq, t.key, t.value) for s, t in entries]
+    return [(s, t.producer_id, t.producer_seq, t.key, t.value, t.kind) for s, t in entries]
 
 
 def _enc_tx_batch(m: TxBatch) -> tuple[Any, ...]:
@@ -137,7 +135,7 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
 
 def _enc_forward(m: Forward) -> tuple[Any, ...]:
     t = m.tx
-    tx = (t.producer_id, t.producer_seq, t.key, t.value)
+    tx = (t.producer_id, t.producer_seq, t.key, t.value, t.kind)
     return (5, m.sender, m.incarnation, m.floor, m.target, m.stream, m.request_id, tx)
 
 
@@ -294,9 +292,11 @@ def _digest(v: Any, name: str) -> bytes:
     return v
 
 
-def _tx_ok(pid: Any, pseq: Any, key: Any, value: Any) -> bool:
+def _tx_ok(pid: Any, pseq: Any, key: Any, value: Any, kind: Any) -> bool:
     return (
-        type(pid) is bytes
+        type(kind) is int
+        and 0 <= kind <= MAX_TX_KIND
+        and type(pid) is bytes
         and 0 < len(pid) <= MAX_PRODUCER_ID_BYTES
         and type(pseq) is int
         and 0 <= pseq <= MAX_U64
@@ -305,20 +305,22 @@ def _tx_ok(pid: Any, pseq: Any, key: Any, value: Any) -> bool:
     )
 
 
-def _bad_tx(pid: Any, pseq: Any, key: Any, value: Any, name: str) -> NoReturn:
+def _bad_tx(pid: Any, pseq: Any, key: Any, value: Any, kind: Any, name: str) -> NoReturn:
     """Raise the FieldError naming the first bad field of a transaction `_tx_ok` refused."""
     _producer_id(pid, name + ".producer_id")
     _u64(pseq, name + ".producer_seq")
     if key is not None and type(key) is not bytes:
         _bad(name + ".key", "bytes or nil", key)
-    _bad(name + ".value", "bytes", value)
+    if type(value) is not bytes:
+        _bad(name + ".value", "bytes", value)
+    _bad(name + ".kind", f"integer 0..{MAX_TX_KIND}", kind)
 
 
 def _transaction(v: Any, name: str) -> Transaction:
-    pid, pseq, key, value = _array(v, name, 4)
-    if not _tx_ok(pid, pseq, key, value):
-        _bad_tx(pid, pseq, key, value, name)
-    return Transaction(pid, pseq, key, value)
+    pid, pseq, key, value, kind = _array(v, name, 5)
+    if not _tx_ok(pid, pseq, key, value, kind):
+        _bad_tx(pid, pseq, key, value, kind, name)
+    return Transaction(pid, pseq, key, value, kind)
 
 
 def _entries(v: Any, name: str) -> tuple[tuple[int, Transaction], ...]:
@@ -326,9 +328,9 @@ def _entries(v: Any, name: str) -> tuple[tuple[int, Transaction], ...]:
     out: list[tuple[int, Transaction]] = []
     append = out.append
     for e in _array(v, name):
-        if type(e) is not list or len(e) != 5:
-            _array(e, f"{name}[{len(out)}]", 5)
-        seq, pid, pseq, key, value = e
+        if type(e) is not list or len(e) != 6:
+            _array(e, f"{name}[{len(out)}]", 6)
+        seq, pid, pseq, key, value, kind = e
         if (
             type(seq) is not int
             or not 0 <= seq <= MAX_U63
@@ -338,11 +340,13 @@ def _entries(v: Any, name: str) -> tuple[tuple[int, Transaction], ...]:
             or not 0 <= pseq <= MAX_U64
             or (key is not None and type(key) is not bytes)
             or type(value) is not bytes
+            or type(kind) is not int
+            or not 0 <= kind <= MAX_TX_KIND
         ):
             where = f"{name}[{len(out)}]"
             _u63(seq, where + ".seq")
-            _bad_tx(pid, pseq, key, value, where)
-        append((seq, Transaction(pid, pseq, key, value)))
+            _bad_tx(pid, pseq, key, value, kind, where)
+        append((seq, Transaction(pid, pseq, key, value, kind)))
     return tuple(out)
 
 

@@ -22,6 +22,10 @@ _hash = xxhash.xxh3_128_digest
 _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
 _NO_KEY = b"\xff\xff\xff\xff"
+# Prefixes the content of a transaction of kind > 0. A kind-0 content starts with the
+# producer id's 4-byte length (< 2**24), never with 0xff, so no two contents coincide, and
+# kind-0 hashes are what they were before kinds existed.
+_KIND_MARK = b"\xff\xff\xff\xfe"
 
 
 def genesis(stream: str) -> bytes:
@@ -34,6 +38,7 @@ def tx_hash(tx: Transaction) -> bytes:
     return _hash(
         b"".join(
             (
+                _KIND_MARK + bytes((tx.kind,)) if tx.kind else b"",
                 _LEN.pack(len(tx.producer_id)),
                 tx.producer_id,
                 _SEQ.pack(tx.producer_seq),

@@ -10,6 +10,9 @@ from relay.errors import FieldError, MalformedFrame
 
 MAX_STREAM_NAME_BYTES = 255
 MAX_PRODUCER_ID_BYTES = 64
+# A transaction's kind says how its value is to be read (0: one plain value; the store
+# defines the others, e.g. a list of changes). The mesh carries it as an opaque byte.
+MAX_TX_KIND = 255
 
 
 def show(value: object) -> str:

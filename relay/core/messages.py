@@ -31,6 +31,7 @@ class Transaction:
     producer_seq: int
     key: bytes | None
     value: bytes
+    kind: int = 0  # 0: a plain value; others: see relay/store/changes.py (0..MAX_TX_KIND)
 
     def size_bytes(self) -> int:
         return len(self.producer_id) + len(self.value) + (len(self.key) if self.key else 0) + 16

@@ -58,7 +58,7 @@ from relay.core.messages import (
     TxBatch,
 )
 from relay.core.seq import MAX_SEQ, HybridClock, end_of_ms, ms_of, relay_of
-from relay.core.timeline import NO_DIGEST, DedupeWindow, Timeline
+from relay.core.timeline import NO_DIGEST, CommittedRecord, DedupeWindow, Timeline
 from relay.core.votes import VoteTally
 from relay.errors import FieldError, FrameError
 
@@ -342,6 +342,18 @@ class RelayCore:
         return ReadResult(
             ReadStatus.OK, tuple(entries), oldest=tl.base_point, committed=tl.committed_point
         )
+
+    def committed_records(
+        self, stream: str, after_seq: int, max_entries: int
+    ) -> tuple[int, bytes, list[CommittedRecord]]:
+        """For a spool: (base point, base digest, committed records after `after_seq`).
+        Records below the base were evicted (or never held: the relay joined above them);
+        a spool behind the base has a gap that other relays' spools must cover."""
+        st = self.streams.get(stream)
+        if st is None:
+            return -1, NO_DIGEST, []
+        tl = st.timeline
+        return tl.base_point, tl.base_digest, tl.records_after(after_seq, max_entries)
 
     def fenced(self, stream: str) -> bool:
         st = self.streams.get(stream)

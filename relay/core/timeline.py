@@ -21,6 +21,8 @@ from relay.core import digest as dg
 from relay.core.messages import DedupeKey, Entry, Transaction
 
 NO_DIGEST = bytes(dg.DIGEST_BYTES)  # stands for "no digest yet" on the wire
+# (seq, chain digest after the entry, transaction, duplicate: skipped by delivery)
+CommittedRecord = tuple[int, bytes, Transaction, bool]
 
 
 class DedupeWindow:
@@ -270,6 +272,18 @@ class Timeline:
         return len(self) >= max_entries or self.held_bytes >= max_bytes
 
     # --- reading ------------------------------------------------------------------------
+
+    def records_after(self, after_seq: int, max_entries: int) -> list[CommittedRecord]:
+        """Committed entries with seq > after_seq, duplicates included and flagged, each
+        with the chain digest after it: what a spool writes, so that a reader can re-check
+        the chain from the records alone."""
+        start = self.index_after(after_seq)
+        end = min(self.delivered, start + max_entries)
+        if end <= start:
+            return []
+        self.digest_through(end - 1)
+        seqs, digests, txs, skip = self.seqs, self.digests, self.txs, self.skip
+        return [(seqs[i], digests[i], txs[i], skip[i]) for i in range(start, end)]
 
     def committed_after(self, after_seq: int, max_entries: int) -> list[Entry]:
         """Committed, non-duplicate entries with seq > after_seq, oldest first."""
