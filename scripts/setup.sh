@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine with python3 (3.11+):
-#   - creates .venv if missing, upgrades pip, installs the project with `pip install -e '.[dev]'`
+#   - creates .venv if missing, upgrades pip, installs the project with `pip install -e '.[dev,store]'`
 #     (skipped when pyproject.toml is unchanged since the last successful install;
 #     RELAY_SETUP_FORCE=1 forces it);
 #   - checks for Java 17+ (needed later by the Spark-built store) and, if missing, installs
@@ -30,12 +30,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$( (cat pyproject.toml; echo 'extras=dev,store') | sha256sum | cut -d' ' -f1)
 have=$(cat "$STAMP" 2>/dev/null || true)
 if [ "${RELAY_SETUP_FORCE:-0}" = 1 ] || [ "$want" != "$have" ] || [ ! -x "$VENV/bin/relay" ]; then
-    say "installing relay[dev] into $VENV (log: $LOG)"
+    say "installing relay[dev,store] into $VENV (log: $LOG)"
     if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip \
-        && "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[dev]'; } \
+        && "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[dev,store]'; } \
         >"$LOG" 2>&1; then
         tail -n 30 "$LOG" >&2
         printf 'setup: ERROR: pip install failed; full log in %s\n' "$LOG" >&2

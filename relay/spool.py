@@ -1,0 +1,336 @@
+"""The spool: each relay writes its streams' committed entries to Parquet segments on disk,
+from which the store is built (`relay.store.ingest`).
+
+The relay's event loop must never wait for the disk. `append` only checks the records'
+order and hands them to a writer thread through a bounded queue; the writer gathers them
+per stream, and writes a segment when it reaches `segment_max_bytes` or is older than
+`segment_max_age_ms` (`tick`). A segment is written under a hidden temporary name, flushed
+to disk and renamed into place (`<first_seq>-<last_seq>.parquet`), so a reader never sees
+half a segment.
+
+Whatever goes wrong (the queue is full because the disk is slow, the disk budget
+`disk_max_bytes` is spent, a write fails, records out of order), the spool stops spooling
+that stream: it logs one clear error, counts it and drops the stream's later records. It
+never raises into the caller and never blocks it. A stopped stream leaves a gap in this
+relay's spool only: the other relays' spools cover it, and ingest checks the chain across
+all of them. Restarting the relay starts the stream again.
+
+Memory: at most `queue_max_batches` batches wait in the queue, and each stream's open
+segment holds at most `segment_max_bytes` (estimated from the records' sizes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from relay.store.layout import (
+    SEGMENT_SCHEMA,
+    segment_name,
+    stream_dir_name,
+    to_signed64,
+)
+
+log = logging.getLogger("relay.spool")
+
+# (seq, digest, producer_id, producer_seq, key, value, kind, duplicate)
+SpoolRecord = tuple[int, bytes, bytes, int, bytes | None, bytes, int, bool]
+
+DEFAULT_SEGMENT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_SEGMENT_MAX_AGE_MS = 10_000
+DEFAULT_DISK_MAX_BYTES = 10 * 1024 * 1024 * 1024
+DEFAULT_QUEUE_MAX_BATCHES = 4096
+# Per-record bytes beyond its keys and value (seq, digest, producer seq, flags, offsets):
+# used to estimate a segment's size before it is written.
+RECORD_OVERHEAD_BYTES = 48
+# Parquet settings chosen by measurement (docs/store.md, "Segment format").
+SEGMENT_COMPRESSION = "zstd"
+CLOSE_TIMEOUT_S = 60.0
+
+
+@dataclass(slots=True)
+class SpoolStatus:
+    segments_written: int = 0
+    bytes_written: int = 0
+    records_written: int = 0
+    records_dropped: int = 0
+    errors: int = 0
+    queue_depth: int = 0
+    stopped_streams: dict[str, str] = field(default_factory=dict)  # stream -> why
+
+
+@dataclass(slots=True)
+class _OpenSegment:
+    """The records of a stream not yet written, column by column."""
+
+    opened_ms: int
+    seqs: list[int] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)
+    producer_ids: list[bytes] = field(default_factory=list)
+    producer_seqs: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    duplicates: list[bool] = field(default_factory=list)
+    size_bytes: int = 0
+
+
+class _Close:
+    pass
+
+
+class Spool:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        relay_id: int,
+        *,
+        segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+        segment_max_age_ms: int = DEFAULT_SEGMENT_MAX_AGE_MS,
+        disk_max_bytes: int = DEFAULT_DISK_MAX_BYTES,
+        queue_max_batches: int = DEFAULT_QUEUE_MAX_BATCHES,
+    ) -> None:
+        for name, value in (
+            ("segment_max_bytes", segment_max_bytes),
+            ("segment_max_age_ms", segment_max_age_ms),
+            ("disk_max_bytes", disk_max_bytes),
+            ("queue_max_batches", queue_max_batches),
+        ):
+            if value <= 0:
+                raise ValueError(f"spool limit {name} must be positive, got {value}")
+        self.relay_id = relay_id
+        self.root = Path(directory) / f"relay={relay_id}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.segment_max_bytes = segment_max_bytes
+        self.segment_max_age_ms = segment_max_age_ms
+        self.disk_max_bytes = disk_max_bytes
+        self._queue: queue.Queue[tuple[str, Sequence[SpoolRecord]] | int | _Close] = queue.Queue(
+            maxsize=queue_max_batches
+        )
+        self._lock = threading.Lock()  # guards _status and _stopped
+        self._status = SpoolStatus()
+        self._last_seq: dict[str, int] = {}  # caller thread only
+        # Writer thread only:
+        self._open: dict[str, _OpenSegment] = {}
+        self._writer_stopped: set[str] = set()  # streams the writer gave up on
+        self._now_ms = 0
+        self._disk_used_bytes = self._scan_disk_bytes()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"spool-{relay_id}", daemon=True)
+        self._thread.start()
+
+    # --- the caller's side (the relay's event loop): never blocks ------------------------
+
+    def append(self, stream: str, records: Sequence[SpoolRecord]) -> bool:
+        """Spool committed records of `stream` (in seq order, continuing the last append).
+        False if the stream is not being spooled (stopped; see `status()`)."""
+        if not records:
+            return True
+        if self._closed or stream in self._status.stopped_streams:
+            self._count_dropped(len(records))
+            return False
+        first_seq = records[0][0]
+        last_seq = self._last_seq.get(stream, -1)
+        if first_seq <= last_seq or any(
+            records[i][0] >= records[i + 1][0] for i in range(len(records) - 1)
+        ):
+            self._stop(stream, f"records out of order (got seq {first_seq} after {last_seq})")
+            self._count_dropped(len(records))
+            return False
+        try:
+            self._queue.put_nowait((stream, records))
+        except queue.Full:
+            self._stop(
+                stream,
+                f"spool queue full ({self._queue.maxsize} batches): the disk is too slow",
+            )
+            self._count_dropped(len(records))
+            return False
+        self._last_seq[stream] = records[-1][0]
+        return True
+
+    def tick(self, now_mono_ms: int) -> None:
+        """Let time pass: segments older than `segment_max_age_ms` are written."""
+        # A full queue skips this tick: the writer is busy and the next tick rotates.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(now_mono_ms)
+
+    def close(self) -> None:
+        """Write every open segment and stop the writer (this may wait for the disk)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_Close(), timeout=CLOSE_TIMEOUT_S)
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error(
+                "spool of relay %d: writer did not stop in %.0f s", self.relay_id, CLOSE_TIMEOUT_S
+            )
+
+    def status(self) -> SpoolStatus:
+        with self._lock:
+            snapshot = SpoolStatus(
+                **{name: getattr(self._status, name) for name in SpoolStatus.__slots__}
+            )
+            snapshot.stopped_streams = dict(self._status.stopped_streams)
+        snapshot.queue_depth = self._queue.qsize()
+        return snapshot
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- shared ---------------------------------------------------------------------------
+
+    def _stop(self, stream: str, why: str) -> None:
+        with self._lock:
+            if stream in self._status.stopped_streams:
+                return
+            self._status.stopped_streams[stream] = why
+            self._status.errors += 1
+        log.error("spool of relay %d stops spooling stream %r: %s", self.relay_id, stream, why)
+
+    def _count_dropped(self, count: int) -> None:
+        with self._lock:
+            self._status.records_dropped += count
+
+    # --- the writer thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Close):
+                for stream in list(self._open):
+                    self._write_segment(stream)
+                return
+            if isinstance(item, int):
+                self._now_ms = max(self._now_ms, item)
+                for stream, segment in list(self._open.items()):
+                    if self._now_ms - segment.opened_ms >= self.segment_max_age_ms:
+                        self._write_segment(stream)
+                continue
+            stream, records = item
+            try:
+                self._add(stream, records)
+            except Exception as error:  # never let the writer die: stop the stream instead
+                self._open.pop(stream, None)
+                self._writer_stopped.add(stream)
+                self._stop(stream, f"cannot spool records: {error!r}")
+
+    def _add(self, stream: str, records: Sequence[SpoolRecord]) -> None:
+        if stream in self._writer_stopped:
+            # The writer stopped the stream after these were queued.
+            self._count_dropped(len(records))
+            return
+        segment = self._open.get(stream)
+        if segment is None:
+            segment = self._open[stream] = _OpenSegment(opened_ms=self._now_ms)
+        for position, record in enumerate(records):
+            seq, digest, producer_id, producer_seq, key, value, kind, duplicate = record
+            segment.seqs.append(seq)
+            segment.digests.append(digest)
+            segment.producer_ids.append(producer_id)
+            segment.producer_seqs.append(to_signed64(producer_seq))
+            segment.keys.append(key)
+            segment.values.append(value)
+            segment.kinds.append(kind)
+            segment.duplicates.append(duplicate)
+            segment.size_bytes += (
+                RECORD_OVERHEAD_BYTES + len(producer_id) + len(value) + (len(key) if key else 0)
+            )
+            if segment.size_bytes >= self.segment_max_bytes:
+                self._write_segment(stream)
+                if stream in self._writer_stopped:
+                    self._count_dropped(len(records) - position - 1)
+                    return
+                segment = self._open[stream] = _OpenSegment(opened_ms=self._now_ms)
+        if not segment.seqs:
+            del self._open[stream]
+
+    def _write_segment(self, stream: str) -> None:
+        segment = self._open.pop(stream, None)
+        if segment is None or not segment.seqs:
+            return
+        count = len(segment.seqs)
+        if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
+            # The estimate says no; segments may have been removed since: count again.
+            self._disk_used_bytes = self._scan_disk_bytes()
+            if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
+                self._writer_stopped.add(stream)
+                self._stop(
+                    stream,
+                    f"disk budget spent: {self._disk_used_bytes} bytes used, a segment of "
+                    f"about {segment.size_bytes} bytes would pass disk_max_bytes="
+                    f"{self.disk_max_bytes}",
+                )
+                self._count_dropped(count)
+                return
+        table = pa.table(
+            [
+                pa.array([stream] * count, pa.string()),
+                pa.array([self.relay_id] * count, pa.int32()),
+                pa.array(segment.seqs, pa.int64()),
+                pa.array(segment.digests, pa.binary()),
+                pa.array(segment.producer_ids, pa.binary()),
+                pa.array(segment.producer_seqs, pa.int64()),
+                pa.array(segment.keys, pa.binary()),
+                pa.array(segment.values, pa.binary()),
+                pa.array(segment.kinds, pa.int8()),
+                pa.array(segment.duplicates, pa.bool_()),
+            ],
+            schema=SEGMENT_SCHEMA,
+        )
+        directory = self.root / stream_dir_name(stream)
+        name = segment_name(segment.seqs[0], segment.seqs[-1])
+        temporary = directory / f".{name}.tmp"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_segment_file(table, temporary)
+            os.replace(temporary, directory / name)
+            size_bytes = (directory / name).stat().st_size
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            self._writer_stopped.add(stream)
+            self._stop(stream, f"cannot write segment {directory / name}: {error}")
+            self._count_dropped(count)
+            return
+        self._disk_used_bytes += size_bytes
+        with self._lock:
+            self._status.segments_written += 1
+            self._status.bytes_written += size_bytes
+            self._status.records_written += count
+
+    def _scan_disk_bytes(self) -> int:
+        total = 0
+        for directory, _subdirs, files in os.walk(self.root):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(directory, name)).st_size
+        return total
+
+
+def write_segment_file(table: pa.Table, path: str | os.PathLike[str]) -> None:
+    """One segment as one Parquet row group, flushed to disk before it is renamed."""
+    with open(path, "wb") as sink:
+        pq.write_table(
+            table,
+            sink,
+            compression=SEGMENT_COMPRESSION,
+            row_group_size=max(1, table.num_rows),
+            use_dictionary=["stream", "relay", "kind", "duplicate"],
+            write_statistics=["seq"],
+        )
+        sink.flush()
+        os.fsync(sink.fileno())

@@ -1,0 +1,444 @@
+"""What the Spark jobs and the pyarrow baseline share: choosing the inputs of a run and
+turning its results into the next manifest. Neither needs Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from relay.store.chaincheck import StreamOutcome, start_point, stitch
+from relay.store.changes import KIND_CHANGES, KIND_PLAIN, PLAIN_ENTITY, Op, decode_changes
+from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges, StoreCorrupt
+from relay.store.layout import SegmentRef, find_segments, stream_dir_name
+from relay.store.manifest import (
+    DATA_DIR,
+    SNAPSHOT_DIR,
+    Manifest,
+    RecordFile,
+    SnapshotInfo,
+    StreamState,
+    commit_manifest,
+    drop_staging,
+    publish,
+)
+
+log = logging.getLogger("relay.store")
+
+# Called after a job's files are in place and before its manifest is committed: tests
+# inject a crash here.
+BeforeCommit = Callable[[], None]
+
+# --- ingest -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class IngestPlan:
+    manifest: Manifest
+    to_read: list[SegmentRef]  # segments holding records above their stream's last seq
+    new_segments: list[SegmentRef]  # every segment not yet listed as ingested
+
+    @property
+    def start(self) -> dict[str, tuple[int, bytes]]:
+        """Per stream the point the new records must continue."""
+        points = {}
+        for segment in self.new_segments:
+            state = self.manifest.streams.get(segment.stream)
+            if state is None:
+                points[segment.stream] = start_point(segment.stream, None, None)
+            else:
+                points[segment.stream] = start_point(
+                    segment.stream, state.last_seq, state.last_digest_bytes
+                )
+        return points
+
+
+def plan_ingest(spool_root: str | os.PathLike[str], manifest: Manifest) -> IngestPlan:
+    new_segments = []
+    to_read = []
+    for segment in find_segments(spool_root):
+        state = manifest.streams.get(segment.stream)
+        if state is not None and segment.ident in state.segments:
+            continue
+        new_segments.append(segment)
+        if state is None or segment.last_seq > state.last_seq:
+            to_read.append(segment)
+    return IngestPlan(manifest, to_read, new_segments)
+
+
+@dataclass(slots=True)
+class IngestResult:
+    version: int  # the manifest version after the run (unchanged if nothing was new)
+    records_added: int
+    segments_read: int
+    streams: dict[str, tuple[int, bytes]]  # stream -> (last seq, last digest) after the run
+    problems: list[ChainProblem] = field(default_factory=list)
+
+
+def finish_ingest(
+    store: str | os.PathLike[str],
+    plan: IngestPlan,
+    summaries: Iterable[dict[str, object]],
+    staging: Path,
+    before_commit: BeforeCommit | None = None,
+) -> IngestResult:
+    """Stitch the ranges' summaries, publish the verified files, commit the manifest (even
+    when some stream has a problem: its verified prefix is kept), then raise IngestFailed
+    if any stream had a problem."""
+    by_stream: dict[str, list[dict[str, object]]] = {}
+    for summary in summaries:
+        by_stream.setdefault(str(summary["stream"]), []).append(summary)
+    start = plan.start
+    manifest = plan.manifest
+    next_manifest = Manifest(version=manifest.version + 1, streams=_copy_streams(manifest))
+    outcomes: list[StreamOutcome] = []
+    for stream, (start_seq, start_digest) in sorted(start.items()):
+        outcome = stitch(stream, by_stream.get(stream, []), start_seq, start_digest)
+        outcomes.append(outcome)
+        state = next_manifest.streams.setdefault(stream, StreamState())
+        for staged, first_seq, last_seq, records in outcome.paths:
+            path = publish(store, staged, DATA_DIR)
+            state.files.append(RecordFile(path, first_seq, last_seq, records))
+        if outcome.records:
+            state.last_seq = outcome.last_seq
+            state.last_digest = outcome.last_digest.hex()
+            state.records += outcome.records
+        # A segment is ingested once everything in it is stored.
+        state.segments.extend(
+            s.ident
+            for s in plan.new_segments
+            if s.stream == stream and s.last_seq <= state.last_seq
+        )
+    added = sum(o.records for o in outcomes)
+    changed = any(
+        next_manifest.streams[s] != manifest.streams.get(s) for s in next_manifest.streams
+    )
+    if changed:
+        if before_commit is not None:
+            before_commit()
+        commit_manifest(store, next_manifest)
+        version = next_manifest.version
+    else:
+        version = manifest.version
+    drop_staging(store, staging)
+    problems = [o.problem for o in outcomes if o.problem is not None]
+    result = IngestResult(
+        version=version,
+        records_added=added,
+        segments_read=len(plan.to_read),
+        streams={
+            s: (st.last_seq, st.last_digest_bytes or b"") for s, st in next_manifest.streams.items()
+        },
+        problems=problems,
+    )
+    if problems:
+        for problem in problems:
+            log.error("ingest: %s", problem)
+        raise IngestFailed(
+            f"ingest found {len(problems)} chain problem(s); the verified records before "
+            "each were stored, nothing after it: " + "; ".join(str(p) for p in problems),
+            problems=tuple(problems),
+        )
+    return result
+
+
+def _copy_streams(manifest: Manifest) -> dict[str, StreamState]:
+    return {
+        name: StreamState(
+            last_seq=state.last_seq,
+            last_digest=state.last_digest,
+            records=state.records,
+            files=list(state.files),
+            segments=list(state.segments),
+            snapshot=state.snapshot,
+        )
+        for name, state in manifest.streams.items()
+    }
+
+
+# --- snapshot -----------------------------------------------------------------------------
+
+# One change, flattened: the order of changes is (seq, index within the transaction).
+CHANGE_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("entity", pa.string(), nullable=False),
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("op", pa.int8(), nullable=False),
+        pa.field("value", pa.binary(), nullable=True),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("change_index", pa.int32(), nullable=False),
+    ]
+)
+# The rows of a snapshot file: the value of every live (entity, key) and the seq that set it.
+SNAPSHOT_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("entity", pa.string(), nullable=False),
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+    ]
+)
+SNAPSHOT_WRITE_SUMMARY = pa.schema(
+    [pa.field("stream", pa.string()), pa.field("path", pa.string()), pa.field("rows", pa.int64())]
+)
+SNAPSHOT_FILE_COMPRESSION = "zstd"
+
+
+def expand_changes(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The changes of a batch of records (stream, seq, key, value, kind), in CHANGE_SCHEMA.
+    Plain records are expanded without a Python loop. A change list that does not decode
+    changes nothing (it was committed, so it cannot be refused any more): it is logged."""
+    kinds = batch.column("kind")
+    plain = batch.filter(pc.equal(kinds, KIND_PLAIN))
+    parts = []
+    if plain.num_rows:
+        count = plain.num_rows
+        parts.append(
+            pa.record_batch(
+                [
+                    plain.column("stream"),
+                    pa.array([PLAIN_ENTITY] * count, pa.string()),
+                    pc.fill_null(plain.column("key"), pa.scalar(b"", pa.binary())),
+                    pa.array([int(Op.PUT)] * count, pa.int8()),
+                    plain.column("value"),
+                    plain.column("seq"),
+                    pa.array([0] * count, pa.int32()),
+                ],
+                schema=CHANGE_SCHEMA,
+            )
+        )
+    lists = batch.filter(pc.equal(kinds, KIND_CHANGES))
+    if lists.num_rows:
+        columns: tuple[list[object], ...] = ([], [], [], [], [], [], [])
+        for stream, seq, value in zip(
+            lists.column("stream").to_pylist(),
+            lists.column("seq").to_pylist(),
+            lists.column("value").to_pylist(),
+            strict=True,
+        ):
+            try:
+                changes = decode_changes(value)
+            except InvalidChanges as error:
+                log.error("stream %r seq %d: change list ignored: %s", stream, seq, error)
+                continue
+            for index, change in enumerate(changes):
+                for column, item in zip(
+                    columns,
+                    (stream, change.entity, change.key, int(change.op), change.value, seq, index),
+                    strict=True,
+                ):
+                    column.append(item)
+        parts.append(pa.record_batch([pa.array(c) for c in columns], schema=CHANGE_SCHEMA))
+    if not parts:
+        return pa.RecordBatch.from_pylist([], schema=CHANGE_SCHEMA)
+    if len(parts) == 1:
+        return parts[0]
+    return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+
+def expand_all(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        expanded = expand_changes(batch)
+        if expanded.num_rows:
+            yield expanded
+
+
+# Changes a task gathers before it folds them to the last change per key: bounds a
+# task's memory to this many changes plus the distinct keys it has seen.
+FOLD_EVERY_CHANGES = 500_000
+_KEY_ORDER = [
+    ("stream", "ascending"),
+    ("entity", "ascending"),
+    ("key", "ascending"),
+    ("seq", "ascending"),
+    ("change_index", "ascending"),
+]
+
+
+def last_change_per_key(changes: pa.Table) -> pa.Table:
+    """The last change (by seq, then index in its transaction) of every (stream, entity,
+    key), deletes included (they still override older puts elsewhere), in CHANGE_SCHEMA."""
+    count = changes.num_rows
+    if count <= 1:
+        return changes
+    ordered = changes.sort_by(_KEY_ORDER)
+    # A row is the last of its key when the next row has another stream, entity or key.
+    differs = None
+    for name in ("stream", "entity", "key"):
+        column = ordered.column(name)
+        step = pc.not_equal(column.slice(0, count - 1), column.slice(1))
+        differs = step if differs is None else pc.or_(differs, step)
+    assert differs is not None
+    is_last = pa.chunked_array([*differs.chunks, pa.array([True])], pa.bool_())
+    return ordered.filter(is_last)
+
+
+def expand_and_fold(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task's changes, folded to the last change per key (the map side of a snapshot)."""
+    gathered: list[pa.RecordBatch] = []
+    gathered_rows = 0
+    folded = CHANGE_SCHEMA.empty_table()
+    for expanded in expand_all(batches):
+        gathered.append(expanded)
+        gathered_rows += expanded.num_rows
+        if gathered_rows >= FOLD_EVERY_CHANGES:
+            folded = last_change_per_key(_concat([folded, *gathered]))
+            gathered, gathered_rows = [], 0
+    folded = last_change_per_key(_concat([folded, *gathered]))
+    yield from folded.to_batches()
+
+
+def live_rows(changes: pa.Table) -> pa.Table:
+    """Snapshot rows (SNAPSHOT_SCHEMA) from changes: the last per key, deletes dropped."""
+    last = last_change_per_key(changes)
+    live = last.filter(pc.equal(last.column("op"), int(Op.PUT)))
+    return live.select(SNAPSHOT_SCHEMA.names).cast(SNAPSHOT_SCHEMA)
+
+
+def _concat(parts: list[pa.Table | pa.RecordBatch]) -> pa.Table:
+    tables = [
+        (p if isinstance(p, pa.Table) else pa.Table.from_batches([p])).cast(CHANGE_SCHEMA)
+        for p in parts
+    ]
+    return pa.concat_tables(tables) if tables else CHANGE_SCHEMA.empty_table()
+
+
+def fold_and_write(batches: Iterable[pa.RecordBatch], directory: str) -> Iterator[pa.RecordBatch]:
+    """The reduce side of a snapshot: every change of a set of keys in, their live rows
+    written per stream under `directory`; yields what was written."""
+    import uuid
+
+    changes = _concat(list(batches))
+    writer = SnapshotWriter(directory, uuid.uuid4().hex)
+    for batch in live_rows(changes).to_batches():
+        writer.write(batch)
+    yield pa.RecordBatch.from_pylist(writer.close(), schema=SNAPSHOT_WRITE_SUMMARY)
+
+
+@dataclass(slots=True)
+class SnapshotTarget:
+    stream: str
+    seq: int  # snapshot as of this seq
+    base: SnapshotInfo | None  # the previous snapshot it builds on
+    delta_files: list[RecordFile]  # record files holding seqs in (base seq, seq]
+
+    @property
+    def base_seq(self) -> int:
+        return self.base.seq if self.base else -1
+
+
+def plan_snapshot(manifest: Manifest, as_of: dict[str, int] | None = None) -> list[SnapshotTarget]:
+    """Per stream with records newer than its snapshot (up to `as_of[stream]` if given):
+    what to build. A requested seq below the previous snapshot rebuilds from the start."""
+    targets = []
+    for stream, state in sorted(manifest.streams.items()):
+        if state.records == 0:
+            continue
+        seq = min(as_of.get(stream, state.last_seq), state.last_seq) if as_of else state.last_seq
+        base = state.snapshot
+        if base is not None and base.seq == seq:
+            continue
+        if base is not None and base.seq > seq:
+            base = None
+        base_seq = base.seq if base else -1
+        files = [f for f in state.files if f.last_seq > base_seq and f.first_seq <= seq]
+        targets.append(SnapshotTarget(stream, seq, base, files))
+    return targets
+
+
+def digest_at(store: str | os.PathLike[str], state: StreamState, seq: int) -> tuple[int, bytes]:
+    """The stored point at or below `seq`: (seq of the last record <= seq, its digest)."""
+    if seq >= state.last_seq and state.last_digest:
+        return state.last_seq, bytes.fromhex(state.last_digest)
+    for record_file in reversed(state.files):
+        if record_file.first_seq <= seq:
+            table = pq.read_table(
+                Path(store) / record_file.path,
+                columns=["seq", "digest"],
+                filters=[("seq", "<=", seq)],
+            )
+            if table.num_rows == 0:
+                break
+            index = pc.index(table.column("seq"), pc.max(table.column("seq"))).as_py()
+            return table.column("seq")[index].as_py(), table.column("digest")[index].as_py()
+    raise StoreCorrupt(f"no stored record at or below seq {seq}")
+
+
+class SnapshotWriter:
+    """Writes snapshot rows (SNAPSHOT_SCHEMA) to one file per stream under `directory`."""
+
+    def __init__(self, directory: str, prefix: str) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self._files: dict[str, tuple[pq.ParquetWriter, str, int]] = {}
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        streams = batch.column("stream")
+        for stream in pc.unique(streams).to_pylist():
+            rows = batch.filter(pc.equal(streams, stream))
+            if not rows.schema.equals(SNAPSHOT_SCHEMA):  # Spark's batches: all nullable
+                rows = rows.cast(SNAPSHOT_SCHEMA)
+            entry = self._files.get(stream)
+            if entry is None:
+                folder = os.path.join(self.directory, stream_dir_name(stream))
+                os.makedirs(folder, exist_ok=True)
+                path = os.path.join(folder, f"{self.prefix}.parquet")
+                writer = pq.ParquetWriter(
+                    path, SNAPSHOT_SCHEMA, compression=SNAPSHOT_FILE_COMPRESSION
+                )
+                entry = (writer, path, 0)
+            entry[0].write_batch(rows)
+            self._files[stream] = (entry[0], entry[1], entry[2] + rows.num_rows)
+
+    def close(self) -> list[dict[str, object]]:
+        written = []
+        for stream, (writer, path, rows) in self._files.items():
+            writer.close()
+            written.append({"stream": stream, "path": path, "rows": rows})
+        self._files = {}
+        return written
+
+
+def finish_snapshot(
+    store: str | os.PathLike[str],
+    manifest: Manifest,
+    targets: list[SnapshotTarget],
+    written: Iterable[dict[str, object]],
+    staging: Path,
+    before_commit: BeforeCommit | None = None,
+) -> dict[str, SnapshotInfo]:
+    files: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    for entry in written:
+        stream = str(entry["stream"])
+        files.setdefault(stream, []).append(publish(store, str(entry["path"]), SNAPSHOT_DIR))
+        count = entry["rows"]
+        assert isinstance(count, int)
+        rows[stream] = rows.get(stream, 0) + count
+    next_manifest = Manifest(version=manifest.version + 1, streams=_copy_streams(manifest))
+    made = {}
+    for target in targets:
+        state = next_manifest.streams[target.stream]
+        seq, digest = digest_at(store, state, target.seq)
+        info = SnapshotInfo(
+            seq=seq,
+            digest=digest.hex(),
+            rows=rows.get(target.stream, 0),
+            files=sorted(files.get(target.stream, [])),
+        )
+        state.snapshot = made[target.stream] = info
+    if made:
+        if before_commit is not None:
+            before_commit()
+        commit_manifest(store, next_manifest)
+    drop_staging(store, staging)
+    return made

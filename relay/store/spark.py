@@ -1,0 +1,88 @@
+"""The Spark side shared by the jobs: a local session set up as this machine needs, and
+the Spark schemas of the store's files.
+
+Under `spark-submit` the session is the one spark-submit configured (`getOrCreate`);
+run directly (`python -m relay.store.ingest`) it is a quiet local session bound to
+127.0.0.1 whose workers run this very Python (so they import pyarrow and relay).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+DEFAULT_MASTER = "local[2]"
+# Rows per Arrow batch handed to Python tasks (Spark's default is 10 000).
+ARROW_BATCH_ROWS = 20_000
+
+SEGMENT_DDL = (
+    "stream STRING, relay INT, seq BIGINT, digest BINARY, producer_id BINARY, "
+    "producer_seq BIGINT, key BINARY, value BINARY, kind TINYINT, duplicate BOOLEAN"
+)
+RECORD_DDL = (
+    "stream STRING, seq BIGINT, digest BINARY, producer_id BINARY, producer_seq BIGINT, "
+    "key BINARY, value BINARY, kind TINYINT, duplicate BOOLEAN"
+)
+SUMMARY_DDL = (
+    "stream STRING, head_seq BIGINT, head_tx_hash BINARY, head_digest BINARY, "
+    "head_relays STRING, last_seq BIGINT, last_digest BINARY, records BIGINT, path STRING, "
+    "file_first_seq BIGINT, problem_seq BIGINT, problem STRING, problem_relays STRING"
+)
+CHANGE_DDL = (
+    "stream STRING, entity STRING, key BINARY, op TINYINT, value BINARY, seq BIGINT, "
+    "change_index INT"
+)
+SNAPSHOT_DDL = "stream STRING, entity STRING, key BINARY, value BINARY, seq BIGINT"
+SNAPSHOT_WRITE_DDL = "stream STRING, path STRING, rows BIGINT"
+
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def under_spark_submit() -> bool:
+    # spark-submit starts the Python driver with a gateway to its JVM already running.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "relay-store") -> Any:
+    """The SparkSession to run the store's jobs in."""
+    from pyspark.sql import SparkSession
+
+    if under_spark_submit():
+        session = SparkSession.builder.appName(app_name).getOrCreate()
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        log_config = os.path.join(tempfile.gettempdir(), "relay-store-log4j2.properties")
+        with open(log_config, "w") as sink:
+            sink.write(_LOG4J2)
+        java_options = f"-Dlog4j2.configurationFile=file:{log_config}"
+        session = (
+            SparkSession.builder.master(master)
+            .appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.extraJavaOptions", java_options)
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.adaptive.enabled", "true")
+            .getOrCreate()
+        )
+    session.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def parallelism(spark: Any) -> int:
+    return max(1, int(spark.sparkContext.defaultParallelism))

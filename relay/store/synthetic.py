@@ -1,0 +1,165 @@
+"""Synthetic committed records with correct chains, and the spools of several relays
+holding them in overlapping segments: for the tests and `scripts/bench_store.py`."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from dataclasses import dataclass
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from relay.core.digest import chain, genesis, tx_hash
+from relay.core.messages import Transaction
+from relay.spool import write_segment_file
+from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, Op, encode_changes
+from relay.store.layout import SEGMENT_SCHEMA, segment_name, stream_dir_name, to_signed64
+
+# Sequence numbers start here and grow by a random step, like k-sorted relay seqs.
+FIRST_SEQ = 1 << 40
+SEQ_STEP_MAX = 1 << 12
+
+
+@dataclass(slots=True)
+class StreamRecords:
+    """One stream's committed records, column by column, in seq order."""
+
+    stream: str
+    seqs: list[int]
+    digests: list[bytes]
+    producer_ids: list[bytes]
+    producer_seqs: list[int]
+    keys: list[bytes | None]
+    values: list[bytes]
+    kinds: list[int]
+    duplicates: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def table(self, relay: int, start: int = 0, stop: int | None = None) -> pa.Table:
+        """Rows [start, stop) as a spool segment of `relay`."""
+        stop = len(self.seqs) if stop is None else stop
+        count = stop - start
+        return pa.table(
+            [
+                pa.array([self.stream] * count, pa.string()),
+                pa.array([relay] * count, pa.int32()),
+                pa.array(self.seqs[start:stop], pa.int64()),
+                pa.array(self.digests[start:stop], pa.binary()),
+                pa.array(self.producer_ids[start:stop], pa.binary()),
+                pa.array([to_signed64(s) for s in self.producer_seqs[start:stop]], pa.int64()),
+                pa.array(self.keys[start:stop], pa.binary()),
+                pa.array(self.values[start:stop], pa.binary()),
+                pa.array(self.kinds[start:stop], pa.int8()),
+                pa.array(self.duplicates[start:stop], pa.bool_()),
+            ],
+            schema=SEGMENT_SCHEMA,
+        )
+
+    def records(self, start: int = 0, stop: int | None = None) -> list[tuple[object, ...]]:
+        """Spool records (seq, digest, producer_id, producer_seq, key, value, kind, dup)."""
+        return list(
+            zip(
+                self.seqs[start:stop],
+                self.digests[start:stop],
+                self.producer_ids[start:stop],
+                self.producer_seqs[start:stop],
+                self.keys[start:stop],
+                self.values[start:stop],
+                self.kinds[start:stop],
+                self.duplicates[start:stop],
+                strict=True,
+            )
+        )
+
+
+def generate(
+    stream: str,
+    count: int,
+    *,
+    seed: int = 0,
+    keys: int = 1000,
+    value_bytes: int = 100,
+    changes_every: int = 5,
+    duplicate_every: int = 50,
+    first_seq: int = FIRST_SEQ,
+    previous_digest: bytes | None = None,
+) -> StreamRecords:
+    """`count` committed records: mostly plain puts over `keys` keys, every
+    `changes_every`-th a change list (puts and deletes over two entity types), every
+    `duplicate_every`-th a duplicate of the transaction before it."""
+    rng = random.Random(f"{stream}/{seed}")
+    out = StreamRecords(stream, [], [], [], [], [], [], [], [])
+    digest = genesis(stream) if previous_digest is None else previous_digest
+    seq = first_seq
+    producer_seq = 0
+    filler = b"v" * max(0, value_bytes - 16)
+    for index in range(count):
+        seq += rng.randint(1, SEQ_STEP_MAX)
+        duplicate = duplicate_every > 0 and index % duplicate_every == duplicate_every - 1
+        if duplicate and out.seqs:
+            producer_id, tx_seq = out.producer_ids[-1], out.producer_seqs[-1]
+            key, value, kind = out.keys[-1], out.values[-1], out.kinds[-1]
+        else:
+            duplicate = False
+            producer_seq += 1
+            producer_id, tx_seq = f"p{rng.randint(0, 3)}".encode(), producer_seq
+            if changes_every > 0 and index % changes_every == changes_every - 1:
+                kind, key = KIND_CHANGES, None
+                value = encode_changes(
+                    [_random_change(rng, keys, index) for _ in range(rng.randint(1, 3))]
+                )
+            else:
+                kind = KIND_PLAIN
+                key = b"k%d" % rng.randrange(keys)
+                value = b"%016d" % index + filler
+        digest = chain(digest, seq, tx_hash(Transaction(producer_id, tx_seq, key, value)))
+        out.seqs.append(seq)
+        out.digests.append(digest)
+        out.producer_ids.append(producer_id)
+        out.producer_seqs.append(tx_seq)
+        out.keys.append(key)
+        out.values.append(value)
+        out.kinds.append(kind)
+        out.duplicates.append(duplicate)
+    return out
+
+
+def _random_change(rng: random.Random, keys: int, index: int) -> Change:
+    entity = rng.choice(("order", "customer"))
+    key = b"k%d" % rng.randrange(keys)
+    if rng.random() < 0.3:
+        return Change(entity, key, Op.DELETE, None)
+    return Change(entity, key, Op.PUT, b"c%d" % index)
+
+
+def write_spools(
+    spool_root: str,
+    streams: list[StreamRecords],
+    *,
+    relays: int = 3,
+    segment_records: int = 10_000,
+) -> int:
+    """Each relay spools every record, its segment boundaries shifted from the others'
+    (relay r starts with a segment of r * segment_records / relays records), so segments
+    of different relays overlap. Returns the number of segment files written."""
+    written = 0
+    for relay in range(relays):
+        for records in streams:
+            folder = os.path.join(spool_root, f"relay={relay}", stream_dir_name(records.stream))
+            os.makedirs(folder, exist_ok=True)
+            bounds = [0]
+            shift = relay * segment_records // relays
+            if shift:
+                bounds.append(min(shift, len(records)))
+            while bounds[-1] < len(records):
+                bounds.append(min(bounds[-1] + segment_records, len(records)))
+            for start, stop in itertools.pairwise(bounds):
+                if start == stop:
+                    continue
+                name = segment_name(records.seqs[start], records.seqs[stop - 1])
+                write_segment_file(records.table(relay, start, stop), os.path.join(folder, name))
+                written += 1
+    return written

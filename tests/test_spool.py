@@ -1,0 +1,164 @@
+"""The spool: segments per stream per relay, rotation by size and age, never blocking the
+caller, stopping a stream (with a logged error and a counter) when the queue or the disk
+budget is full."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import relay.spool as spool_module
+from relay.spool import Spool
+from relay.store.layout import find_segments, stream_dir_name, to_unsigned64
+from relay.store.synthetic import generate
+
+STREAM = "orders.eu"
+
+
+def _read_all(root: Path, stream: str = STREAM) -> list[tuple[object, ...]]:
+    rows = []
+    for segment in find_segments(root):
+        if segment.stream != stream:
+            continue
+        table = pq.read_table(segment.path)
+        for row in table.to_pylist():
+            rows.append(
+                (
+                    row["seq"],
+                    row["digest"],
+                    row["producer_id"],
+                    to_unsigned64(row["producer_seq"]),
+                    row["key"],
+                    row["value"],
+                    row["kind"],
+                    row["duplicate"],
+                )
+            )
+    return rows
+
+
+def test_records_come_back_from_contiguous_segments(tmp_path: Path) -> None:
+    records = generate(STREAM, 500, seed=3)
+    records.producer_seqs[0] = 2**64 - 1  # a u64 beyond int64 survives the round trip
+    with Spool(tmp_path, 4, segment_max_bytes=8_000) as spool:
+        for start in range(0, 500, 37):
+            assert spool.append(STREAM, records.records(start, start + 37))
+    status = spool.status()
+    segments = [s for s in find_segments(tmp_path) if s.stream == STREAM]
+    assert status.segments_written == len(segments) > 3
+    assert status.records_written == 500
+    assert status.errors == 0 and status.records_dropped == 0
+    assert all(s.relay == 4 for s in segments)
+    assert _read_all(tmp_path) == records.records()
+    # Segments are contiguous: each starts right after the previous one ends.
+    for before, after in itertools.pairwise(segments):
+        assert records.seqs.index(after.first_seq) == records.seqs.index(before.last_seq) + 1
+    # No temporary files are left, and a segment is named by its first and last seq.
+    folder = tmp_path / "relay=4" / stream_dir_name(STREAM)
+    assert sorted(os.listdir(folder)) == sorted(Path(s.path).name for s in segments)
+
+
+def test_stream_names_are_escaped_and_found_again(tmp_path: Path) -> None:
+    odd = "../we ird/.name%"
+    records = generate(odd, 10)
+    with Spool(tmp_path, 0) as spool:
+        spool.append(odd, records.records())
+    [segment] = find_segments(tmp_path)
+    assert segment.stream == odd
+    assert Path(segment.path).resolve().is_relative_to(tmp_path.resolve() / "relay=0")
+    assert _read_all(tmp_path, odd) == records.records()
+
+
+def test_tick_writes_segments_older_than_the_age_limit(tmp_path: Path) -> None:
+    records = generate(STREAM, 20)
+    spool = Spool(tmp_path, 1, segment_max_age_ms=1_000)
+    try:
+        spool.tick(10_000)
+        spool.append(STREAM, records.records(0, 10))
+        spool.tick(10_500)
+        time.sleep(0.2)
+        assert spool.status().segments_written == 0  # younger than the limit
+        spool.tick(11_000)
+        _wait_for(lambda: spool.status().segments_written == 1)
+        assert _read_all(tmp_path) == records.records(0, 10)
+    finally:
+        spool.close()
+
+
+def test_full_queue_stops_the_stream_without_blocking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()
+    real_write = spool_module.write_segment_file
+
+    def slow_write(table: object, path: object) -> None:
+        release.wait(10)
+        real_write(table, path)
+
+    monkeypatch.setattr(spool_module, "write_segment_file", slow_write)
+    records = generate(STREAM, 200)
+    spool = Spool(tmp_path, 2, segment_max_bytes=1, queue_max_batches=2)
+    try:
+        started = time.monotonic()
+        accepted = [spool.append(STREAM, records.records(i, i + 10)) for i in range(0, 200, 10)]
+        assert time.monotonic() - started < 1.0  # never waits for the disk
+        assert accepted[0] and not accepted[-1]
+        status = spool.status()
+        assert status.errors == 1
+        assert "queue full" in status.stopped_streams[STREAM]
+        assert status.records_dropped >= 10 * accepted.count(False)
+        assert "stops spooling stream 'orders.eu'" in caplog.text
+        release.set()
+        # Once the disk catches up, other streams go on; the stopped one stays stopped.
+        _wait_for(lambda: spool.status().queue_depth == 0)
+        assert spool.append("other", generate("other", 5).records())
+        assert not spool.append(STREAM, generate(STREAM, 1, first_seq=2**50).records())
+    finally:
+        release.set()
+        spool.close()
+    # What was written is a contiguous prefix of the stream.
+    written = _read_all(tmp_path)
+    assert written == records.records(0, len(written))
+
+
+def test_disk_budget_stops_the_stream(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    records = generate(STREAM, 300)
+    with Spool(tmp_path, 3, segment_max_bytes=4_000, disk_max_bytes=6_000) as spool:
+        for start in range(0, 300, 20):
+            spool.append(STREAM, records.records(start, start + 20))
+    status = spool.status()
+    assert "disk budget spent" in status.stopped_streams[STREAM]
+    assert status.errors == 1
+    assert status.bytes_written <= 6_000
+    assert status.records_written + status.records_dropped == 300
+    assert "disk budget spent" in caplog.text
+    written = _read_all(tmp_path)
+    assert written == records.records(0, len(written))
+
+
+def test_out_of_order_records_stop_the_stream(tmp_path: Path) -> None:
+    records = generate(STREAM, 20)
+    with Spool(tmp_path, 0) as spool:
+        assert spool.append(STREAM, records.records(10, 20))
+        assert not spool.append(STREAM, records.records(0, 10))
+        assert not spool.append(STREAM, records.records(19, 20))  # stays stopped
+    assert "out of order" in spool.status().stopped_streams[STREAM]
+    assert _read_all(tmp_path) == records.records(10, 20)
+
+
+def test_limits_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="segment_max_bytes"):
+        Spool(tmp_path, 0, segment_max_bytes=0)
+
+
+def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)

@@ -1,0 +1,404 @@
+"""The store: the change model, Spark ingest / snapshot / verify against expected data and
+against the pyarrow baseline, idempotence, divergence and broken chains, crash atomicity,
+and the pyarrow-only reader. One local SparkSession serves the whole test session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from relay.spool import Spool
+from relay.store import baseline
+from relay.store.changes import (
+    KIND_CHANGES,
+    KIND_PLAIN,
+    MAX_CHANGES_PER_TX,
+    Change,
+    Op,
+    changes_of,
+    decode_changes,
+    encode_changes,
+)
+from relay.store.errors import IngestFailed, InvalidChanges, VerifyFailed
+from relay.store.layout import find_segments, stream_dir_name
+from relay.store.manifest import load_manifest
+from relay.store.reader import StoreReader
+from relay.store.synthetic import StreamRecords, generate, write_spools
+
+STREAMS = ("orders.eu", "a/b c")
+
+# --- the change model (no Spark) -----------------------------------------------------------
+
+
+def test_changes_round_trip_and_plain_values() -> None:
+    changes = [
+        Change("order", b"k1", Op.PUT, b"v1"),
+        Change("", b"", Op.DELETE, None),
+        Change("customer", b"\x00\xff", Op.PUT, b""),
+    ]
+    assert decode_changes(encode_changes(changes)) == changes
+    assert changes_of(KIND_CHANGES, None, encode_changes(changes)) == changes
+    assert changes_of(KIND_PLAIN, b"k", b"v") == [Change("", b"k", Op.PUT, b"v")]
+    assert changes_of(KIND_PLAIN, None, b"v") == [Change("", b"", Op.PUT, b"v")]
+
+
+@pytest.mark.parametrize(
+    ("encoded", "problem"),
+    [
+        (b"\xc1garbage", "not valid msgpack"),
+        (b"\x92\x02\x91\x94\xa0\xc4\x00\x00\xc4\x00", "format version 2"),
+        (b"\x92\x01\x90", "1..10000 changes"),
+        (b"\x92\x01\x91\x93\xa0\xc4\x00\x00", "change 0: must be an array"),
+        (b"\x92\x01\x91\x94\xa0\xc4\x00\x07\xc4\x00", "change 0: op must be 0"),
+        (b"\x92\x01\x91\x94\xa0\xc4\x00\x01\xc4\x00", "change 0: a delete carries no value"),
+        (b"\x92\x01\x91\x94\xa0\xc4\x00\x00\xc0", "change 0: a put needs a bytes value"),
+        (b"\x92\x01\x91\x94\x01\xc4\x00\x00\xc4\x00", "change 0: entity must be a str"),
+    ],
+)
+def test_bad_change_lists_are_named(encoded: bytes, problem: str) -> None:
+    with pytest.raises(InvalidChanges, match=problem):
+        decode_changes(encoded)
+
+
+def test_encode_checks_the_limits() -> None:
+    with pytest.raises(InvalidChanges, match=r"1\.\.10000 changes"):
+        encode_changes([])
+    with pytest.raises(InvalidChanges, match=r"1\.\.10000 changes"):
+        encode_changes([Change("", b"k", Op.DELETE)] * (MAX_CHANGES_PER_TX + 1))
+    with pytest.raises(InvalidChanges, match="change 1: key of 5000 bytes"):
+        encode_changes([Change("", b"k", Op.DELETE), Change("", b"k" * 5000, Op.DELETE)])
+    with pytest.raises(InvalidChanges, match="kind 7 unknown"):
+        changes_of(7, None, b"")
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java is not installed: the Spark store jobs need a Java 17+ runtime")
+    from relay.store.spark import get_session
+
+    session = get_session("local[2]", app_name="relay-store-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()
+
+
+def _streams(count: int = 600, **kwargs: Any) -> list[StreamRecords]:
+    return [generate(name, count, seed=i, **kwargs) for i, name in enumerate(STREAMS)]
+
+
+def _stored_rows(store: Path) -> list[dict[str, Any]]:
+    """Every stored record, sorted by (stream, seq), read with pyarrow."""
+    manifest = load_manifest(store)
+    tables = [pq.read_table(store / f.path) for s in manifest.streams.values() for f in s.files]
+    rows = pa.concat_tables(tables).to_pylist() if tables else []
+    return sorted(rows, key=lambda r: (r["stream"], r["seq"]))
+
+
+def _expected_rows(streams: list[StreamRecords], upto: dict[str, int] | None = None) -> list[Any]:
+    rows = []
+    for records in streams:
+        table = records.table(relay=0).drop_columns(["relay"])
+        for row in table.to_pylist():
+            if upto is None or row["seq"] < upto.get(records.stream, 1 << 63):
+                rows.append(row)
+    return sorted(rows, key=lambda r: (r["stream"], r["seq"]))
+
+
+def _expected_snapshot(records: StreamRecords, upto: int | None = None) -> dict[Any, Any]:
+    state: dict[tuple[str, bytes], tuple[bytes, int]] = {}
+    for i, seq in enumerate(records.seqs):
+        if upto is not None and seq > upto:
+            break
+        if records.duplicates[i]:
+            continue
+        for change in changes_of(records.kinds[i], records.keys[i], records.values[i]):
+            if change.op == Op.PUT:
+                assert change.value is not None
+                state[(change.entity, change.key)] = (change.value, seq)
+            else:
+                state.pop((change.entity, change.key), None)
+    return state
+
+
+def _snapshot_of(store: Path, stream: str) -> dict[Any, Any]:
+    snap = StoreReader(store).snapshot(stream)
+    assert snap is not None
+    return {(r["entity"], r["key"]): (r["value"], r["seq"]) for r in snap.rows.to_pylist()}
+
+
+# --- Spark ingest, snapshot, verify ----------------------------------------------------------
+
+
+def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.testing import assertDataFrameEqual
+
+    from relay.store.ingest import ingest
+    from relay.store.snapshot import snapshot
+    from relay.store.verify import verify
+
+    streams = _streams()
+    write_spools(str(tmp_path / "spool"), streams, segment_records=150)
+    store = tmp_path / "store"
+    result = ingest(spark, str(tmp_path / "spool"), str(store))
+    assert result.records_added == sum(len(s) for s in streams)
+    for records in streams:
+        assert result.streams[records.stream] == (records.seqs[-1], records.digests[-1])
+
+    # Frame for frame: the stored records are exactly the committed records, once each.
+    manifest = load_manifest(store)
+    files = [str(store / f.path) for s in manifest.streams.values() for f in s.files]
+    stored = spark.read.parquet(*files)
+    expected = spark.createDataFrame(_expected_rows(streams), schema=stored.schema)
+    assertDataFrameEqual(stored, expected)
+    # Partitioned by stream; every segment listed as ingested.
+    for name, state in manifest.streams.items():
+        assert all(f.path.startswith(f"data/{stream_dir_name(name)}/") for f in state.files)
+        assert len(state.segments) == len(
+            [s for s in find_segments(tmp_path / "spool") if s.stream == name]
+        )
+
+    made = snapshot(spark, str(store))
+    for records in streams:
+        assert made[records.stream].seq == records.seqs[-1]
+        assert made[records.stream].digest == records.digests[-1].hex()
+        assert _snapshot_of(store, records.stream) == _expected_snapshot(records)
+    assert verify(spark, str(store)) == {r.stream: (r.seqs[-1], r.digests[-1]) for r in streams}
+
+    # The pyarrow baseline builds the same store.
+    other = tmp_path / "baseline"
+    baseline.ingest_baseline(str(tmp_path / "spool"), str(other))
+    baseline.snapshot_baseline(str(other))
+    assert _stored_rows(other) == _stored_rows(store)
+    for records in streams:
+        assert _snapshot_of(other, records.stream) == _snapshot_of(store, records.stream)
+    assert baseline.verify_baseline(str(other)) == verify(spark, str(store))
+
+
+def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path: Path) -> None:
+    from relay.store.ingest import ingest
+    from relay.store.snapshot import snapshot
+
+    full = _streams(800)
+    first = [_slice(r, 0, 500) for r in full]
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    write_spools(spool, first, segment_records=120)
+    ingest(spark, spool, str(store))
+    snapshot(spark, str(store))
+    version = load_manifest(store).version
+    again = ingest(spark, spool, str(store))
+    assert again.records_added == 0 and again.version == version
+    assert snapshot(spark, str(store)) == {}
+
+    # The relays spool more (new segments continue the chains): only they are added, and
+    # the snapshot builds on the previous one.
+    shutil.rmtree(spool)
+    write_spools(spool, full, segment_records=120)  # overlaps what is stored
+    result = ingest(spark, spool, str(store))
+    assert result.records_added == 300 * len(full)
+    assert _stored_rows(store) == _expected_rows(full)
+    made = snapshot(spark, str(store))
+    for records in full:
+        assert made[records.stream].seq == records.seqs[-1]
+        assert _snapshot_of(store, records.stream) == _expected_snapshot(records)
+    # As of an older seq: rebuilt from the start, with the digest stored at that seq.
+    older = full[0].seqs[100]
+    made = snapshot(spark, str(store), as_of={full[0].stream: older})
+    assert made[full[0].stream].seq == older
+    assert made[full[0].stream].digest == full[0].digests[100].hex()
+    assert _snapshot_of(store, full[0].stream) == _expected_snapshot(full[0], older)
+
+
+def test_divergence_is_reported_and_not_written(spark: Any, tmp_path: Path) -> None:
+    from relay.store.ingest import ingest
+    from relay.store.verify import verify
+
+    streams = _streams(400)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    write_spools(str(spool), streams, segment_records=100)
+    bad_seq = streams[0].seqs[250]
+    _rewrite_relay_copy(spool, relay=2, stream=streams[0].stream, seq=bad_seq)
+    with pytest.raises(IngestFailed) as failure:
+        ingest(spark, str(spool), str(store))
+    [problem] = failure.value.problems
+    assert (problem.stream, problem.seq, problem.relays) == (streams[0].stream, bad_seq, (0, 1, 2))
+    assert "relays disagree on the digest" in str(problem) and "relays 2 have" in str(problem)
+    # The stream keeps its verified prefix; the other stream is complete.
+    assert _stored_rows(store) == _expected_rows(streams, upto={streams[0].stream: bad_seq})
+    verify(spark, str(store))
+
+
+def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:
+    from relay.store.ingest import ingest
+
+    records = generate("gappy", 300)
+    spool = tmp_path / "spool"
+    # No relay holds records 100..149: record 150 does not chain from record 99.
+    write_spools(
+        str(spool), [_slice(records, 0, 100), _slice(records, 150, 300)], segment_records=60
+    )
+    with pytest.raises(IngestFailed, match="does not chain from seq") as failure:
+        ingest(spark, str(spool), str(tmp_path / "store"))
+    [problem] = failure.value.problems
+    assert (problem.stream, problem.seq) == ("gappy", records.seqs[150])
+    assert StoreReader(tmp_path / "store").last_points()["gappy"].seq == records.seqs[99]
+
+
+def test_a_crash_before_commit_leaves_the_store_as_it_was(spark: Any, tmp_path: Path) -> None:
+    from relay.store.ingest import ingest
+    from relay.store.snapshot import snapshot
+
+    full = _streams(400)
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    write_spools(spool, [_slice(r, 0, 200) for r in full], segment_records=100)
+    ingest(spark, spool, str(store))
+    before = _stored_rows(store)
+    version = load_manifest(store).version
+
+    def crash() -> None:
+        raise RuntimeError("injected crash between write and commit")
+
+    shutil.rmtree(spool)
+    write_spools(spool, full, segment_records=100)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        ingest(spark, spool, str(store), before_commit=crash)
+    assert load_manifest(store).version == version
+    assert _stored_rows(store) == before
+    with pytest.raises(RuntimeError, match="injected crash"):
+        snapshot(spark, str(store), before_commit=crash)
+    assert StoreReader(store).snapshot(full[0].stream) is None
+    # The next run completes the work, and the crashed run's files are cleaned up.
+    ingest(spark, spool, str(store))
+    assert _stored_rows(store) == _expected_rows(full)
+    listed = {f.path for s in load_manifest(store).streams.values() for f in s.files}
+    on_disk = {str(p.relative_to(store)) for p in (store / "data").rglob("*.parquet")}
+    assert on_disk == listed
+
+
+def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
+    from relay.store.verify import verify
+
+    streams = _streams(300)
+    write_spools(str(tmp_path / "spool"), streams, segment_records=100)
+    store = tmp_path / "store"
+    baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    state = load_manifest(store).streams[streams[1].stream]
+    path = store / state.files[0].path
+    table = pq.read_table(path).to_pylist()
+    table[10]["value"] = b"tampered"
+    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(path)), path)
+    with pytest.raises(VerifyFailed) as failure:
+        verify(spark, str(store))
+    [problem] = failure.value.problems
+    assert (problem.stream, problem.seq) == (streams[1].stream, streams[1].seqs[10])
+    with pytest.raises(VerifyFailed):
+        baseline.verify_baseline(str(store))
+
+
+def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:
+    """The relay's own Spool output is what ingest reads."""
+    from relay.store.ingest import ingest
+
+    streams = _streams(300)
+    for relay in range(3):
+        with Spool(tmp_path / "spool", relay, segment_max_bytes=5_000 + relay * 1_000) as spool:
+            for records in streams:
+                for start in range(0, 300, 25):
+                    spool.append(records.stream, records.records(start, start + 25))
+    ingest(spark, str(tmp_path / "spool"), str(tmp_path / "store"))
+    assert _stored_rows(tmp_path / "store") == _expected_rows(streams)
+
+
+# --- the reader (pyarrow only) ----------------------------------------------------------------
+
+
+def test_reader_bootstraps_a_consumer(tmp_path: Path) -> None:
+    streams = _streams(400)
+    write_spools(str(tmp_path / "spool"), streams, segment_records=90)
+    store = tmp_path / "store"
+    baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    reader = StoreReader(store)
+    assert reader.snapshot(streams[0].stream) is None
+    baseline.snapshot_baseline(str(store))
+    reader.refresh()
+    records = streams[0]
+    after = records.seqs[123]
+    got = list(reader.records_after(records.stream, after))
+    want = [
+        (
+            records.seqs[i],
+            records.keys[i],
+            records.values[i],
+            records.producer_ids[i],
+            records.producer_seqs[i],
+            records.kinds[i],
+        )
+        for i in range(124, len(records))
+        if not records.duplicates[i]
+    ]
+    assert [(r.seq, r.key, r.value, r.producer_id, r.producer_seq, r.kind) for r in got] == want
+    assert len(list(reader.records_after(records.stream))) == records.duplicates.count(False)
+    assert reader.last_points()[records.stream].digest == records.digests[-1]
+    snap = reader.snapshot(records.stream)
+    assert snap is not None
+    assert (snap.seq, snap.digest) == (records.seqs[-1], records.digests[-1])
+    assert _snapshot_of(store, records.stream) == _expected_snapshot(records)
+    from relay.store.errors import UnknownStoredStream
+
+    with pytest.raises(UnknownStoredStream, match="no stream 'nope'"):
+        list(reader.records_after("nope"))
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _slice(records: StreamRecords, start: int, stop: int) -> StreamRecords:
+    return StreamRecords(
+        records.stream,
+        *(
+            getattr(records, name)[start:stop]
+            for name in (
+                "seqs",
+                "digests",
+                "producer_ids",
+                "producer_seqs",
+                "keys",
+                "values",
+                "kinds",
+                "duplicates",
+            )
+        ),
+    )
+
+
+def _rewrite_relay_copy(spool: Path, *, relay: int, stream: str, seq: int) -> None:
+    """Give one relay's copy of (stream, seq) another value and a digest chained over it,
+    as if that relay had committed a different timeline from there on."""
+    for segment in find_segments(spool):
+        if (
+            segment.relay == relay
+            and segment.stream == stream
+            and (segment.first_seq <= seq <= segment.last_seq)
+        ):
+            rows = pq.read_table(segment.path).to_pylist()
+            for row in rows:
+                if row["seq"] == seq:
+                    row["value"] = b"another value"
+                    row["digest"] = bytes(16)
+            pq.write_table(
+                pa.Table.from_pylist(rows, schema=pq.read_schema(segment.path)), segment.path
+            )
+            return
+    raise AssertionError("no segment holds the seq")
