@@ -25,7 +25,11 @@ the same producer sequence ended without a definite answer, the final error is `
 that earlier copy may still commit. Running out of attempts raises `Unknown` (some attempt
 may have reached a relay) or `Fenced` (every answer was `fenced`). With `window` > 1,
 messages sent together are in flight at once, so their commit order may differ from the
-order they were given in.
+order they were given in. Attempts bound for the same relay at the same moment travel
+together in ProduceBatchReq frames (within the topology's max_batch_entries and request
+frame limit, or the default limits without a topology); each keeps its own request id,
+answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it changed
+nothing), its transactions are sent again one per frame.
 
 Consuming: `subscribe(stream, start)` with start "earliest" (the oldest entry the relay
 holds), "latest" (the relay's committed point, learnt by the first read, i.e. at the first
@@ -52,8 +56,8 @@ import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, overload
@@ -114,6 +118,12 @@ EMPTY_RETRY_S = 0.05  # pause after an empty answer that came early (not a full 
 OUT_OF_RANGE_ROUNDS = 5  # rounds over all relays before out_of_range is final anyway
 MAX_NOTES = 8  # attempt descriptions kept for an error message
 DRAIN_MAX = 10_000  # frames taken from one socket per wake
+MAX_CACHED_ORDERS = 10_000  # streams whose relay order a producer remembers
+NO_BATCH = -1  # an op's batch_rid when its attempt is not in a ProduceBatchReq
+# pyzmq's flags are enum members: plain ints skip an enum operation per call.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
@@ -277,31 +287,66 @@ def _prepend(candidates: deque[str], endpoints: Sequence[str], skip: set[str]) -
 # --- producing (no I/O: the drivers below feed frames and time in) ----------------------
 
 
-@dataclass(eq=False)
 class _Op:
-    """One transaction being produced, across all its attempts."""
+    """One transaction being produced, across all its attempts. (A plain class with slots:
+    one is made per transaction, so it allocates only what every transaction needs.)"""
 
-    stream: str
-    key: bytes | None
-    value: bytes
-    pseq: int
-    started_at: float = 0.0
-    deadline: float = 0.0
-    attempts: int = 0
-    rounds: int = 0
-    saw_unknown: bool = False  # an attempt may have reached a relay without an answer
-    last_fenced: tuple[int, ...] | None = None  # the redirect of the last answer, if fenced
-    candidates: deque[str] = field(default_factory=deque)
-    tried: set[str] = field(default_factory=set)  # in this round
-    endpoint: str = ""  # of the current or last attempt
-    rid: int | None = None  # the attempt in flight
-    rids: list[int] = field(default_factory=list)  # every attempt's request id
-    retry_same: bool = False  # still connecting: send to the same endpoint again
-    timer: int = 0  # token of the op's live timer (0: none)
-    notes: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_NOTES))
-    done: bool = False
-    seq: int = -1
-    error: ClientError | None = None
+    __slots__ = (
+        "alone",
+        "attempts",
+        "batch_rid",
+        "candidates",
+        "deadline",
+        "done",
+        "due",
+        "endpoint",
+        "error",
+        "item_bytes",
+        "key",
+        "last_fenced",
+        "notes",
+        "pseq",
+        "retry_same",
+        "rid",
+        "rids",
+        "rounds",
+        "saw_unknown",
+        "seq",
+        "started_at",
+        "stream",
+        "timer",
+        "tried",
+        "value",
+    )
+
+    def __init__(self, stream: str, key: bytes | None, value: bytes, pseq: int) -> None:
+        self.stream = stream
+        self.key = key
+        self.value = value
+        self.pseq = pseq
+        self.item_bytes = wire.batch_item_bytes(stream, key, value)  # in a batch frame
+        self.started_at = 0.0
+        self.deadline = 0.0
+        self.due = 0.0  # when the op's timer is due (its attempt times out, or retry)
+        self.attempts = 0
+        self.rounds = 0
+        self.saw_unknown = False  # an attempt may have reached a relay without an answer
+        self.last_fenced: tuple[int, ...] | None = None  # the last answer's redirect if fenced
+        self.candidates: deque[str] = deque()
+        # Tuples, not a set and a list: they are rarely more than one item long, and fewer
+        # containers per transaction leave the garbage collector less to walk.
+        self.tried: tuple[str, ...] = ()  # in this round
+        self.endpoint = ""  # of the current or last attempt
+        self.rid: int | None = None  # the attempt in flight
+        self.rids: tuple[int, ...] = ()  # every attempt's request id
+        self.batch_rid = NO_BATCH  # the ProduceBatchReq carrying the attempt in flight
+        self.alone = False  # send in a frame of its own (a relay refused its batch)
+        self.retry_same = False  # still connecting: send to the same endpoint again
+        self.timer: _Timer | None = None  # the op's live timer
+        self.notes: deque[str] | None = None  # what went wrong, made on the first failure
+        self.done = False
+        self.seq = -1
+        self.error: ClientError | None = None
 
     def result(self) -> int:
         if self.error is not None:
@@ -309,8 +354,31 @@ class _Op:
         return self.seq
 
 
+class _Timer:
+    """A timer shared by the ops sent (or paused) together. It lets go of them once none
+    waits on it any more: most timers outlive their ops (answered long before the request
+    timeout), and should not keep finished ops alive until then."""
+
+    __slots__ = ("ops", "waiting")
+
+    def __init__(self, ops: list[_Op]) -> None:
+        self.ops = ops
+        self.waiting = len(ops)
+
+
+def _disarm(op: _Op) -> None:
+    timer = op.timer
+    if timer is not None:
+        op.timer = None
+        timer.waiting -= 1
+        if not timer.waiting:
+            timer.ops = []
+
+
 class _ProduceEngine:
-    """The retry and pipelining rules of a producer, without I/O."""
+    """The retry and pipelining rules of a producer, without I/O. Attempts that go to the
+    same relay in one step are packed into ProduceBatchReq frames; every transaction keeps
+    its own request id (the batch item id), answer, retries and errors."""
 
     def __init__(
         self,
@@ -341,16 +409,24 @@ class _ProduceEngine:
             if relays.config is not None
             else relays.limits.max_frame_bytes
         )
+        # A batch frame stays within what a relay with these limits (the defaults without
+        # a topology) accepts; should a relay still refuse one, its items go alone.
+        self.batch_limit_bytes = wire.request_frame_limit(relays.limits)
+        self.max_batch_items = min(relays.limits.max_batch_entries, wire.MAX_BATCH_ITEMS)
         self.stats: Counter[str] = Counter()
         self._rid = _RequestIds()
         self._queue: deque[_Op] = deque()  # submitted, not started
         self._live: dict[int, _Op] = {}  # started, not done; by producer seq
         self._by_rid: dict[int, _Op] = {}
+        self._batches: dict[int, list[_Op]] = {}  # batch request id -> its ops, until answered
         self._ready: deque[_Op] = deque()  # to attempt at the next step
-        self._timers: list[tuple[float, int, _Op]] = []
+        # (when, token, timer) for the ops sent (or paused) together; tokens keep the heap
+        # from comparing timers
+        self._timers: list[tuple[float, int, _Timer]] = []
         self._tokens = itertools.count(1)
         self._completed: list[_Op] = []
         self._preferred: dict[str, str] = {}  # stream -> the endpoint that last committed
+        self._orders: dict[str, tuple[str, ...]] = {}  # stream -> endpoints to try, in order
 
     @property
     def load(self) -> int:
@@ -384,19 +460,30 @@ class _ProduceEngine:
             self._ready.append(op)
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, token, op = heapq.heappop(timers)
-            if op.done or op.timer != token:
-                continue
-            op.timer = 0
-            if op.rid is not None:
-                self.stats["timeouts"] += 1
-                self._failed(op, now, f"{op.endpoint}: no answer in time", unknown=True)
-            else:
-                self._ready.append(op)
-        while self._ready:
-            op = self._ready.popleft()
-            if not op.done:
-                self._attempt(op, now, send)
+            _, _, timer = heapq.heappop(timers)
+            for op in timer.ops:
+                if op.done or op.timer is not timer:
+                    continue
+                _disarm(op)
+                if op.due > now:  # shared a timer with ops due earlier
+                    self._arm([op])
+                    continue
+                if op.rid is not None:
+                    self.stats["timeouts"] += 1
+                    self._failed(op, now, f"{op.endpoint}: no answer in time", unknown=True)
+                else:
+                    self._ready.append(op)
+        ready = self._ready
+        while ready:  # a failed send puts ops back, for their next relay
+            outbox: dict[str, list[_Op]] = {}
+            while ready:
+                op = ready.popleft()
+                if not op.done:
+                    endpoint = self._next_endpoint(op, now)
+                    if endpoint:
+                        outbox.setdefault(endpoint, []).append(op)
+            for endpoint, ops in outbox.items():
+                self._send_packed(endpoint, ops, now, send)
 
     def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
         try:
@@ -404,34 +491,27 @@ class _ProduceEngine:
         except FrameError:
             self.stats["bad_frames"] += 1
             return
-        op = self._by_rid.get(msg.request_id)
-        if op is None or op.done:
-            self.stats["stale_answers"] += 1
-            return
-        current = msg.request_id == op.rid
-        if isinstance(msg, wire.ProduceResp):
-            if msg.outcome is Outcome.COMMITTED:  # from any attempt: the same transaction
-                self._preferred[op.stream] = endpoint
-                self._finish(op, seq=msg.seq)
-            elif not current:
+        kind = type(msg)
+        if kind is wire.ProduceBatchResp:
+            assert isinstance(msg, wire.ProduceBatchResp)
+            for item_id, outcome, seq, reason, redirect in msg.results:
+                self._on_answer(endpoint, item_id, outcome, seq, reason, redirect, now)
+        elif kind is wire.ProduceResp:
+            assert isinstance(msg, wire.ProduceResp)
+            rid = msg.request_id
+            self._on_answer(endpoint, rid, msg.outcome, msg.seq, msg.reason, msg.redirect, now)
+        elif kind is wire.ErrorResp and msg.request_id in self._batches:
+            assert isinstance(msg, wire.ErrorResp)
+            self._on_batch_refused(endpoint, msg)
+        else:
+            op = self._by_rid.get(msg.request_id)
+            if op is None or op.done:
                 self.stats["stale_answers"] += 1
-                if msg.outcome is Outcome.UNKNOWN:
-                    op.saw_unknown = True
-            elif msg.outcome is Outcome.REJECTED:
-                self._finish(op, error=self._rejected(op, endpoint, msg.reason))
-            elif msg.outcome is Outcome.FENCED:
-                self.stats["fenced"] += 1
-                note = f"{endpoint}: fenced"
-                self._failed(op, now, note, unknown=False, redirect=msg.redirect, fenced=True)
-            else:
-                self.stats["unknown"] += 1
-                self._failed(op, now, f"{endpoint}: unknown", unknown=True)
-        elif isinstance(msg, wire.ErrorResp):
-            if current:
+            elif not isinstance(msg, wire.ErrorResp):
+                self.stats["bad_frames"] += 1
+            elif msg.request_id == op.rid:
                 reason = f"invalid ({msg.error}: {msg.message})"
                 self._finish(op, error=self._rejected(op, endpoint, reason))
-        else:
-            self.stats["bad_frames"] += 1
 
     def on_disconnect(self, endpoint: str, now: float) -> None:
         self.stats["disconnects"] += 1
@@ -451,55 +531,174 @@ class _ProduceEngine:
                 self._finish(op, error=error)
         self._queue.clear()
 
+    # --- answers ----------------------------------------------------------------------
+
+    def _on_answer(
+        self,
+        endpoint: str,
+        rid: int,
+        outcome: Outcome,
+        seq: int,
+        reason: str,
+        redirect: tuple[int, ...],
+        now: float,
+    ) -> None:
+        op = self._by_rid.get(rid)
+        if op is None or op.done:
+            self.stats["stale_answers"] += 1
+            return
+        current = rid == op.rid
+        if current:
+            self._forget_batch(op)  # the relay took the batch: no ErrorResp can follow
+        if outcome is Outcome.COMMITTED:  # from any attempt: the same transaction
+            if self._preferred.get(op.stream) != endpoint:
+                self._preferred[op.stream] = endpoint
+                self._orders.pop(op.stream, None)
+            self._finish(op, seq=seq)
+        elif not current:
+            self.stats["stale_answers"] += 1
+            if outcome is Outcome.UNKNOWN:
+                op.saw_unknown = True
+        elif outcome is Outcome.REJECTED:
+            self._finish(op, error=self._rejected(op, endpoint, reason))
+        elif outcome is Outcome.FENCED:
+            self.stats["fenced"] += 1
+            note = f"{endpoint}: fenced"
+            self._failed(op, now, note, unknown=False, redirect=redirect, fenced=True)
+        else:
+            self.stats["unknown"] += 1
+            self._failed(op, now, f"{endpoint}: unknown", unknown=True)
+
+    def _on_batch_refused(self, endpoint: str, error: wire.ErrorResp) -> None:
+        """A relay refused a whole ProduceBatchReq (it changed nothing): send each of its
+        transactions again on its own, to the same relay, so that only what the relay
+        refuses alone is rejected (e.g. it allows fewer items per batch than we assumed)."""
+        batch_rid = error.request_id
+        self.stats["batches_refused"] += 1
+        for op in self._batches.pop(batch_rid, ()):
+            if op.done or op.batch_rid != batch_rid:
+                continue
+            op.batch_rid = NO_BATCH
+            op.rid = None
+            _disarm(op)
+            op.attempts -= 1  # not an attempt: the relay did not look at the transaction
+            op.alone = True
+            op.retry_same = True
+            self._ready.append(op)
+
+    def _forget_batch(self, op: _Op) -> None:
+        if op.batch_rid != NO_BATCH:
+            self._batches.pop(op.batch_rid, None)
+            op.batch_rid = NO_BATCH
+
     # --- attempts ---------------------------------------------------------------------
 
-    def _order(self, stream: str) -> list[str]:
-        order = self.relays.order(stream)
-        preferred = self._preferred.get(stream)
-        if preferred in order:
-            i = order.index(preferred)
-            order = order[i:] + order[:i]
+    def _order(self, stream: str) -> tuple[str, ...]:
+        order = self._orders.get(stream)
+        if order is None:
+            relays = self.relays.order(stream)
+            preferred = self._preferred.get(stream)
+            if preferred in relays:
+                i = relays.index(preferred)
+                relays = relays[i:] + relays[:i]
+            order = tuple(relays)
+            if len(self._orders) < MAX_CACHED_ORDERS:
+                self._orders[stream] = order
         return order
 
-    def _set_timer(self, op: _Op, when: float) -> None:
-        op.timer = next(self._tokens)
-        heapq.heappush(self._timers, (when, op.timer, op))
+    def _arm(self, ops: list[_Op]) -> None:
+        """One timer for `ops`, due when the first of them is (`op.due`)."""
+        timer = _Timer(ops)
+        when = ops[0].due
+        for op in ops:
+            op.timer = timer
+            if op.due < when:
+                when = op.due
+        heapq.heappush(self._timers, (when, next(self._tokens), timer))
 
-    def _attempt(self, op: _Op, now: float, send: SendFn) -> None:
+    def _next_endpoint(self, op: _Op, now: float) -> str:
+        """The relay for the op's next attempt ("" if it has run out of attempts)."""
         if now >= op.deadline or op.attempts >= self.max_attempts:
             self._finish(op, error=self._exhausted(op, now))
-            return
+            return ""
         if not (op.retry_same and op.endpoint):
             op.endpoint = op.candidates.popleft()
-            op.tried.add(op.endpoint)
+            op.tried += (op.endpoint,)
         op.retry_same = False
-        rid = self._rid()
-        frame = wire.encode(
-            wire.ProduceReq(rid, op.stream, self.producer_id, op.pseq, op.key, op.value)
-        )
-        if len(frame) > self.request_limit:
-            error = self._rejected(
-                op, "the client", f"too_large (a {len(frame)}-byte request frame)"
-            )
-            self._finish(op, error=error)
-            return
-        if not send(op.endpoint, frame):
-            if now < self.connect_until:  # the first connections are still being made
-                op.retry_same = True
-                self._set_timer(op, now + CONNECT_POLL_S)
+        return op.endpoint
+
+    def _send_packed(self, endpoint: str, ops: list[_Op], now: float, send: SendFn) -> None:
+        """Send `ops` to `endpoint` in as few frames as the batch bounds allow."""
+        batch: list[_Op] = []
+        size = wire.BATCH_FRAME_OVERHEAD_BYTES
+        for op in ops:
+            if op.alone or op.item_bytes + wire.BATCH_FRAME_OVERHEAD_BYTES > self.batch_limit_bytes:
+                self._send_frame(endpoint, [op], now, send)
+                continue
+            if batch and (
+                len(batch) >= self.max_batch_items or size + op.item_bytes > self.batch_limit_bytes
+            ):
+                self._send_frame(endpoint, batch, now, send)
+                batch = []
+                size = wire.BATCH_FRAME_OVERHEAD_BYTES
+            batch.append(op)
+            size += op.item_bytes
+        if batch:
+            self._send_frame(endpoint, batch, now, send)
+
+    def _send_frame(self, endpoint: str, ops: list[_Op], now: float, send: SendFn) -> None:
+        """One attempt of every op in `ops`: a ProduceReq for one, else a ProduceBatchReq."""
+        batch_rid = NO_BATCH
+        if len(ops) == 1:
+            op = ops[0]
+            rids = [self._rid()]
+            req = wire.ProduceReq(rids[0], op.stream, self.producer_id, op.pseq, op.key, op.value)
+            frame = wire.encode(req)
+            if len(frame) > self.request_limit:
+                reason = f"too_large (a {len(frame)}-byte request frame)"
+                self._finish(op, error=self._rejected(op, "the client", reason))
                 return
-            op.attempts += 1
-            self.stats["unreachable"] += 1
-            self._failed(op, now, f"{op.endpoint}: not connected", unknown=False)
+        else:
+            batch_rid = self._rid()
+            rids = [self._rid() for _ in ops]
+            items = tuple(
+                (rid, op.stream, op.pseq, op.key, op.value)
+                for rid, op in zip(rids, ops, strict=True)
+            )
+            frame = wire.encode(wire.ProduceBatchReq(batch_rid, self.producer_id, items))
+        if not send(endpoint, frame):
+            if now < self.connect_until:  # the first connections are still being made
+                for op in ops:
+                    op.retry_same = True
+                    op.due = now + CONNECT_POLL_S
+                self._arm(ops)
+                return
+            self.stats["unreachable"] += len(ops)
+            for op in ops:
+                op.attempts += 1
+                self._failed(op, now, f"{endpoint}: not connected", unknown=False)
             return
-        op.attempts += 1
-        self.stats["attempts"] += 1
-        if op.attempts > 1:
-            self.stats["retries"] += 1
-        op.rid = rid
-        op.rids.append(rid)
-        self._by_rid[rid] = op
-        self._set_timer(op, min(now + self.request_timeout_s, op.deadline))
+        stats = self.stats
+        stats["frames"] += 1
+        stats["attempts"] += len(ops)
+        if batch_rid != NO_BATCH:
+            stats["batches"] += 1
+            self._batches[batch_rid] = ops
+        by_rid = self._by_rid
+        timeout_at = now + self.request_timeout_s
+        retries = 0
+        for op, rid in zip(ops, rids, strict=True):
+            op.attempts += 1
+            if op.attempts > 1:
+                retries += 1
+            op.rid = rid
+            op.rids += (rid,)
+            op.batch_rid = batch_rid
+            by_rid[rid] = op
+            op.due = timeout_at if timeout_at < op.deadline else op.deadline
+        if retries:
+            stats["retries"] += retries
+        self._arm(ops)
 
     def _failed(
         self,
@@ -512,32 +711,39 @@ class _ProduceEngine:
         fenced: bool = False,
     ) -> None:
         """The current attempt failed: go on with the next relay (redirects first)."""
+        self._forget_batch(op)
         op.rid = None
-        op.timer = 0
+        _disarm(op)
+        if op.notes is None:
+            op.notes = deque(maxlen=MAX_NOTES)
         op.notes.append(note)
         op.saw_unknown = op.saw_unknown or unknown
         op.last_fenced = redirect if fenced else None
         if self._preferred.get(op.stream) == op.endpoint:
             del self._preferred[op.stream]
-        _prepend(op.candidates, self.relays.redirect(redirect), op.tried | {op.endpoint})
+            self._orders.pop(op.stream, None)
+        _prepend(op.candidates, self.relays.redirect(redirect), {*op.tried, op.endpoint})
         if op.candidates:
             self._ready.append(op)
             return
         # Every relay was tried in this round: pause, then start over.
         op.rounds += 1
-        op.tried.clear()
+        op.tried = ()
         op.candidates = deque(self._order(op.stream))
-        self._set_timer(op, min(now + _backoff(op.rounds), op.deadline))
+        op.due = min(now + _backoff(op.rounds), op.deadline)
+        self._arm([op])
 
     def _finish(self, op: _Op, *, seq: int = -1, error: ClientError | None = None) -> None:
+        self._forget_batch(op)
         op.done = True
         op.seq = seq
         op.error = error
         op.rid = None
-        op.timer = 0
+        _disarm(op)
         op.value = b""  # the caller has it; do not keep it twice
+        by_rid = self._by_rid
         for rid in op.rids:
-            self._by_rid.pop(rid, None)
+            by_rid.pop(rid, None)
         self._live.pop(op.pseq, None)
         self.stats["committed" if error is None else "failed"] += 1
         self._completed.append(op)
@@ -560,9 +766,10 @@ class _ProduceEngine:
         return Rejected(f"{self._what(op)}: {detail}; this copy will never be delivered")
 
     def _exhausted(self, op: _Op, now: float) -> ClientError:
+        notes = "; ".join(op.notes or ()) or "none sent"
         why = (
             f"after {op.attempts} attempt{'s' if op.attempts != 1 else ''} in "
-            f"{now - op.started_at:.1f} s ({'; '.join(op.notes) or 'none sent'})"
+            f"{now - op.started_at:.1f} s ({notes})"
         )
         if op.saw_unknown:
             return Unknown(
@@ -820,7 +1027,8 @@ class _Links:
         self.ctx = ctx
         self.socks: dict[str, Any] = {}  # endpoint -> DEALER (the context's socket class)
         self.monitors: dict[str, Any] = {}  # endpoint -> PAIR receiving monitor events
-        self._plain: list[tuple[str, zmq.Socket[Any], zmq.Socket[Any]]] = []
+        # (endpoint, DEALER, monitor as registered with the poller, then their plain views)
+        self._links: list[tuple[str, Any, Any, zmq.Socket[Any], zmq.Socket[Any]]] = []
         try:
             for endpoint in endpoints:
                 sock = ctx.socket(zmq.DEALER)
@@ -831,39 +1039,49 @@ class _Links:
                 sock.connect(endpoint)
                 plain_sock: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock
                 plain_mon: zmq.Socket[Any] = zmq.Socket.shadow(mon.underlying) if shadow else mon
-                self._plain.append((endpoint, plain_sock, plain_mon))
+                self._links.append((endpoint, sock, mon, plain_sock, plain_mon))
         except BaseException:
             self.close()
             raise
-        self._by_endpoint = {e: s for e, s, _ in self._plain}
+        self._by_endpoint = {e: plain for e, _, _, plain, _ in self._links}
         self.closed = False
 
     def send(self, endpoint: str, frame: bytes) -> bool:
         try:
-            self._by_endpoint[endpoint].send(frame, zmq.NOBLOCK)
+            self._by_endpoint[endpoint].send(frame, _NOBLOCK)
         except zmq.Again:
             return False
         return True
 
-    def drain(self, engine: _Engine, now: float) -> None:
-        for endpoint, sock, mon in self._plain:
+    def drain(self, engine: _Engine, now: float, readable: Container[Any] | None = None) -> None:
+        """Feed the engine what arrived; only from the sockets in `readable` (as registered
+        with the poller) when given: trying the others would only fail."""
+        for endpoint, registered, registered_mon, sock, mon in self._links:
+            if readable is None or registered_mon in readable:
+                self._drain_monitor(engine, endpoint, mon, now)
+            if readable is not None and registered not in readable:
+                continue
             for _ in range(DRAIN_MAX):
                 try:
-                    event = mon.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                try:
-                    kind = parse_monitor_message(event)["event"]
-                except Exception:
-                    continue
-                if kind == zmq.EVENT_DISCONNECTED:
-                    engine.on_disconnect(endpoint, now)
-            for _ in range(DRAIN_MAX):
-                try:
-                    frame = sock.recv(zmq.NOBLOCK)
+                    frame = sock.recv(_NOBLOCK)
                 except zmq.Again:
                     break
                 engine.on_frame(endpoint, frame, now)
+
+    def _drain_monitor(
+        self, engine: _Engine, endpoint: str, mon: zmq.Socket[Any], now: float
+    ) -> None:
+        for _ in range(DRAIN_MAX):
+            try:
+                event = mon.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                kind = parse_monitor_message(event)["event"]
+            except Exception:
+                continue
+            if kind == zmq.EVENT_DISCONNECTED:
+                engine.on_disconnect(endpoint, now)
 
     def close(self) -> None:
         if getattr(self, "closed", False):
@@ -890,17 +1108,27 @@ class _SyncLinks(_Links):
     def wait(self, engine: _Engine, timeout_s: float | None) -> None:
         """Wait up to `timeout_s` (None: until something arrives) and feed the engine."""
         ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
-        if self.poller.poll(ms):
-            self.drain(engine, time.monotonic())
+        events = self.poller.poll(ms)
+        if events:
+            self.drain(engine, time.monotonic(), {sock for sock, _ in events})
 
 
 class _AsyncLinks(_Links):
+    """Waits through the event loop: a reader callback on every socket's descriptor
+    resolves the one future the waiter awaits (the producer's wake-up future when it has
+    one), a timer bounds the wait. ZeroMQ's descriptors only signal that a socket's state
+    may have changed, so each socket's EVENTS say what is readable. (zmq.asyncio's Poller
+    does the same with a future and reader registrations per socket and per wait, at a
+    cost that showed in the latency of every answer.)"""
+
     def __init__(self, endpoints: Sequence[str]) -> None:
         super().__init__(zmq.asyncio.Context(), endpoints, shadow=True)
-        self.poller = zmq.asyncio.Poller()
-        for endpoint in self.socks:
-            self.poller.register(self.socks[endpoint], zmq.POLLIN)
-            self.poller.register(self.monitors[endpoint], zmq.POLLIN)
+        self._fds = [int(plain.getsockopt(zmq.FD)) for plain in self._inputs()]
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the readers are
+        self._future: asyncio.Future[None] | None = None  # what a reader callback resolves
+
+    def _inputs(self) -> list[zmq.Socket[Any]]:
+        return [s for _, _, _, plain, mon in self._links for s in (plain, mon)]
 
     async def wait(
         self,
@@ -909,19 +1137,59 @@ class _AsyncLinks(_Links):
         wakeup: asyncio.Future[None] | None = None,
     ) -> None:
         """Wait up to `timeout_s`, or until `wakeup` is done, and feed the engine."""
-        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
-        polled: asyncio.Future[Any] = asyncio.ensure_future(self.poller.poll(ms))
-        try:
-            if wakeup is None:
-                events = await polled
-            else:
-                await asyncio.wait({polled, wakeup}, return_when=asyncio.FIRST_COMPLETED)
-                events = polled.result() if polled.done() and not polled.cancelled() else True
-        finally:
-            if not polled.done():
-                polled.cancel()
-        if events:
-            self.drain(engine, time.monotonic())
+        loop = asyncio.get_running_loop()
+        self._watch(loop)
+        readable = self._readable()
+        if not readable:
+            future = wakeup if wakeup is not None else loop.create_future()
+            if not future.done():
+                self._future = future
+                timer = None if timeout_s is None else loop.call_later(timeout_s, self._wake)
+                try:
+                    await future
+                finally:
+                    self._future = None
+                    if timer is not None:
+                        timer.cancel()
+            readable = self._readable()
+        if readable:
+            self.drain(engine, time.monotonic(), readable)
+
+    def _readable(self) -> set[Any]:
+        """The sockets (as `drain` knows them) with something to read."""
+        found = set()
+        for _, registered, registered_mon, plain, mon in self._links:
+            if int(plain.get(_EVENTS)) & _POLLIN:
+                found.add(registered)
+            if int(mon.get(_EVENTS)) & _POLLIN:
+                found.add(registered_mon)
+        return found
+
+    def _wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+        elif future is None:
+            # Nobody waits (the caller is busy elsewhere): a descriptor that stays readable
+            # would make the loop call this on every turn. The next wait watches again.
+            self._unwatch()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is not loop:
+            self._unwatch()
+            self._loop = loop
+            for fd in self._fds:
+                loop.add_reader(fd, self._wake)
+
+    def _unwatch(self) -> None:
+        loop, self._loop = getattr(self, "_loop", None), None
+        if loop is not None and not loop.is_closed():
+            for fd in self._fds:
+                loop.remove_reader(fd)
+
+    def close(self) -> None:
+        self._unwatch()  # before the descriptors go away with their sockets
+        super().close()
 
 
 # --- producers ---------------------------------------------------------------------------
@@ -1074,37 +1342,61 @@ class Producer(_ProducerBase):
         self._check_open()
         _check_stream(stream)
         items = iter(values)
-        ops: list[_Op] = []
+        # Results by position, and only the unsettled transactions by op: a settled one
+        # is let go at once (a long send_many would otherwise keep every op alive, and
+        # the garbage collector would walk them all again and again).
+        results: list[int | ClientError] = []
+        unsettled: dict[_Op, int] = {}
         bad: Exception | None = None
         exhausted = False
 
         def feed() -> None:
             nonlocal bad, exhausted
-            while not exhausted and self._engine.load < self._window:
+            if exhausted:
+                return
+            submit = self._engine.submit
+            for _ in range(self._window - self._engine.load):  # room in the window
                 try:
                     key, value = _split(next(items))
                 except StopIteration:
                     exhausted = True
+                    return
                 except (TypeError, ValueError) as e:  # stop feeding; settle what was sent
                     bad, exhausted = e, True
-                else:
-                    ops.append(self._engine.submit(stream, key, value))
+                    return
+                unsettled[submit(stream, key, value)] = len(results)
+                results.append(-1)
 
-        self._run(lambda: exhausted and all(op.done for op in ops), feed)
+        def settle(ops: list[_Op]) -> None:
+            for op in ops:
+                position = unsettled.pop(op, None)
+                if position is not None:
+                    results[position] = op.error if op.error is not None else op.seq
+
+        self._run(lambda: exhausted and not unsettled, feed, settle)
         if bad is not None:
             raise bad
-        if return_exceptions:
-            return [op.error if op.error is not None else op.seq for op in ops]
-        return [op.result() for op in ops]
+        if not return_exceptions:
+            for result in results:
+                if isinstance(result, ClientError):
+                    raise result
+        return results
 
-    def _run(self, done: Callable[[], bool], feed: Callable[[], None] | None = None) -> None:
+    def _run(
+        self,
+        done: Callable[[], bool],
+        feed: Callable[[], None] | None = None,
+        settle: Callable[[list[_Op]], None] | None = None,
+    ) -> None:
         engine, links = self._engine, self._links
         while True:
             if feed is not None:
                 feed()
             now = time.monotonic()
             engine.step(now, links.send)
-            engine.take_completed()
+            completed = engine.take_completed()
+            if settle is not None:
+                settle(completed)
             if done():
                 return
             wake = engine.next_wakeup()

@@ -35,6 +35,20 @@ Requests (client -> relay) and their answers:
         timeline, duplicates removed. oldest: the lowest after_seq still readable (-1 if
         unknown); committed: the relay's committed point for the stream (-1 if unknown).
 
+    ProduceBatchReq  [8, request_id, producer_id, items]
+        Produce many transactions of one producer in one frame. items: array of
+        1..MAX_BATCH_ITEMS (and at most the relay's limits.max_batch_entries)
+        [item_id, stream, producer_seq, key, value]; item_id: int 0..2**63-1, chosen by the
+        client like a request id (unique among its requests in flight); the other fields
+        as in ProduceReq. Every item is produced on its own, exactly as a ProduceReq would
+        be: each gets its own result, in a ProduceBatchResp. A frame with any bad field is
+        refused whole (ErrorResp with this request_id) and changes nothing.
+    ProduceBatchResp [9, request_id, results]
+        results: array of 1..MAX_BATCH_ITEMS [item_id, outcome, seq, reason, redirect], the
+        fields of a ProduceResp for the item with that item_id. One answer may hold results
+        of several batch requests of the same client (the relay answers all that settled
+        in one turn together), so request_id is always -1: match results by item_id.
+
     StatusReq   [5, request_id]
     StatusResp  [6, request_id, status_json]
         status_json: bin, UTF-8 JSON of the relay's status (core status and node counters).
@@ -46,7 +60,9 @@ Requests (client -> relay) and their answers:
 
 Bounds: a request frame may be at most `request_frame_limit(limits)` bytes:
 min(max_frame_bytes, max_tx_bytes + REQUEST_OVERHEAD_BYTES). Answers are at most
-max_frame_bytes (a ReadResp holds at most max_batch_entries / about max_batch_bytes).
+max_frame_bytes (a ReadResp holds at most max_batch_entries / about max_batch_bytes, a
+ProduceBatchResp at most max_batch_entries results). `batch_item_bytes` bounds what one
+item adds to a ProduceBatchReq, so a client can pack a frame that surely fits.
 
 `decode` is where remote bytes enter: it validates every field and raises only subclasses
 of relay.errors.FrameError (MalformedFrame, FieldError, OversizedFrame, UnknownMessageType),
@@ -69,16 +85,24 @@ from relay.core.fields import enum as _enum
 from relay.core.fields import producer_id as _producer_id
 from relay.core.fields import stream as _stream
 from relay.core.messages import Outcome, ReadStatus
+from relay.errors import FieldError
 
 __all__ = [
+    "BATCH_FRAME_OVERHEAD_BYTES",
+    "MAX_BATCH_ITEMS",
+    "BatchItem",
+    "BatchResult",
     "ClientMessage",
     "ErrorResp",
+    "ProduceBatchReq",
+    "ProduceBatchResp",
     "ProduceReq",
     "ProduceResp",
     "ReadReq",
     "ReadResp",
     "StatusReq",
     "StatusResp",
+    "batch_item_bytes",
     "decode",
     "encode",
     "peek_request_id",
@@ -94,6 +118,14 @@ MAX_TEXT_CHARS = 4_096  # reason, error, message
 # Room for everything in a ProduceReq besides the transaction's own bytes (stream name,
 # producer id, ints, msgpack headers), so a frame carrying a max_tx_bytes transaction fits.
 REQUEST_OVERHEAD_BYTES = 1_024
+# Items (or results) in one ProduceBatchReq (ProduceBatchResp); a relay may allow fewer
+# (limits.max_batch_entries).
+MAX_BATCH_ITEMS = 65_536
+# Upper bounds of the msgpack bytes around the payload: a ProduceBatchReq's own fields
+# (array header, type code, request id, producer id of up to 64 bytes, items header) and
+# one item's (array header, item id, stream header, producer seq, key and value headers).
+BATCH_FRAME_OVERHEAD_BYTES = 128
+BATCH_ITEM_OVERHEAD_BYTES = 32
 
 
 def request_frame_limit(limits: Limits) -> int:
@@ -101,8 +133,18 @@ def request_frame_limit(limits: Limits) -> int:
     return min(limits.max_frame_bytes, limits.max_tx_bytes + REQUEST_OVERHEAD_BYTES)
 
 
+def batch_item_bytes(stream: str, key: bytes | None, value: bytes) -> int:
+    """At most the bytes one item adds to a ProduceBatchReq frame."""
+    key_bytes = len(key) if key is not None else 0
+    return len(stream.encode()) + key_bytes + len(value) + BATCH_ITEM_OVERHEAD_BYTES
+
+
 # (seq, key, value, producer_id, producer_seq)
 WireEntry = tuple[int, bytes | None, bytes, bytes, int]
+# (item_id, stream, producer_seq, key, value): one transaction of a ProduceBatchReq
+BatchItem = tuple[int, str, int, bytes | None, bytes]
+# (item_id, outcome, seq, reason, redirect): one result of a ProduceBatchResp
+BatchResult = tuple[int, Outcome, int, str, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +203,30 @@ class ErrorResp:
     message: str
 
 
-ClientMessage = ProduceReq | ProduceResp | ReadReq | ReadResp | StatusReq | StatusResp | ErrorResp
+@dataclass(frozen=True, slots=True)
+class ProduceBatchReq:
+    request_id: int
+    producer_id: bytes
+    items: tuple[BatchItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBatchResp:
+    request_id: int  # always -1: the results name their items
+    results: tuple[BatchResult, ...]
+
+
+ClientMessage = (
+    ProduceReq
+    | ProduceResp
+    | ReadReq
+    | ReadResp
+    | StatusReq
+    | StatusResp
+    | ErrorResp
+    | ProduceBatchReq
+    | ProduceBatchResp
+)
 
 TYPE_CODES: dict[type, int] = {
     ProduceReq: 1,
@@ -171,6 +236,8 @@ TYPE_CODES: dict[type, int] = {
     StatusReq: 5,
     StatusResp: 6,
     ErrorResp: 7,
+    ProduceBatchReq: 8,
+    ProduceBatchResp: 9,
 }
 
 
@@ -190,6 +257,12 @@ def encode(msg: ClientMessage) -> bytes:
             msg.key,
             msg.value,
         )
+    elif isinstance(msg, ProduceBatchReq):
+        body = (8, msg.request_id, msg.producer_id, msg.items)
+    elif isinstance(msg, ProduceBatchResp):
+        # Per result, `_value_` (a plain attribute) rather than `.value` (a property).
+        results = [(i, o._value_, seq, why, to) for i, o, seq, why, to in msg.results]
+        body = (9, msg.request_id, results)
     elif isinstance(msg, ProduceResp):
         body = (2, msg.request_id, msg.outcome.value, msg.seq, msg.reason, msg.redirect)
     elif isinstance(msg, ReadReq):
@@ -300,6 +373,99 @@ def _dec_produce_resp(a: list[Any]) -> ProduceResp:
     )
 
 
+def _batch_array(v: Any, name: str) -> list[Any]:
+    items = _array(v, name)
+    if not 0 < len(items) <= MAX_BATCH_ITEMS:
+        _bad(name, f"1..{MAX_BATCH_ITEMS} items", f"{len(items)} items")
+    return items
+
+
+def _is_stream(v: str) -> bool:
+    try:
+        _stream(v, "stream")
+    except FieldError:
+        return False
+    return True
+
+
+def _batch_item(raw: Any, at: str) -> BatchItem:
+    item_id, stream, producer_seq, key, value = _array(raw, at, 5)
+    return (
+        _u63(item_id, at + ".item_id"),
+        _stream(stream, at + ".stream"),
+        _int(producer_seq, at + ".producer_seq", 0, MAX_U64),
+        _key(key, at + ".key"),
+        _bytes(value, at + ".value"),
+    )
+
+
+def _dec_produce_batch_req(a: list[Any]) -> ProduceBatchReq:
+    request_id = _u63(a[1], "ProduceBatchReq.request_id")
+    producer_id = _producer_id(a[2], "ProduceBatchReq.producer_id")
+    raw_items = _batch_array(a[3], "ProduceBatchReq.items")
+    items: list[BatchItem] = []
+    append = items.append
+    valid_stream = ""  # the items of a batch mostly share one stream: check it once
+    for i, raw in enumerate(raw_items):
+        # The common, valid case is checked inline (this runs per transaction); anything
+        # else goes through the named validators, which say what was wrong.
+        if type(raw) is list and len(raw) == 5:
+            item_id, stream, producer_seq, key, value = raw
+            if (
+                type(item_id) is int
+                and 0 <= item_id <= MAX_U63
+                and type(producer_seq) is int
+                and 0 <= producer_seq <= MAX_U64
+                and (key is None or type(key) is bytes)
+                and type(value) is bytes
+                and type(stream) is str
+                and (stream == valid_stream or _is_stream(stream))
+            ):
+                valid_stream = stream
+                append((item_id, stream, producer_seq, key, value))
+                continue
+        append(_batch_item(raw, f"ProduceBatchReq.items[{i}]"))
+    return ProduceBatchReq(request_id, producer_id, tuple(items))
+
+
+def _batch_result(raw: Any, at: str) -> BatchResult:
+    item_id, outcome, seq, reason, redirect = _array(raw, at, 5)
+    return (
+        _u63(item_id, at + ".item_id"),
+        _enum(outcome, _OUTCOMES, at + ".outcome"),
+        _u63_or_none(seq, at + ".seq"),
+        _text(reason, at + ".reason"),
+        _redirect(redirect, at + ".redirect"),
+    )
+
+
+def _dec_produce_batch_resp(a: list[Any]) -> ProduceBatchResp:
+    request_id = _int(a[1], "ProduceBatchResp.request_id", -1, -1)
+    raw_results = _batch_array(a[2], "ProduceBatchResp.results")
+    results: list[BatchResult] = []
+    append = results.append
+    outcomes = _OUTCOMES
+    for i, raw in enumerate(raw_results):
+        # Inline fast path for the common result (no redirect), as in the request.
+        if type(raw) is list and len(raw) == 5:
+            item_id, text, seq, reason, redirect = raw
+            outcome = outcomes.get(text) if type(text) is str else None
+            if (
+                outcome is not None
+                and type(item_id) is int
+                and 0 <= item_id <= MAX_U63
+                and type(seq) is int
+                and -1 <= seq <= MAX_U63
+                and type(reason) is str
+                and len(reason) <= MAX_TEXT_CHARS
+                and redirect == []
+            ):
+                append((item_id, outcome, seq, reason, ()))
+                continue
+        append(_batch_result(raw, f"ProduceBatchResp.results[{i}]"))
+    return ProduceBatchResp(request_id, tuple(results))
+
+
 def _dec_read_req(a: list[Any]) -> ReadReq:
     return ReadReq(
         _u63(a[1], "ReadReq.request_id"),
@@ -346,12 +512,20 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
     5: ("StatusReq", 2, _dec_status_req),
     6: ("StatusResp", 3, _dec_status_resp),
     7: ("ErrorResp", 4, _dec_error_resp),
+    8: ("ProduceBatchReq", 4, _dec_produce_batch_req),
+    9: ("ProduceBatchResp", 3, _dec_produce_batch_resp),
 }
 
 
-def decode(frame: bytes, max_frame_bytes: int) -> ClientMessage:
-    """The client message in `frame`; raises only `FrameError` subclasses, for any input."""
+def decode(
+    frame: bytes, max_frame_bytes: int, max_batch_items: int = MAX_BATCH_ITEMS
+) -> ClientMessage:
+    """The client message in `frame`; raises only `FrameError` subclasses, for any input.
+    `max_batch_items`: the most items a ProduceBatchReq may hold (a relay passes its
+    limits.max_batch_entries)."""
     msg: ClientMessage = codec.decode_with(frame, max_frame_bytes, _DECODERS, "client message")
+    if type(msg) is ProduceBatchReq and len(msg.items) > max_batch_items:
+        _bad("ProduceBatchReq.items", f"1..{max_batch_items} items", f"{len(msg.items)} items")
     return msg
 
 

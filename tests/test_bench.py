@@ -97,7 +97,7 @@ def test_quick_profile_says_where_time_goes() -> None:
     profile = report["profile"]
     relay0 = profile["relay0"]
     stages = {row["stage"].strip(): row for row in relay0["stages"]}
-    assert stages["loop iterations (busy)"]["cumtime_s"] > 0
+    assert stages["loop turns (busy)"]["cumtime_s"] > 0
     assert stages["core.produce"]["calls"] > 0
     assert relay0["top_by_own_time"] and profile["client"]["top_by_own_time"]
     assert any("relay/" in row["function"] for row in relay0["top_by_own_time"])

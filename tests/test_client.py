@@ -140,15 +140,22 @@ Handler = Callable[[wire.ClientMessage], wire.ClientMessage | None]
 
 
 class FakeRelay:
-    """A ROUTER answering client requests from a script (None: no answer)."""
+    """A ROUTER answering client requests from a script (None: no answer). The items of
+    a ProduceBatchReq reach the script as ProduceReqs (request id: the item id); their
+    answers go back together in one ProduceBatchResp."""
 
     def __init__(
-        self, handler: Handler, idle: Callable[[], list[wire.ClientMessage]] | None = None
+        self,
+        handler: Handler,
+        idle: Callable[[], list[wire.ClientMessage]] | None = None,
+        refuse_batches: bool = False,
     ) -> None:
         self.handler = handler
         self.idle = idle
+        self.refuse_batches = refuse_batches  # answer every batch with an ErrorResp
         self.client = b""
         self.requests: list[wire.ClientMessage] = []
+        self.batches: list[wire.ProduceBatchReq] = []
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -167,10 +174,30 @@ class FakeRelay:
             identity, frame = self.sock.recv_multipart()
             self.client = identity
             msg = wire.decode(frame, MAX_FRAME)
+            if isinstance(msg, wire.ProduceBatchReq):
+                self.batches.append(msg)
+                if self.refuse_batches:
+                    refusal = wire.ErrorResp(msg.request_id, "FieldError", "items: too many")
+                    self.sock.send_multipart([identity, wire.encode(refusal)])
+                else:
+                    self._answer_batch(identity, msg)
+                continue
             self.requests.append(msg)
             resp = self.handler(msg)
             if resp is not None:
                 self.sock.send_multipart([identity, wire.encode(resp)])
+
+    def _answer_batch(self, identity: bytes, batch: wire.ProduceBatchReq) -> None:
+        results: list[wire.BatchResult] = []
+        for item_id, stream, producer_seq, key, value in batch.items:
+            item = wire.ProduceReq(item_id, stream, batch.producer_id, producer_seq, key, value)
+            self.requests.append(item)
+            resp = self.handler(item)
+            if isinstance(resp, wire.ProduceResp):
+                results.append((item_id, resp.outcome, resp.seq, resp.reason, resp.redirect))
+        if results:
+            answer = wire.ProduceBatchResp(-1, tuple(results))
+            self.sock.send_multipart([identity, wire.encode(answer)])
 
     def close(self) -> None:
         self._stop.set()
@@ -295,6 +322,21 @@ def test_window_bounds_requests_in_flight() -> None:
         assert p.next_producer_seq == 41 and not held
 
 
+def test_a_refused_batch_is_sent_again_item_by_item() -> None:
+    """A relay allowing fewer items per batch than the producer assumed refuses the whole
+    batch (changing nothing): each transaction then goes alone, and commits."""
+    with (
+        FakeRelay(produce_answer(Outcome.COMMITTED, seq=5), refuse_batches=True) as fake,
+        Producer([fake.endpoint], window=10) as p,
+    ):
+        assert p.send_many("s", [b"v%d" % i for i in range(10)]) == [5] * 10
+        assert len(fake.batches) == 1 and len(fake.batches[0].items) == 10
+        singles = [m for m in fake.requests if isinstance(m, wire.ProduceReq)]
+        assert sorted(m.producer_seq for m in singles) == list(range(10))
+        assert p.stats["batches_refused"] == 1 and p.stats["failed"] == 0
+        assert p.stats["attempts"] - p.stats["retries"] == 20  # the batch, then one each
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         Producer()
@@ -395,6 +437,25 @@ def test_produce_anywhere_consume_elsewhere(mesh3: Mesh) -> None:
             assert (r.key, r.value, r.producer_id, r.producer_seq) == produced[r.seq]
     with Consumer([mesh3.endpoint(2)], timeout_s=5) as c, pytest.raises(UnknownStream):
         next(c.subscribe("nobody.serves.this"))
+
+
+def test_send_many_packs_batch_frames(mesh3: Mesh) -> None:
+    """A pipelined producer packs what waits to go to one relay into ProduceBatchReq frames
+    (fewer frames than transactions), each transaction still answered on its own."""
+    values = [b"batched-%d" % i for i in range(1_000)]
+    with Producer(topology=mesh3.path, window=1_000) as p:
+        seqs = p.send_many("orders", values)
+        stats = dict(p.stats)
+    assert len(set(seqs)) == len(values) and stats["committed"] == len(values)
+    assert stats["batches"] >= 1 and stats["frames"] < len(values) // 10, stats
+    counters = [mesh3.status(r)["node"]["counters"] for r in (1, 2, 3)]
+    assert sum(c.get("produce_batches", 0) for c in counters) >= stats["batches"]
+    assert sum(c.get("produce_batch_answers", 0) for c in counters) >= 1
+    assert sum(c.get("client_frames", 0) for c in counters) < len(values) // 10
+    with Consumer([mesh3.endpoint(2)], count=len(values), timeout_s=10) as c:
+        records = list(c.subscribe("orders"))
+    assert [r.seq for r in records] == sorted(seqs)
+    assert {r.seq: r.value for r in records} == dict(zip(seqs, values, strict=True))
 
 
 def test_async_flavours(mesh3: Mesh) -> None:

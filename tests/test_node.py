@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from relay import wire
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import FrameError
 from relay.launcher import write_loopback_topology
-from relay.node import RelayNode, subscription_prefix
+from relay.node import GC_FULL_COLLECT_MS, RelayNode, mono_ms, subscription_prefix
 from relay.topology import MeshConfig, load
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,9 +40,11 @@ MAX_TX = 4_096
 MAX_FRAME = 1 << 20
 
 
-def write_topology(tmp_path: Path, streams: dict[int, list[str]]) -> Path:
-    limits = {"max_tx_bytes": MAX_TX, "max_frame_bytes": MAX_FRAME, "max_batch_bytes": 262144}
-    return write_loopback_topology(tmp_path, streams, (), limits)
+def write_topology(
+    tmp_path: Path, streams: dict[int, list[str]], limits: dict[str, int] | None = None
+) -> Path:
+    defaults = {"max_tx_bytes": MAX_TX, "max_frame_bytes": MAX_FRAME, "max_batch_bytes": 262144}
+    return write_loopback_topology(tmp_path, streams, (), {**defaults, **(limits or {})})
 
 
 class Client:
@@ -94,10 +98,13 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def mesh(
-    tmp_path: Path, streams: dict[int, list[str]], start: tuple[int, ...] | None = None
+    tmp_path: Path,
+    streams: dict[int, list[str]],
+    start: tuple[int, ...] | None = None,
+    limits: dict[str, int] | None = None,
 ) -> AsyncIterator[tuple[MeshConfig, dict[int, RelayNode], dict[int, Client]]]:
     """Start the relays `start` (default: all) of a mesh serving `streams`."""
-    config = load(write_topology(tmp_path, streams))
+    config = load(write_topology(tmp_path, streams, limits))
     started = config.relays if start is None else start
     nodes = {r: RelayNode(config, r, handle_signals=False) for r in started}
     ctx = zmq.asyncio.Context()
@@ -220,6 +227,72 @@ def test_wire_round_trip_and_garbage() -> None:
         with contextlib.suppress(FrameError):
             wire.decode(bytes(frame), 1 << 20)
         wire.peek_request_id(bytes(frame))
+
+
+def test_wire_produce_batches() -> None:
+    req = wire.ProduceBatchReq(
+        1, b"p", ((10, "orders", 0, None, b"a"), (11, "o.é", 2**64 - 1, b"k", b""))
+    )
+    resp = wire.ProduceBatchResp(
+        -1,
+        (
+            (10, Outcome.COMMITTED, 5, "", ()),
+            (11, Outcome.FENCED, -1, "", (1, 2)),
+            (12, Outcome.REJECTED, -1, "late", ()),
+        ),
+    )
+    for msg in (req, resp):
+        assert wire.decode(wire.encode(msg), 1 << 20) == msg
+    assert wire.peek_request_id(wire.encode(req)) == 1
+
+    item = [10, "orders", 0, None, b"a"]
+
+    def batch(*items: Any) -> bytes:
+        frame: bytes = msgpack.packb([8, 1, b"p", list(items)])
+        return frame
+
+    problems = {
+        batch(): "ProduceBatchReq.items: expected 1..65536 items",
+        batch(item, [11, "a|b", 0, None, b""]): "ProduceBatchReq.items[1].stream: expected",
+        batch(item, [11, "orders", -1, None, b""]): "ProduceBatchReq.items[1].producer_seq",
+        batch(item, [11, "orders", 0, "key", b""]): "ProduceBatchReq.items[1].key",
+        batch(item, [11, "orders", 0, None, None]): "ProduceBatchReq.items[1].value",
+        batch(item, [2**63, "orders", 0, None, b""]): "ProduceBatchReq.items[1].item_id",
+        batch([11, "orders", 0, None]): "ProduceBatchReq.items[0]: expected an array of 5",
+        msgpack.packb([8, 1, b"", [item]]): "ProduceBatchReq.producer_id",
+        msgpack.packb([8, 1, b"p", item]): "ProduceBatchReq.items[0]: expected an array",
+        msgpack.packb([9, 3, [[1, "committed", 5, "", []]]]): "ProduceBatchResp.request_id",
+        msgpack.packb([9, -1, [[1, "maybe", 5, "", []]]]): "ProduceBatchResp.results[0].outcome",
+        msgpack.packb([9, -1, [[1, "fenced", -1, "", [5000]]]]): "results[0].redirect[0]",
+        msgpack.packb([9, -1, [[1, "committed", -2, "", []]]]): "results[0].seq",
+    }
+    for frame, problem in problems.items():
+        with pytest.raises(FrameError, match=re.escape(problem)):
+            wire.decode(frame, 1 << 20)
+    # A relay bounds the items of a batch by its limits.max_batch_entries.
+    three = batch(item, item, item)
+    assert len(wire.decode(three, 1 << 20, max_batch_items=3).items) == 3  # type: ignore[union-attr]
+    with pytest.raises(FrameError, match=re.escape("ProduceBatchReq.items: expected 1..2 items")):
+        wire.decode(three, 1 << 20, max_batch_items=2)
+
+    # batch_item_bytes bounds what each item adds, whatever the ints and lengths are.
+    rng = random.Random(3)
+    for _ in range(200):
+        items = tuple(
+            (
+                rng.choice((0, 2**63 - 1)),
+                rng.choice(("s", "é" * 100, "x" * 255)),
+                rng.choice((0, 2**64 - 1)),
+                rng.choice((None, b"", b"k" * 300)),
+                b"v" * rng.choice((0, 31, 32, 255, 256, 70_000)),
+            )
+            for _ in range(rng.randint(1, 20))
+        )
+        frame = wire.encode(wire.ProduceBatchReq(2**63 - 1, b"p" * 64, items))
+        bound = wire.BATCH_FRAME_OVERHEAD_BYTES + sum(
+            wire.batch_item_bytes(stream, key, value) for _, stream, _, key, value in items
+        )
+        assert len(frame) <= bound
 
 
 # --- three relays --------------------------------------------------------------------------
@@ -356,6 +429,82 @@ def test_bad_client_frames_redirect_and_limits(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_batch_of_produces_is_answered_per_item(tmp_path: Path) -> None:
+    """Each item of a ProduceBatchReq is produced on its own and gets its own result; a
+    batch the relay refuses changes nothing."""
+    max_items = 8
+
+    async def results_of(c: Client, batch: wire.ProduceBatchReq) -> dict[int, Any]:
+        await c.send_raw(wire.encode(batch))
+        results: dict[int, Any] = {}
+        while len(results) < len(batch.items):
+            resp = await c.recv()
+            assert isinstance(resp, wire.ProduceBatchResp) and resp.request_id == -1, resp
+            for item_id, outcome, seq, reason, redirect in resp.results:
+                assert item_id not in results
+                results[item_id] = (outcome, seq, reason, redirect)
+        return results
+
+    async def scenario() -> None:
+        limits = {"max_batch_entries": max_items}
+        async with mesh(tmp_path, MESH, limits=limits) as (_, nodes, clients):
+            await wait_joined(clients, "orders")
+            c = clients[1]
+            items = (
+                (101, "orders", 0, b"k0", b"first"),
+                (102, "nobody.serves.this", 0, None, b"x"),
+                (103, "orders", 1, None, b"second"),
+                (104, "orders", 2, None, b"x" * (MAX_TX + 10)),
+            )
+            batch = wire.ProduceBatchReq(7, b"batcher", items)
+            results = await results_of(c, batch)
+            assert results[102] == (Outcome.REJECTED, -1, "unknown_stream", ())
+            assert results[104] == (Outcome.REJECTED, -1, "too_large", ())
+            assert results[101][0] is results[103][0] is Outcome.COMMITTED, results
+            committed = {results[101][1]: b"first", results[103][1]: b"second"}
+            entries = await read_all(clients[2], "orders", 2)
+            assert {seq: value for seq, _, value, _, _ in entries} == committed
+            # The same producer seqs again: no duplicate, the same seqs.
+            again = await results_of(c, wire.ProduceBatchReq(8, b"batcher", items[:1]))
+            assert again[101] == results[101]
+
+            # Refused whole, naming the problem, with nothing produced.
+            before = (await c.status())["node"]["counters"]
+            too_many = tuple((200 + i, "orders", 10 + i, None, b"x") for i in range(max_items + 1))
+            bad_item = [[300, "orders", 30, None, b"x"], [301, "a|b", 31, None, b"y"]]
+            for frame, problem in (
+                (wire.encode(wire.ProduceBatchReq(9, b"batcher", too_many)), "1..8 items"),
+                (msgpack.packb([8, 10, b"batcher", bad_item]), "items[1].stream"),
+            ):
+                await c.send_raw(frame)
+                resp = await c.recv()
+                assert isinstance(resp, wire.ErrorResp) and resp.error == "FieldError", resp
+                assert resp.request_id == wire.peek_request_id(frame) and problem in resp.message
+            after = (await c.status())["node"]["counters"]
+            assert after["produce_requests"] == before["produce_requests"]
+            assert after["client_frame_bad_field"] == before.get("client_frame_bad_field", 0) + 2
+            assert after["produce_batches"] == 2 and after["produce_batch_answers"] >= 2
+            assert nodes[1].counters["produce_requests"] == 5
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_owning_its_process_tends_the_garbage_collector(tmp_path: Path) -> None:
+    config = load(write_topology(tmp_path, MESH))
+    assert not RelayNode(config, 1, handle_signals=False).manage_gc  # one of several
+    node = RelayNode(config, 1)  # as `relay run` makes it
+    assert node.manage_gc
+    try:
+        node._tend_gc(mono_ms())  # what survived so far is frozen
+        assert gc.get_freeze_count() > 0
+        node._gc_full_at -= GC_FULL_COLLECT_MS
+        node._tend_gc(mono_ms())  # due: thaw, collect everything once, freeze again
+        assert gc.get_freeze_count() > 0
+        assert mono_ms() - node._gc_full_at < GC_FULL_COLLECT_MS
+    finally:
+        gc.unfreeze()
+
+
 def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
     """Relay 3's mesh endpoint is held by an impostor publishing garbage on every topic
     relays 1 and 2 subscribe to; they count it, drop it, and keep serving `duo`."""
@@ -373,7 +522,7 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                     [b"H|", b"\xc1"],
                     [b"H|", msgpack.packb([4, 3, 1, 1, []]) + b"x"],
                     [b"D|1|", msgpack.packb([10, 3, 1, 2**63, 1, "hi"])],
-                    [b"S|duo|", msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b""]]])],
+                    [b"S|duo|", msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b"", 0]]])],
                     [b"S|orders|", b"\x00" * 100],
                     [b"H|", b"a", b"b"],  # three parts
                 ]
