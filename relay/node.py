@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
 from relay.core.messages import (
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.node")
 
 HEARTBEAT_TOPIC = b"H|"
+PEER_RECONNECT_MS = 100  # a closed peer link is connected again after this long
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
 # Messages queued per client connection: well above a client's largest window (1,000 in
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
@@ -130,6 +132,7 @@ class _Sockets:
     pub: zmq.Socket[Any]
     sub: zmq.Socket[Any]
     router: zmq.Socket[Any]
+    links: _PeerLinks
     closers: list[zmq.Socket[Any]] = field(default_factory=list)
 
 
@@ -138,6 +141,54 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+
+
+class _PeerLinks:
+    """Watches the mesh SUB's connections to the peers. A connection closes when the
+    peer's process dies, or when libzmq drops it for a frame above ZMQ_MAXMSGSIZE; in the
+    second case libzmq never connects again by itself. So the core hears at once that the
+    peer is lost (`peer_lost`: no need to wait suspect_timeout_ms of silence before the
+    others carry on), and the link is connected again after PEER_RECONNECT_MS."""
+
+    def __init__(
+        self, ctx: zmq.Context[Any], sub: zmq.Socket[Any], endpoints: dict[str, int]
+    ) -> None:
+        self.sub = sub
+        self.endpoints = endpoints  # mesh endpoint -> relay id
+        self.reconnect_at: dict[str, int] = {}  # endpoint -> monotonic ms
+        address = f"inproc://relay-peer-links-{id(self)}"
+        sub.monitor(address, zmq.EVENT_DISCONNECTED)
+        self.monitor: zmq.Socket[Any] = ctx.socket(zmq.PAIR)
+        self.monitor.setsockopt(zmq.LINGER, 0)
+        self.monitor.connect(address)
+
+    def poll(self, mono: int) -> list[int]:
+        """The relays whose link closed since the last call; reconnect the links due."""
+        lost: list[int] = []
+        monitor = self.monitor
+        while int(monitor.get(_EVENTS)) & _POLLIN:
+            try:
+                event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))
+            except (zmq.ZMQError, ValueError, KeyError):
+                break
+            raw = event["endpoint"]
+            where = raw.decode() if isinstance(raw, bytes) else str(raw)
+            relay = self.endpoints.get(where)
+            if relay is not None and event["event"] == zmq.EVENT_DISCONNECTED:
+                lost.append(relay)
+                self.reconnect_at.setdefault(where, mono + PEER_RECONNECT_MS)
+        for endpoint, due in list(self.reconnect_at.items()):
+            if due <= mono:
+                del self.reconnect_at[endpoint]
+                with contextlib.suppress(zmq.ZMQError):  # libzmq may have dropped it already
+                    self.sub.disconnect(endpoint)
+                self.sub.connect(endpoint)
+        return lost
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sub.disable_monitor()
+        self.monitor.close(linger=0)
 
 
 class _Waiter:
@@ -352,10 +403,17 @@ class RelayNode:
             raise
         # Plain (synchronous) views of the same sockets, for non-blocking drains and sends
         # without a Future per frame; the asyncio sockets are only used to wait.
+        plain_sub: zmq.Socket[Any] = zmq.Socket.shadow(sub.underlying)
+        endpoints = {
+            spec.mesh_endpoint: relay_id
+            for relay_id, spec in self.config.relays.items()
+            if relay_id != self.id
+        }
         return _Sockets(
             pub=zmq.Socket.shadow(pub.underlying),
-            sub=zmq.Socket.shadow(sub.underlying),
+            sub=plain_sub,
             router=zmq.Socket.shadow(router.underlying),
+            links=_PeerLinks(zmq.Context.shadow(ctx.underlying), plain_sub, endpoints),
             closers=closers,
         )
 
@@ -374,6 +432,7 @@ class RelayNode:
             self._answer_produce(socks, envelope, request_id, batched, Outcome.UNKNOWN)
         self._produces.clear()
         self._send_batch_results(socks)
+        socks.links.close()
         for sock in socks.closers:
             sock.close(linger=0)
 
@@ -401,6 +460,10 @@ class RelayNode:
             self._drain_peers(socks, now, mono)
         if clients_readable:
             self._drain_clients(socks, now, mono)
+        for relay in socks.links.poll(mono):
+            self.counters["peer_link_closed"] += 1
+            log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
+            self.core.peer_lost(relay, now, mono)
         if mono != self._last_tick:
             self._last_tick = mono
             self.core.tick(now, mono)
