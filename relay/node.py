@@ -759,6 +759,21 @@ class RelayNode:
             debug = log.isEnabledFor(logging.DEBUG)
             for reply in ready.replies:
                 self._on_reply(socks, reply, debug)
+        for stream, point in ready.rebases:
+            self.counters["rebases"] += 1
+            # A base taken while joining is routine; one taken after delivering means the
+            # consumers of this relay skip a range (they get out_of_range across it).
+            # Looked at before this turn's deliveries, which follow the base.
+            after_delivery = stream in self._delivered
+            log.log(
+                logging.WARNING if after_delivery else logging.INFO,
+                "relay=%d stream=%s %s: delivered history now starts after seq %d",
+                self.id,
+                stream,
+                "rebased" if after_delivery else "took its base",
+                point,
+            )
+            self._wake_reads(socks, stream)
         for delivery in ready.deliveries:
             if delivery.entries:
                 if len(self._delivered) < self.limits.max_streams:
@@ -773,20 +788,6 @@ class RelayNode:
                     len(delivery.entries),
                 )
             self._wake_reads(socks, delivery.stream)
-        for stream, point in ready.rebases:
-            self.counters["rebases"] += 1
-            # A base taken while joining is routine; one taken after delivering means the
-            # consumers of this relay skip a range (they get out_of_range across it).
-            after_delivery = stream in self._delivered
-            log.log(
-                logging.WARNING if after_delivery else logging.INFO,
-                "relay=%d stream=%s %s: delivered history now starts after seq %d",
-                self.id,
-                stream,
-                "rebased" if after_delivery else "took its base",
-                point,
-            )
-            self._wake_reads(socks, stream)
 
     def _publish(self, socks: _Sockets, out: Outgoing) -> None:
         if out.stream is not None:
