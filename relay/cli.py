@@ -838,3 +838,65 @@ def bench(
     sys.exit(
         run_cli(duration_s=duration_s, sizes=sizes, quick=quick, as_json=as_json, profile=profile)
     )
+
+
+@main.group()
+def store() -> None:
+    """The persistent store built by Spark from the relays' spools (see docs/store.md)."""
+
+
+_master_option = click.option(
+    "--master",
+    default="local[2]",
+    show_default=True,
+    metavar="URL",
+    help="Spark master (ignored under spark-submit).",
+)
+
+
+@store.command("ingest")
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_master_option
+def store_ingest(config_path: str, master: str) -> None:
+    """Append every relay's closed spool segments to the store.
+
+    Checks that all relays agree on the digest at every seq and that each stream's chain
+    continues the store's last point. Exit codes: 0 done (also when nothing was new), 2 a
+    divergence or a broken chain (named; nothing from it on is written), 1 another error.
+    """
+    from relay import storecmd
+
+    sys.exit(storecmd.ingest(_load_config(config_path), master))
+
+
+@store.command("snapshot")
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@click.option("--stream", "stream", default=None, metavar="S", help="Only this stream.")
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    type=click.IntRange(min=0),
+    metavar="SEQ",
+    help="Snapshot as of this seq (with --stream).",
+)
+@_master_option
+def store_snapshot(config_path: str, stream: str | None, as_of: int | None, master: str) -> None:
+    """Build each stream's snapshot (last value per entity and key) from the previous one
+    plus newer records. Exit codes: 0 done, 1 an error."""
+    from relay import storecmd
+
+    if as_of is not None and stream is None:
+        raise click.BadParameter("needs --stream", param_hint="--as-of")
+    sys.exit(storecmd.snapshot(_load_config(config_path), master, stream, as_of))
+
+
+@store.command("verify")
+@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_master_option
+def store_verify(config_path: str, master: str) -> None:
+    """Re-check every stream's chain in the store end to end. Exit codes: 0 intact, 2 a
+    broken chain (named), 1 another error."""
+    from relay import storecmd
+
+    sys.exit(storecmd.verify(_load_config(config_path), master))

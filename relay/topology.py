@@ -14,6 +14,11 @@ The file format (`config/topology.yaml` is the commented example)::
     limits:                       # optional: any field of relay.core.config.Limits
       suspect_timeout_ms: 150
     data_dir: ../data             # optional, relative to the file; default <file dir>/../data
+    spool:                        # optional: write committed history for the store
+      enabled: true               # default false
+      segment_max_bytes: 16777216 # a segment closes at this size ...
+      segment_max_age_ms: 10000   # ... or this age
+      disk_max_bytes: 10737418240 # per relay; beyond it the relay stops spooling
 
 Rules: unknown keys are errors; ports are 1..65535 and every (host, port) pair is used
 once across all mesh and client ports; stream names are non-empty, at most 255 UTF-8 bytes
@@ -85,6 +90,16 @@ def _endpoint(host: str, port: int) -> str:
 
 
 @dataclass(frozen=True)
+class SpoolSettings:
+    """Whether and how relays write their committed history for the store."""
+
+    enabled: bool = False
+    segment_max_bytes: int = 16 * 1024 * 1024
+    segment_max_age_ms: int = 10_000
+    disk_max_bytes: int = 10 * 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class MeshConfig:
     path: Path
     relays: dict[int, RelaySpec]  # by id, ascending
@@ -93,6 +108,17 @@ class MeshConfig:
     topology: Topology  # built from the relays' streams
     warnings: tuple[str, ...]  # e.g. a declared stream with fewer than 3 relays
     data_dir: Path  # absolute; for the spool and the store
+    spool: SpoolSettings = SpoolSettings()
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where relays write segments (one folder per relay inside)."""
+        return self.data_dir / "spool"
+
+    @property
+    def store_dir(self) -> Path:
+        """The persistent store that `relay store ingest` builds from the spool."""
+        return self.data_dir / "store"
 
     def core_config(self, relay_id: int) -> CoreConfig:
         """The core's configuration for one relay of this mesh."""
@@ -228,6 +254,24 @@ class _StreamModel(BaseModel):
     min_relays: Annotated[int, AfterValidator(_check_min_relays)] | None = None
 
 
+def _check_positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError(f"must be a positive integer, got {value}")
+    return value
+
+
+_Positive = Annotated[int, AfterValidator(_check_positive)]
+
+
+class _SpoolModel(BaseModel):
+    model_config = _STRICT
+
+    enabled: bool = False
+    segment_max_bytes: _Positive = SpoolSettings.segment_max_bytes
+    segment_max_age_ms: _Positive = SpoolSettings.segment_max_age_ms
+    disk_max_bytes: _Positive = SpoolSettings.disk_max_bytes
+
+
 class _FileModel(BaseModel):
     model_config = _STRICT
 
@@ -235,6 +279,7 @@ class _FileModel(BaseModel):
     streams: list[Annotated[_StreamModel, BeforeValidator(_stream_entry)]] | None = None
     limits: dict[str, Any] | None = None
     data_dir: Annotated[str, AfterValidator(_check_data_dir)] | None = None
+    spool: _SpoolModel | None = None
 
     @field_validator("relays")
     @classmethod
@@ -250,6 +295,7 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "relays": tuple(_RelayModel.model_fields),
     "streams": tuple(_StreamModel.model_fields),
     "limits": _LIMIT_FIELDS,
+    "spool": tuple(_SpoolModel.model_fields),
 }
 
 
@@ -426,6 +472,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
         topology=topology,
         warnings=tuple(f"{file}: {at}: {text}" for at, text in warnings),
         data_dir=Path(os.path.abspath(data_dir)),
+        spool=SpoolSettings(**model.spool.model_dump()) if model.spool else SpoolSettings(),
     )
 
 
@@ -521,6 +568,8 @@ def _plain(err: Any) -> str:
         return "unknown field" + _suggest(str(loc[-1]), allowed)
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"expected an integer, got {_describe(value)}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"expected true or false, got {_describe(value)}"
     if kind in ("string_type", "string_unicode"):
         return f"expected a string, got {_describe(value)}"
     if kind in ("list_type", "tuple_type"):

@@ -437,3 +437,22 @@ def test_all_problems_in_one_error(tmp_path: Path) -> None:
     assert any("relays[1].id: 0 is already used" in line for line in lines)
     assert any("relays[1].mesh_port: 7100 is already used" in line for line in lines)
     assert any("streams[1]: 'nothing' is a stream no relay serves" in line for line in lines)
+
+
+def test_spool_settings_default_off_and_checked(tmp_path: Path) -> None:
+    loads = topology.loads
+    relays = (
+        "relays:\n  - {id: 0, host: 127.0.0.1, mesh_port: 7100, client_port: 7200, streams: [a]}\n"
+    )
+    plain = loads(relays, tmp_path / "t.yaml")
+    assert not plain.spool.enabled
+    assert plain.spool_dir == plain.data_dir / "spool"
+    assert plain.store_dir == plain.data_dir / "store"
+    on = loads(relays + "spool: {enabled: true, segment_max_age_ms: 500}\n", tmp_path / "t.yaml")
+    assert on.spool.enabled and on.spool.segment_max_age_ms == 500
+    with pytest.raises(ConfigError) as info:
+        loads(relays + "spool: {enabled: 1, disk_max_bytes: 0, size: 3}\n", tmp_path / "t.yaml")
+    text = str(info.value)
+    assert "spool.enabled: expected true or false, got the integer 1" in text
+    assert "spool.disk_max_bytes: must be a positive integer, got 0" in text
+    assert "spool.size: unknown field" in text

@@ -1,0 +1,127 @@
+"""`relay store ingest|snapshot|verify`: the store's Spark jobs, driven from a topology.
+
+The topology names the data directory: relays spool to `<data_dir>/spool`, the store lives
+in `<data_dir>/store`. Each command starts a Spark session (`local[2]` unless `--master`
+says otherwise), shows the running stages' task progress on stderr while the job runs,
+prints one line per stream, and exits 0, or 2 when the store found a problem (relays
+disagree, a broken chain), or 1 for any other store error.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from relay.store.errors import IngestFailed, StoreError, VerifyFailed
+from relay.topology import MeshConfig
+
+PROGRESS_POLL_S = 0.25  # how often the stage progress is read from Spark
+EXIT_PROBLEM = 2  # the store found divergence or a broken chain
+EXIT_ERROR = 1
+
+
+def _watch_stages(spark: Any, done: threading.Event, console: Console) -> None:
+    """Show completed/total tasks of Spark's active stages until `done` is set."""
+    tracker = spark.sparkContext.statusTracker()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} tasks"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        bar = progress.add_task("spark", total=None)
+        while not done.wait(PROGRESS_POLL_S):
+            infos = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+            infos = [i for i in infos if i is not None]
+            if not infos:
+                continue
+            total = sum(i.numTasks for i in infos)
+            completed = sum(i.numCompletedTasks for i in infos)
+            names = ", ".join(sorted({str(i.name).split(" at ")[0] for i in infos}))
+            progress.update(
+                bar, description=f"stage {names}"[:60], total=total, completed=completed
+            )
+
+
+def _with_session(master: str, app: str, job: Callable[[Any], int]) -> int:
+    from relay.store.spark import get_session
+
+    console = Console(stderr=True)
+    spark = get_session(master, app_name=app)
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch_stages, args=(spark, done, console), daemon=True)
+    if console.is_terminal:
+        watcher.start()
+    try:
+        return job(spark)
+    except (IngestFailed, VerifyFailed) as error:
+        print(f"{app} FAILED: {error}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except StoreError as error:
+        print(f"{app} FAILED: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        done.set()
+        if watcher.is_alive():
+            watcher.join()
+        spark.stop()
+
+
+def ingest(config: MeshConfig, master: str) -> int:
+    from relay.store.ingest import ingest as run_ingest
+
+    def job(spark: Any) -> int:
+        result = run_ingest(spark, str(config.spool_dir), str(config.store_dir))
+        print(
+            f"ingest: {result.records_added} records from {result.segments_read} segments "
+            f"into {config.store_dir} (manifest version {result.version})"
+        )
+        for stream, (seq, digest) in sorted(result.streams.items()):
+            print(f"  {stream}: last seq {seq} digest {digest.hex()}")
+        return 0
+
+    return _with_session(master, "relay-store-ingest", job)
+
+
+def snapshot(config: MeshConfig, master: str, stream: str | None, as_of: int | None) -> int:
+    from relay.store.snapshot import snapshot as run_snapshot
+
+    def job(spark: Any) -> int:
+        targets = None
+        if stream is not None:
+            from relay.store.reader import StoreReader
+
+            if stream not in StoreReader(str(config.store_dir)).streams():
+                print(f"snapshot FAILED: the store holds no stream {stream!r}", file=sys.stderr)
+                return EXIT_ERROR
+            targets = {stream: as_of} if as_of is not None else None
+        made = run_snapshot(spark, str(config.store_dir), as_of=targets)
+        shown = {s: i for s, i in made.items() if stream is None or s == stream}
+        for name, info in sorted(shown.items()):
+            print(f"snapshot {name}: seq {info.seq} digest {info.digest} rows {info.rows}")
+        if not shown:
+            print("snapshot: up to date")
+        return 0
+
+    return _with_session(master, "relay-store-snapshot", job)
+
+
+def verify(config: MeshConfig, master: str) -> int:
+    from relay.store.verify import verify as run_verify
+
+    def job(spark: Any) -> int:
+        points = run_verify(spark, str(config.store_dir))
+        for stream, (seq, digest) in sorted(points.items()):
+            print(f"verified {stream}: chain intact to seq {seq} digest {digest.hex()}")
+        if not points:
+            print("verify: the store is empty")
+        return 0
+
+    return _with_session(master, "relay-store-verify", job)
