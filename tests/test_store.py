@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from relay.spool import Spool
+from relay.core.digest import chain
+from relay.spool import Spool, write_segment_file
 from relay.store import baseline
 from relay.store.changes import (
     KIND_CHANGES,
@@ -319,6 +320,79 @@ def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:
                     spool.append(records.stream, records.records(start, start + 25))
     ingest(spark, str(tmp_path / "spool"), str(tmp_path / "store"))
     assert _stored_rows(tmp_path / "store") == _expected_rows(streams)
+
+
+def test_small_ranges_stitch_copies_from_relays_with_holes(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many range tasks per stream (cut at segment ends, segments straddling the cuts), and
+    relays that each miss a part: every seq is stored once, from the lowest relay holding
+    it; a divergence in a middle range keeps exactly the records before it."""
+    from relay.store import plan
+    from relay.store.ingest import ingest
+
+    # A range ends at every segment end, whatever the cores.
+    monkeypatch.setattr(plan, "RANGE_INPUT_MIN_BYTES", 1)
+    monkeypatch.setattr(plan, "RANGE_INPUT_MAX_BYTES", 1)
+    records = generate("holes", 600)
+    spool = tmp_path / "spool"
+    # Relay 0 misses records 300..359, relay 1 misses 100..219, relay 2 holds 280..399 only.
+    holdings = {0: [(0, 300), (360, 600)], 1: [(0, 100), (220, 600)], 2: [(280, 400)]}
+    for relay, spans in holdings.items():
+        folder = spool / f"relay={relay}" / stream_dir_name(records.stream)
+        folder.mkdir(parents=True)
+        for start, stop in spans:
+            for first in range(start, stop, 45):
+                last = min(first + 45, stop) - 1
+                name = f"{records.seqs[first]}-{records.seqs[last]}.parquet"
+                write_segment_file(records.table(relay, first, last + 1), folder / name)
+    manifest = load_manifest(tmp_path / "none")
+    ranges = plan.plan_ranges(plan.plan_ingest(spool, manifest), plan.range_bytes_for(1, 1))
+    assert len(ranges) > 10
+
+    store, other = tmp_path / "store", tmp_path / "baseline"
+    ingest(spark, str(spool), str(store))
+    baseline.ingest_baseline(str(spool), str(other))
+    assert _stored_rows(store) == _stored_rows(other) == _expected_rows([records])
+    assert len(load_manifest(store).streams["holes"].files) == len(ranges)
+
+    bad_seq = records.seqs[390]
+    _rewrite_relay_copy(spool, relay=2, stream="holes", seq=bad_seq)
+    diverged = tmp_path / "diverged"
+    with pytest.raises(IngestFailed) as failure:
+        ingest(spark, str(spool), str(diverged))
+    [problem] = failure.value.problems
+    assert (problem.seq, problem.relays) == (bad_seq, (0, 1, 2))
+    assert _stored_rows(diverged) == _expected_rows([records], upto={"holes": bad_seq})
+
+
+def test_change_lists_chain_with_their_kind() -> None:
+    """The store checks digests as the relay core makes them: a change list's kind is part
+    of its transaction hash."""
+    from relay.core.digest import chain_over, genesis
+    from relay.core.messages import Transaction
+    from relay.store.chaincheck import tx_hash_of
+    from relay.store.layout import to_signed64
+
+    records = generate("kinds", 20, changes_every=2)
+    assert KIND_CHANGES in records.kinds
+    entries = [
+        (seq, Transaction(pid, pseq, key, value, kind))
+        for seq, pid, pseq, key, value, kind in zip(
+            records.seqs,
+            records.producer_ids,
+            records.producer_seqs,
+            records.keys,
+            records.values,
+            records.kinds,
+            strict=True,
+        )
+    ]
+    assert chain_over(genesis("kinds"), entries) == records.digests[-1]
+    seq, tx = entries[1]
+    assert tx.kind == KIND_CHANGES
+    content = tx_hash_of(tx.producer_id, to_signed64(tx.producer_seq), tx.key, tx.value, tx.kind)
+    assert chain(records.digests[0], seq, content) == records.digests[1]
 
 
 # --- the reader (pyarrow only) ----------------------------------------------------------------

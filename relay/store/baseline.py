@@ -2,7 +2,7 @@
 yardstick of `scripts/bench_store.py`, and a way to build a store without a JVM.
 
 It writes the same store (same files, same manifest) through the same shared code
-(`chaincheck`, `plan`); it differs in holding a run's whole input in memory.
+(`chaincheck`, `plan`): ingest runs the Spark job's range tasks one after the other.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.store import chaincheck
@@ -23,12 +22,16 @@ from relay.store.plan import (
     BeforeCommit,
     IngestResult,
     SnapshotWriter,
-    expand_all,
+    check_range,
+    expand_and_fold,
     finish_ingest,
     finish_snapshot,
     live_rows,
     plan_ingest,
+    plan_ranges,
     plan_snapshot,
+    range_bytes_for,
+    read_delta,
 )
 from relay.store.verify import judge
 
@@ -45,17 +48,9 @@ def ingest_baseline(
     plan = plan_ingest(spool_root, manifest)
     _run, staging = new_run(store_path)
     summaries: list[dict[str, object]] = []
-    if plan.to_read:
-        start = plan.start
-        tables = []
-        for segment in plan.to_read:
-            table = pq.read_table(segment.path)
-            tables.append(table.filter(pc.greater(table.column("seq"), start[segment.stream][0])))
-        records = chaincheck.sort_for_check(pa.concat_tables(tables))
-        for summary_batch in chaincheck.check_and_write(
-            records.to_batches(max_chunksize=BATCH_ROWS), str(staging)
-        ):
-            summaries.extend(summary_batch.to_pylist())
+    # The same range tasks as the Spark job, one after the other (sized as for one core).
+    for ingest_range in plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=1)):
+        summaries.extend(check_range(ingest_range, str(staging)))
     return finish_ingest(store_path, plan, summaries, staging, before_commit)
 
 
@@ -73,19 +68,13 @@ def snapshot_baseline(
     run, staging = new_run(store_path)
     writer = SnapshotWriter(str(staging), run)
     for target in targets:
-        parts: list[pa.RecordBatch] = []
-        for record_file in target.delta_files:
-            table = pq.read_table(
-                store / record_file.path,
-                columns=["stream", "seq", "key", "value", "kind", "duplicate"],
-            )
-            seq = table.column("seq")
-            keep = pc.and_(
-                pc.and_(pc.greater(seq, target.base_seq), pc.less_equal(seq, target.seq)),
-                pc.invert(table.column("duplicate")),
-            )
-            parts.extend(expand_all(table.filter(keep).to_batches(max_chunksize=BATCH_ROWS)))
-        changes = pa.Table.from_batches(parts, CHANGE_SCHEMA)
+        # Folded as it is read: memory holds the changes of a few batches and the keys.
+        delta = (
+            batch
+            for record_file in target.delta_files
+            for batch in read_delta(str(store / record_file.path), target.base_seq, target.seq)
+        )
+        changes = pa.Table.from_batches(expand_and_fold(delta), CHANGE_SCHEMA)
         if target.base:
             base = pa.concat_tables(
                 [pq.read_table(store / p, schema=SNAPSHOT_SCHEMA) for p in target.base.files]

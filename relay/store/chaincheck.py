@@ -8,17 +8,20 @@ the previous range (or the store) ended with. Spark gives each task one contiguo
 of a stream (a range partitioning on (stream, seq)), so the work is spread over all cores
 even when there is one stream.
 
-`RangeChecker` takes rows sorted by (stream, seq, relay) in Arrow batches, keeps one row
-per (stream, seq) (the copies of every relay must carry the same digest), checks the links
-and hands the verified rows to a sink. At the first problem in a stream it stops taking
-that stream's rows: nothing at or after the problem is passed on.
+Ingest checks a range straight from the relays' segments (`check_segment_range`): the
+segments of each relay are named by their first and last seq, so the driver knows which
+ones hold a range and no shuffle is needed to bring the copies of a seq together. The
+copies are grouped by (seq, relay), the relays must agree on each digest, one copy per seq
+is stored. `RangeChecker` (used by verify) takes rows already sorted by (stream, seq,
+relay) in Arrow batches and does the same check as a stream. Both stop at a stream's first
+problem: nothing at or after it is passed on.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -28,7 +31,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from relay.core.digest import chain, genesis, tx_hash
 from relay.core.messages import Transaction
 from relay.store.errors import ChainProblem
-from relay.store.layout import stream_dir_name, to_unsigned64
+from relay.store.layout import SegmentRef, stream_dir_name, to_unsigned64
 
 # The columns of the store's record files, in order (a segment's columns minus `relay`).
 RECORD_SCHEMA = pa.schema(
@@ -73,8 +76,11 @@ RECORD_FILE_ROW_GROUP_ROWS = 128 * 1024
 Sink = Callable[[str, pa.RecordBatch], None]
 
 
-def tx_hash_of(producer_id: bytes, producer_seq: int, key: bytes | None, value: bytes) -> bytes:
-    return tx_hash(Transaction(producer_id, to_unsigned64(producer_seq), key, value))
+def tx_hash_of(
+    producer_id: bytes, producer_seq: int, key: bytes | None, value: bytes, kind: int
+) -> bytes:
+    """The relay's hash of a stored transaction (`producer_seq` as stored: signed)."""
+    return tx_hash(Transaction(producer_id, to_unsigned64(producer_seq), key, value, kind))
 
 
 def _relays_text(relays: Iterable[int]) -> str:
@@ -186,6 +192,7 @@ class RangeChecker:
         producer_seqs = batch.column("producer_seq").take(take).to_pylist()
         keys = batch.column("key").take(take).to_pylist()
         values = batch.column("value").take(take).to_pylist()
+        kinds = batch.column("kind").take(take).to_pylist()
         records = batch.select(RECORD_COLUMNS)
         ranges = self._ranges
         ends = [*starts[1:], count]
@@ -209,6 +216,7 @@ class RangeChecker:
                     producer_seqs[position],
                     keys[position],
                     values[position],
+                    kinds[position],
                 ),
                 records,
                 start,
@@ -226,24 +234,10 @@ class RangeChecker:
             self._settle(self._group)
             self._group = None
         self._flush_rows()
-        return [
-            {
-                "stream": stream,
-                "head_seq": state.head_seq if state.records else state.problem_seq,
-                "head_tx_hash": state.head_tx_hash,
-                "head_digest": state.head_digest,
-                "head_relays": state.head_relays,
-                "last_seq": state.last_seq,
-                "last_digest": state.last_digest,
-                "records": state.records,
-                "path": state.path,
-                "file_first_seq": state.file_first_seq,
-                "problem_seq": state.problem_seq,
-                "problem": state.problem,
-                "problem_relays": state.problem_relays,
-            }
-            for stream, state in self._ranges.items()
-        ]
+        for state in self._ranges.values():
+            if not state.records:  # the range's first seq already failed
+                state.head_seq = state.problem_seq if state.problem_seq is not None else -1
+        return [_summary_row(stream, state) for stream, state in self._ranges.items()]
 
     def _flush_rows(self) -> None:
         for stream, parts in self._pending.items():
@@ -438,23 +432,232 @@ class _OpenFile:
             self.buffered_rows = 0
 
 
-def check_and_write(
-    batches: Iterable[pa.RecordBatch], directory: str, prefix: str | None = None
-) -> Iterator[pa.RecordBatch]:
-    """Check one range and write its verified rows; yields its summary rows (one batch).
-    The body of the Spark task (`mapInArrow`) and of the baseline alike."""
+# --- checking a range of a stream straight from the relays' segments ----------------------
+
+# The columns read from every copy (to group the copies and check they agree), and the
+# ones read only for the copy that is stored.
+COPY_COLUMNS = ["seq", "digest"]
+STORED_ONLY_COLUMNS = ["producer_id", "producer_seq", "key", "value", "kind", "duplicate"]
+# Records turned into Python objects at a time by the chain loop: bounds a task's memory.
+CHAIN_LOOP_ROWS = 64 * 1024
+
+
+def check_segment_range(
+    stream: str,
+    after_seq: int,
+    last_seq: int,
+    segments: Sequence[SegmentRef],
+    directory: str,
+    prefix: str | None = None,
+) -> list[dict[str, object]]:
+    """Check the records of `stream` in (after_seq, last_seq] and write the verified ones
+    to one record file under `directory`. `segments` must be every segment (of any relay)
+    holding records in the range. Returns the range's summary (one SUMMARY_SCHEMA row, or
+    none if the range holds no record). The body of a Spark ingest task and of the
+    baseline alike.
+
+    Only `seq` and `digest` are read from every copy: the copies are grouped with
+    vectorised comparisons, and the other columns are read for the stored copy only (the
+    lowest relay's). Python touches each stored record once, to recompute its link."""
+    ordered = sorted(segments, key=lambda s: (s.relay, s.first_seq))
+    copies = _read_copies(ordered, after_seq, last_seq)
+    if copies.num_rows == 0:
+        return []
+    groups = _CopyGroups(copies, [s.relay for s in ordered])
+    agreeing = groups.first_disagreement()
+    chosen = copies.take(groups.starts.slice(0, agreeing))
+    records = _stored_records(stream, ordered, chosen)
+    checked, head_tx_hash = _check_links(records)
+    state = _StreamRange()
+    if checked:
+        state.head_seq = records.column("seq")[0].as_py()
+        state.head_tx_hash = head_tx_hash
+        state.head_digest = records.column("digest")[0].as_py()
+        state.head_relays = groups.relays_text(0)
+        state.last_seq = records.column("seq")[checked - 1].as_py()
+        state.last_digest = records.column("digest")[checked - 1].as_py()
+        state.records = checked
+    if checked < records.num_rows:
+        broken_seq = records.column("seq")[checked].as_py()
+        state.problem_seq = broken_seq
+        state.problem = (
+            f"the record at seq {broken_seq} does not chain from seq {state.last_seq} "
+            "(records missing in between, or corrupt)"
+        )
+        state.problem_relays = groups.relays_text(checked)
+    elif agreeing < groups.count:
+        state.problem_seq = groups.seq_of(agreeing)
+        state.problem = groups.disagreement_text(agreeing)
+        state.problem_relays = groups.relays_text(agreeing)
+    if not checked:
+        state.head_seq = state.problem_seq if state.problem_seq is not None else -1
     writer = RecordFileWriter(directory, prefix or uuid.uuid4().hex)
-    summaries = check_sorted(batches, writer)
-    paths = writer.close()
-    for summary in summaries:
-        written = paths.get(str(summary["stream"]))
-        if written is not None:
-            summary["path"], summary["file_first_seq"] = written
-    yield pa.RecordBatch.from_pylist(summaries, schema=SUMMARY_SCHEMA)
+    for batch in records.slice(0, checked).to_batches(max_chunksize=RECORD_FILE_ROW_GROUP_ROWS):
+        writer(stream, batch)
+    written = writer.close().get(stream)
+    if written is not None:
+        state.path, state.file_first_seq = written
+    return [_summary_row(stream, state)]
 
 
-def sort_for_check(table: pa.Table) -> pa.Table:
-    return table.sort_by([("stream", "ascending"), ("seq", "ascending"), ("relay", "ascending")])
+def _read_copies(segments: Sequence[SegmentRef], after_seq: int, last_seq: int) -> pa.Table:
+    """`seq`, `digest`, `part` (index in `segments`) and `row` (in its segment) of every copy
+    in (after_seq, last_seq], sorted by (seq, part): the copies of a seq together, the
+    lowest relay's first (`segments` is in relay order)."""
+    parts = []
+    for part, segment in enumerate(segments):
+        table = pq.read_table(segment.path, columns=COPY_COLUMNS)
+        seqs = table.column("seq")
+        rows = pc.indices_nonzero(
+            pc.and_(pc.greater(seqs, after_seq), pc.less_equal(seqs, last_seq))
+        )
+        if len(rows) == 0:
+            continue
+        parts.append(
+            pa.table(
+                {
+                    "seq": seqs.take(rows),
+                    "digest": table.column("digest").take(rows),
+                    "part": pa.repeat(pa.scalar(part, pa.int32()), len(rows)),
+                    "row": rows,
+                }
+            )
+        )
+    if not parts:
+        return pa.table({"seq": pa.array([], pa.int64())})
+    copies = pa.concat_tables(parts)
+    order = pc.sort_indices(copies, sort_keys=[("seq", "ascending"), ("part", "ascending")])
+    return copies.take(order).combine_chunks()
+
+
+class _CopyGroups:
+    """The groups of copies (one group per seq) of a sorted copies table."""
+
+    def __init__(self, copies: pa.Table, relay_of_part: list[int]) -> None:
+        self.copies = copies
+        self.relay_of_part = relay_of_part
+        seqs = copies.column("seq").combine_chunks()
+        rows = len(seqs)
+        self.rows = rows
+        if rows > 1:
+            later_starts = pc.not_equal(seqs.slice(1), seqs.slice(0, rows - 1))
+            is_start = pa.concat_arrays([pa.array([True]), later_starts])
+        else:
+            is_start = pa.array([True])
+        self.starts = pc.indices_nonzero(is_start)
+        self.count = len(self.starts)
+        self._group_of_row = pc.subtract(pc.cumulative_sum(is_start.cast(pa.int64())), 1)
+
+    def first_disagreement(self) -> int:
+        """The first group whose copies carry more than one digest (`count` if none)."""
+        digests = self.copies.column("digest").combine_chunks()
+        first_digest = digests.take(self.starts.take(self._group_of_row))
+        differing = pc.indices_nonzero(pc.not_equal(digests, first_digest))
+        if len(differing) == 0:
+            return self.count
+        return int(self._group_of_row[differing[0].as_py()].as_py())
+
+    def seq_of(self, group: int) -> int:
+        return int(self.copies.column("seq")[self.starts[group].as_py()].as_py())
+
+    def _copies_of(self, group: int) -> list[tuple[bytes, int]]:
+        """(digest, relay) of every copy in `group`."""
+        start = self.starts[group].as_py()
+        end = self.starts[group + 1].as_py() if group + 1 < self.count else self.rows
+        rows = self.copies.slice(start, end - start)
+        return [
+            (digest, self.relay_of_part[part])
+            for digest, part in zip(
+                rows.column("digest").to_pylist(), rows.column("part").to_pylist(), strict=True
+            )
+        ]
+
+    def relays_text(self, group: int) -> str:
+        return _relays_text(relay for _digest, relay in self._copies_of(group))
+
+    def disagreement_text(self, group: int) -> str:
+        by_digest: dict[bytes, list[int]] = {}
+        for digest, relay in self._copies_of(group):
+            by_digest.setdefault(digest, []).append(relay)
+        sides = "; ".join(
+            f"relays {_relays_text(relays)} have {digest.hex()}"
+            for digest, relays in sorted(by_digest.items())
+        )
+        return f"relays disagree on the digest at seq {self.seq_of(group)}: {sides}"
+
+
+def _stored_records(stream: str, segments: Sequence[SegmentRef], chosen: pa.Table) -> pa.Table:
+    """The chosen copies (seq order) as RECORD_SCHEMA rows: the stored-only columns are read
+    from the segments holding them, one segment at a time."""
+    parts = chosen.column("part").combine_chunks()
+    rows = chosen.column("row").combine_chunks()
+    pieces = []
+    positions = []
+    for part in pc.unique(parts).to_pylist():
+        where = pc.indices_nonzero(pc.equal(parts, part))
+        columns = pq.read_table(segments[part].path, columns=STORED_ONLY_COLUMNS)
+        pieces.append(columns.take(rows.take(where)))
+        positions.append(where)
+    if pieces:
+        rest = pa.concat_tables(pieces)
+        rest = rest.take(pc.sort_indices(pa.chunked_array(positions)))
+    else:
+        rest = pa.table({name: [] for name in STORED_ONLY_COLUMNS})
+    count = chosen.num_rows
+    columns = {
+        "stream": pa.repeat(pa.scalar(stream, pa.string()), count),
+        "seq": chosen.column("seq"),
+        "digest": chosen.column("digest"),
+        **{name: rest.column(name) for name in STORED_ONLY_COLUMNS},
+    }
+    return pa.table([columns[name] for name in RECORD_COLUMNS], schema=RECORD_SCHEMA)
+
+
+def _check_links(records: pa.Table) -> tuple[int, bytes]:
+    """How many records, from the first, chain each from the one before (the first is
+    stitched by the driver), and the first record's transaction hash."""
+    checked = 0
+    head_tx_hash = b""
+    previous_digest = b""
+    for offset in range(0, records.num_rows, CHAIN_LOOP_ROWS):
+        window = records.slice(offset, CHAIN_LOOP_ROWS)
+        producer_seqs = pc.cast(window.column("producer_seq"), pa.uint64(), safe=False)
+        for seq, digest, producer_id, producer_seq, key, value, kind in zip(
+            window.column("seq").to_pylist(),
+            window.column("digest").to_pylist(),
+            window.column("producer_id").to_pylist(),
+            producer_seqs.to_pylist(),
+            window.column("key").to_pylist(),
+            window.column("value").to_pylist(),
+            window.column("kind").to_pylist(),
+            strict=True,
+        ):
+            content_hash = tx_hash(Transaction(producer_id, producer_seq, key, value, kind))
+            if checked == 0:
+                head_tx_hash = content_hash
+            elif chain(previous_digest, seq, content_hash) != digest:
+                return checked, head_tx_hash
+            previous_digest = digest
+            checked += 1
+    return checked, head_tx_hash
+
+
+def _summary_row(stream: str, state: _StreamRange) -> dict[str, object]:
+    return {
+        "stream": stream,
+        "head_seq": state.head_seq,
+        "head_tx_hash": state.head_tx_hash,
+        "head_digest": state.head_digest,
+        "head_relays": state.head_relays,
+        "last_seq": state.last_seq,
+        "last_digest": state.last_digest,
+        "records": state.records,
+        "path": state.path,
+        "file_first_seq": state.file_first_seq,
+        "problem_seq": state.problem_seq,
+        "problem": state.problem,
+        "problem_relays": state.problem_relays,
+    }
 
 
 __all__ = [
@@ -464,9 +667,8 @@ __all__ = [
     "RangeChecker",
     "RecordFileWriter",
     "StreamOutcome",
-    "check_and_write",
+    "check_segment_range",
     "check_sorted",
-    "sort_for_check",
     "start_point",
     "stitch",
     "tx_hash_of",

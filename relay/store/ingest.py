@@ -3,14 +3,16 @@
     python -m relay.store.ingest SPOOL_ROOT STORE [--master local[2]]
     spark-submit relay/store/ingest.py SPOOL_ROOT STORE
 
-1. List the closed segments of every relay; skip those the store lists as ingested, and
-   read the others (only their records above the stream's last stored seq).
-2. Range-partition the records on (stream, seq) and sort each range by (stream, seq,
-   relay): every copy of a (stream, seq) lands in one task, next to each other.
-3. Each task (`chaincheck.check_and_write`, in `mapInArrow`) keeps one copy per seq,
-   checks that all relays agree on its digest, recomputes the chain inside its range with
+1. List the closed segments of every relay; skip those the store lists as ingested.
+2. Cut each stream's new records (above its last stored seq) into seq ranges at segment
+   ends (`plan.plan_ranges`). A segment's name gives its first and last seq, so the
+   driver knows, without reading anything, which segments of which relays hold a range:
+   the copies of a seq meet in one task without a shuffle.
+3. Spark runs one task per range (`chaincheck.check_segment_range`): it reads `seq` and
+   `digest` of every copy and the other columns of the stored copy only, checks that all
+   relays agree on each digest, recomputes the chain inside the range with
    `relay.core.digest`, and writes its verified rows to Parquet in the run's staging
-   folder. It returns one small summary row per stream: no record goes to the driver.
+   folder. It returns one small summary row: no record goes to the driver.
 4. The driver stitches the ranges of each stream to the store's last point
    (`chaincheck.stitch`), moves the verified files into `data/` and commits the next
    manifest: the records, the new last points and the ingested segments at once.
@@ -24,26 +26,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
-from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from relay.store import chaincheck
 from relay.store.errors import IngestFailed, StoreError
 from relay.store.manifest import load_manifest, new_run, vacuum
-from relay.store.plan import BeforeCommit, IngestResult, finish_ingest, plan_ingest
-from relay.store.spark import DEFAULT_MASTER, SEGMENT_DDL, SUMMARY_DDL, get_session, parallelism
+from relay.store.plan import (
+    BeforeCommit,
+    IngestResult,
+    check_range,
+    finish_ingest,
+    plan_ingest,
+    plan_ranges,
+    range_bytes_for,
+)
+from relay.store.spark import DEFAULT_MASTER, get_session, parallelism
 
 log = logging.getLogger("relay.store.ingest")
-
-# Compressed segment bytes per range task: big enough to amortise a task, small enough
-# for its sort to stay in memory on a small machine.
-RANGE_INPUT_BYTES = 48 * 1024 * 1024
-# Up to this many streams the "above the last stored seq" filter is one expression;
-# beyond it, a broadcast join with the streams' last points.
-FILTER_EXPRESSION_MAX_STREAMS = 256
 
 
 def ingest(
@@ -55,8 +55,6 @@ def ingest(
 ) -> IngestResult:
     """Append every new closed segment under `spool_root` to the store at `store_path`.
     Raises IngestFailed (after committing the verified part) on a chain problem."""
-    from pyspark.sql import functions as F
-
     Path(store_path).mkdir(parents=True, exist_ok=True)
     vacuum(store_path)  # leftovers of a crashed run
     manifest = load_manifest(store_path)
@@ -64,47 +62,19 @@ def ingest(
     _run, staging = new_run(store_path)
     summaries: list[dict[str, object]] = []
     if plan.to_read:
-        records = spark.read.schema(SEGMENT_DDL).parquet(*[s.path for s in plan.to_read])
-        records = _above_stored(spark, records, plan.start)
-        input_bytes = sum(s.size_bytes for s in plan.to_read)
-        ranges = max(parallelism(spark), math.ceil(input_bytes / RANGE_INPUT_BYTES))
+        ranges = plan_ranges(plan, range_bytes_for(plan.input_bytes, parallelism(spark)))
         staging_dir = str(staging)
 
-        def check_range(batches: Any) -> Any:
-            return chaincheck.check_and_write(batches, staging_dir)
+        def check_ranges(tasks: Any) -> Any:
+            for task in tasks:
+                yield from check_range(task, staging_dir)
 
-        checked = (
-            records.repartitionByRange(ranges, F.col("stream"), F.col("seq"))
-            .sortWithinPartitions("stream", "seq", "relay")
-            .mapInArrow(check_range, SUMMARY_DDL)
-        )
-        summaries = [_plain(row.asDict()) for row in checked.collect()]
+        # One partition per range (biggest first); the summaries are the only output.
+        tasks = spark.sparkContext.parallelize(ranges, len(ranges))
+        spark.sparkContext.setJobDescription(f"ingest {len(ranges)} ranges")
+        summaries = tasks.mapPartitions(check_ranges).collect()
+        spark.sparkContext.setJobDescription(None)
     return finish_ingest(store_path, plan, summaries, staging, before_commit)
-
-
-def _above_stored(spark: Any, records: Any, start: dict[str, tuple[int, bytes]]) -> Any:
-    from pyspark.sql import functions as F
-
-    if len(start) <= FILTER_EXPRESSION_MAX_STREAMS:
-        conditions = [
-            (F.col("stream") == stream) & (F.col("seq") > last_seq)
-            for stream, (last_seq, _digest) in start.items()
-        ]
-        return records.where(reduce(lambda a, b: a | b, conditions))
-    points = spark.createDataFrame(
-        [(stream, last_seq) for stream, (last_seq, _digest) in start.items()],
-        "stream STRING, stored_seq BIGINT",
-    )
-    return (
-        records.join(F.broadcast(points), "stream")
-        .where(F.col("seq") > F.col("stored_seq"))
-        .drop("stored_seq")
-    )
-
-
-def _plain(row: dict[str, object]) -> dict[str, object]:
-    """Spark hands binary columns back as bytearray."""
-    return {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from relay.store.chaincheck import StreamOutcome, start_point, stitch
+from relay.store.chaincheck import StreamOutcome, check_segment_range, start_point, stitch
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, PLAIN_ENTITY, Op, decode_changes
 from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges, StoreCorrupt
 from relay.store.layout import SegmentRef, find_segments, stream_dir_name
@@ -46,6 +46,10 @@ class IngestPlan:
     new_segments: list[SegmentRef]  # every segment not yet listed as ingested
 
     @property
+    def input_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.to_read)
+
+    @property
     def start(self) -> dict[str, tuple[int, bytes]]:
         """Per stream the point the new records must continue."""
         points = {}
@@ -71,6 +75,81 @@ def plan_ingest(spool_root: str | os.PathLike[str], manifest: Manifest) -> Inges
         if state is None or segment.last_seq > state.last_seq:
             to_read.append(segment)
     return IngestPlan(manifest, to_read, new_segments)
+
+
+# Segment bytes (all relays' copies, compressed) per range task, at most: bounds a task's
+# memory (a few times this: the copies' seq and digest, the stored rows, the Python
+# objects of one chain-loop window).
+RANGE_INPUT_MAX_BYTES = 48 * 1024 * 1024
+# ... and at least: below this a task's fixed cost (tens of ms in Spark) starts to count.
+RANGE_INPUT_MIN_BYTES = 1024 * 1024
+# Tasks per core when the input is small: several, so that uneven streams still keep
+# every core busy to the end.
+RANGES_PER_CORE = 4
+
+
+def range_bytes_for(input_bytes: int, cores: int) -> int:
+    """The segment bytes per range task for a run reading `input_bytes` on `cores`."""
+    per_task = input_bytes // max(1, cores * RANGES_PER_CORE)
+    return max(RANGE_INPUT_MIN_BYTES, min(RANGE_INPUT_MAX_BYTES, per_task))
+
+
+@dataclass(frozen=True, slots=True)
+class IngestRange:
+    """One task of an ingest: the records of `stream` in (after_seq, last_seq], and every
+    segment (any relay) holding some of them."""
+
+    stream: str
+    after_seq: int
+    last_seq: int
+    segments: tuple[SegmentRef, ...]
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+
+def plan_ranges(plan: IngestPlan, range_bytes: int) -> list[IngestRange]:
+    """Cut each stream's new records into ranges of about `range_bytes` of segments (all
+    relays' copies counted), at segment ends, biggest first (so the longest tasks start
+    first). A segment that straddles a cut is read by both ranges, each keeping its part."""
+    start = plan.start
+    by_stream: dict[str, list[SegmentRef]] = {}
+    for segment in plan.to_read:
+        by_stream.setdefault(segment.stream, []).append(segment)
+    ranges = []
+    for stream, segments in sorted(by_stream.items()):
+        segments.sort(key=lambda s: s.last_seq)
+        stored_seq = start[stream][0]
+        cuts: list[int] = []
+        gathered_bytes = 0
+        for segment in segments:
+            gathered_bytes += segment.size_bytes
+            if gathered_bytes >= range_bytes and (not cuts or segment.last_seq > cuts[-1]):
+                cuts.append(segment.last_seq)
+                gathered_bytes = 0
+        if not cuts or cuts[-1] < segments[-1].last_seq:
+            cuts.append(segments[-1].last_seq)
+        after_seq = stored_seq
+        for last_seq in cuts:
+            holding = tuple(
+                s for s in segments if s.last_seq > after_seq and s.first_seq <= last_seq
+            )
+            ranges.append(IngestRange(stream, after_seq, last_seq, holding))
+            after_seq = last_seq
+    ranges.sort(key=lambda r: r.input_bytes, reverse=True)
+    return ranges
+
+
+def check_range(ingest_range: IngestRange, directory: str) -> list[dict[str, object]]:
+    """Check and write one range (`chaincheck.check_segment_range`); its summary rows."""
+    return check_segment_range(
+        ingest_range.stream,
+        ingest_range.after_seq,
+        ingest_range.last_seq,
+        ingest_range.segments,
+        directory,
+    )
 
 
 @dataclass(slots=True)
@@ -295,6 +374,44 @@ def expand_and_fold(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatc
             gathered, gathered_rows = [], 0
     folded = last_change_per_key(_concat([folded, *gathered]))
     yield from folded.to_batches()
+
+
+# The record columns a snapshot reads, and the rows per batch it reads them in.
+DELTA_COLUMNS = ["stream", "seq", "key", "value", "kind", "duplicate"]
+DELTA_BATCH_ROWS = 64 * 1024
+
+
+def read_delta(path: str, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
+    """The records of a record file with a seq in (after_seq, upto_seq], duplicates left
+    out (they change nothing), batch by batch (a file is read in bounded memory)."""
+    source = pq.ParquetFile(path)
+    for batch in source.iter_batches(batch_size=DELTA_BATCH_ROWS, columns=DELTA_COLUMNS):
+        seqs = batch.column("seq")
+        keep = pc.and_(
+            pc.and_(pc.greater(seqs, after_seq), pc.less_equal(seqs, upto_seq)),
+            pc.invert(batch.column("duplicate")),
+        )
+        kept = batch.filter(keep)
+        if kept.num_rows:
+            yield kept
+
+
+def expand_and_fold_files(tasks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The map side of a Spark snapshot: `tasks` are rows (path, after_seq, upto_seq) of
+    record files; their changes, read straight from the files and folded to the last change
+    per key (CHANGE_SCHEMA)."""
+
+    def records() -> Iterator[pa.RecordBatch]:
+        for batch in tasks:
+            for path, after_seq, upto_seq in zip(
+                batch.column("path").to_pylist(),
+                batch.column("after_seq").to_pylist(),
+                batch.column("upto_seq").to_pylist(),
+                strict=True,
+            ):
+                yield from read_delta(path, after_seq, upto_seq)
+
+    return expand_and_fold(records())
 
 
 def live_rows(changes: pa.Table) -> pa.Table:

@@ -4,11 +4,13 @@ removed (a PySpark job).
     python -m relay.store.snapshot STORE [--as-of STREAM=SEQ ...] [--master local[2]]
 
 Incremental: the new snapshot is the previous one plus the changes of the records after
-it (`plan.plan_snapshot` picks only the record files that hold them). The changes are
-expanded in `mapInArrow` (`plan.expand_changes`), the last change of each (stream,
-entity, key) by (seq, index in its transaction) wins, deleted keys drop out, and each task
-writes its rows per stream to Parquet; the driver commits the files with the snapshot's
-seq and the stored digest at that seq in the next manifest.
+it (`plan.plan_snapshot` picks only the record files that hold them). Map side: one task
+per record file reads it (only the seqs after the previous snapshot), expands the changes
+(`plan.expand_changes`) and folds them to the last change of each (stream, entity, key) by
+(seq, index in its transaction), deletes kept. Reduce side: hash-partitioned by (stream,
+entity, key) with the previous snapshot's rows, folded again, deleted keys dropped, and
+each task writes its rows per stream to Parquet; the driver commits the files with the
+snapshot's seq and the stored digest at that seq in the next manifest.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from relay.store.changes import Op
 from relay.store.manifest import SnapshotInfo, load_manifest, new_run
 from relay.store.plan import (
     BeforeCommit,
-    expand_and_fold,
+    expand_and_fold_files,
     finish_snapshot,
     fold_and_write,
     plan_snapshot,
@@ -31,12 +33,14 @@ from relay.store.plan import (
 from relay.store.spark import (
     CHANGE_DDL,
     DEFAULT_MASTER,
-    RECORD_DDL,
     SNAPSHOT_DDL,
     SNAPSHOT_WRITE_DDL,
     get_session,
     parallelism,
 )
+
+# The map tasks: a record file and the seqs of it the snapshot takes.
+DELTA_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT"
 
 
 def snapshot(
@@ -57,24 +61,13 @@ def snapshot(
     store = Path(store_path)
     _run, staging = new_run(store_path)
     parts = []
-    delta_paths = [str(store / f.path) for t in targets for f in t.delta_files]
-    if delta_paths:
-        in_range = reduce(
-            lambda a, b: a | b,
-            [
-                (F.col("stream") == t.stream)
-                & (F.col("seq") > t.base_seq)
-                & (F.col("seq") <= t.seq)
-                for t in targets
-            ],
+    # One map task per record file: it reads the file itself (only the delta's seqs).
+    delta_files = [(str(store / f.path), t.base_seq, t.seq) for t in targets for f in t.delta_files]
+    if delta_files:
+        tasks = spark.createDataFrame(
+            spark.sparkContext.parallelize(delta_files, len(delta_files)), DELTA_TASK_DDL
         )
-        records = (
-            spark.read.schema(RECORD_DDL)
-            .parquet(*delta_paths)
-            .where(in_range & ~F.col("duplicate"))
-            .select("stream", "seq", "key", "value", "kind")
-        )
-        parts.append(records.mapInArrow(expand_and_fold, CHANGE_DDL))
+        parts.append(tasks.mapInArrow(expand_and_fold_files, CHANGE_DDL))
     base_paths = [str(store / p) for t in targets if t.base for p in t.base.files]
     if base_paths:
         base = (
@@ -97,12 +90,14 @@ def snapshot(
     def write_rows(batches: Any) -> Any:
         return fold_and_write(batches, staging_dir)
 
+    spark.sparkContext.setJobDescription(f"snapshot {len(delta_files)} record files")
     written = [
         row.asDict()
         for row in changes.repartition(parallelism(spark), "stream", "entity", "key")
         .mapInArrow(write_rows, SNAPSHOT_WRITE_DDL)
         .collect()
     ]
+    spark.sparkContext.setJobDescription(None)
     return finish_snapshot(store_path, manifest, targets, written, staging, before_commit)
 
 

@@ -53,8 +53,14 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "relay-store") -> Any:
-    """The SparkSession to run the store's jobs in."""
+def get_session(
+    master: str = DEFAULT_MASTER,
+    *,
+    app_name: str = "relay-store",
+    extra_config: dict[str, str] | None = None,
+) -> Any:
+    """The SparkSession to run the store's jobs in (`extra_config`: more settings for a
+    local session, e.g. an event log for stage timings)."""
     from pyspark.sql import SparkSession
 
     if under_spark_submit():
@@ -67,8 +73,11 @@ def get_session(master: str = DEFAULT_MASTER, *, app_name: str = "relay-store") 
         with open(log_config, "w") as sink:
             sink.write(_LOG4J2)
         java_options = f"-Dlog4j2.configurationFile=file:{log_config}"
+        builder = SparkSession.builder
+        for name, value in (extra_config or {}).items():
+            builder = builder.config(name, value)
         session = (
-            SparkSession.builder.master(master)
+            builder.master(master)
             .appName(app_name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
