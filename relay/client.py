@@ -60,7 +60,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeAlias, overload
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
 
 import zmq
 import zmq.asyncio
@@ -1195,6 +1195,9 @@ class _AsyncLinks(_Links):
 # --- producers ---------------------------------------------------------------------------
 
 
+_L = TypeVar("_L", _SyncLinks, _AsyncLinks)
+
+
 def _check_producer_args(
     producer_id: bytes | None,
     first_producer_seq: int,
@@ -1218,18 +1221,21 @@ def _check_producer_args(
     return pid
 
 
-class _ProducerBase:
+class _ProducerBase(Generic[_L]):
+    _links_type: type[_L]  # the sync or the asyncio way of talking to relays
+
     def __init__(
         self,
-        relays: RelayEndpoints | None,
-        topology: TopologySource | None,
-        producer_id: bytes | None,
-        first_producer_seq: int,
-        window: int,
-        send_timeout_s: float,
-        request_timeout_s: float,
-        max_attempts: int,
-        connect_grace_s: float,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        producer_id: bytes | None = None,
+        first_producer_seq: int = 0,
+        window: int = DEFAULT_WINDOW,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
     ) -> None:
         pid = _check_producer_args(
             producer_id,
@@ -1254,6 +1260,11 @@ class _ProducerBase:
             connect_grace_s=connect_grace_s,
             now=time.monotonic(),
         )
+        self._links: _L = self._links_type(self._relays.endpoints)
+        self._start()
+
+    def _start(self) -> None:
+        """State of one flavour beyond the links (none by default)."""
 
     @property
     def producer_id(self) -> bytes:
@@ -1278,35 +1289,11 @@ class _ProducerBase:
             raise RuntimeError("the producer is closed")
 
 
-class Producer(_ProducerBase):
+class Producer(_ProducerBase[_SyncLinks]):
     """A synchronous producer. `send` blocks until the transaction's outcome is definite
     (or the retries run out); `send_many` keeps up to `window` transactions in flight."""
 
-    def __init__(
-        self,
-        relays: RelayEndpoints | None = None,
-        *,
-        topology: TopologySource | None = None,
-        producer_id: bytes | None = None,
-        first_producer_seq: int = 0,
-        window: int = DEFAULT_WINDOW,
-        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
-        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
-    ) -> None:
-        super().__init__(
-            relays,
-            topology,
-            producer_id,
-            first_producer_seq,
-            window,
-            send_timeout_s,
-            request_timeout_s,
-            max_attempts,
-            connect_grace_s,
-        )
-        self._links = _SyncLinks(self._relays.endpoints)
+    _links_type = _SyncLinks
 
     def send(self, stream: str, value: bytes, key: bytes | None = None) -> int:
         """Produce one transaction; return its committed sequence number. Raises
@@ -1420,35 +1407,13 @@ class Producer(_ProducerBase):
         self.close()
 
 
-class AsyncProducer(_ProducerBase):
+class AsyncProducer(_ProducerBase[_AsyncLinks]):
     """An asyncio producer. Many tasks may send at once; at most `window` transactions
     are in flight (`send_async` waits for room, then returns a future)."""
 
-    def __init__(
-        self,
-        relays: RelayEndpoints | None = None,
-        *,
-        topology: TopologySource | None = None,
-        producer_id: bytes | None = None,
-        first_producer_seq: int = 0,
-        window: int = DEFAULT_WINDOW,
-        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
-        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
-    ) -> None:
-        super().__init__(
-            relays,
-            topology,
-            producer_id,
-            first_producer_seq,
-            window,
-            send_timeout_s,
-            request_timeout_s,
-            max_attempts,
-            connect_grace_s,
-        )
-        self._links = _AsyncLinks(self._relays.endpoints)
+    _links_type = _AsyncLinks
+
+    def _start(self) -> None:
         self._slots = asyncio.Semaphore(self._window)
         self._futures: dict[_Op, asyncio.Future[int]] = {}
         self._pump_task: asyncio.Task[None] | None = None
@@ -1586,17 +1551,20 @@ class AsyncProducer(_ProducerBase):
 # --- consumers ---------------------------------------------------------------------------
 
 
-class _ConsumerBase:
+class _ConsumerBase(Generic[_L]):
+    _links_type: type[_L]  # the sync or the asyncio way of talking to relays
+
     def __init__(
         self,
-        relays: RelayEndpoints | None,
-        topology: TopologySource | None,
-        max_batch: int,
-        wait_ms: int,
-        request_timeout_s: float,
-        timeout_s: float | None,
-        count: int | None,
-        connect_grace_s: float,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        timeout_s: float | None = None,
+        count: int | None = None,
+        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
     ) -> None:
         _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
         _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
@@ -1619,6 +1587,7 @@ class _ConsumerBase:
             connect_grace_s=connect_grace_s,
             now=time.monotonic(),
         )
+        self._links: _L = self._links_type(self._relays.endpoints)
 
     def _subscribe(self, stream: str, start: Start) -> None:
         if self._closed:
@@ -1667,7 +1636,7 @@ class _ConsumerBase:
         return self._closed or (self._count is not None and self._yielded >= self._count)
 
 
-class Consumer(_ConsumerBase):
+class Consumer(_ConsumerBase[_SyncLinks]):
     """A synchronous consumer of one stream: `subscribe`, then iterate over `Record`s.
 
     Iteration ends after `count` records (counted from the last `subscribe`), or when one
@@ -1675,29 +1644,7 @@ class Consumer(_ConsumerBase):
     waits forever). Errors: UnknownStream, OutOfRange (see `oldest_available`), Rejected
     (a relay refused the request frame)."""
 
-    def __init__(
-        self,
-        relays: RelayEndpoints | None = None,
-        *,
-        topology: TopologySource | None = None,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        wait_ms: int = DEFAULT_WAIT_MS,
-        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-        timeout_s: float | None = None,
-        count: int | None = None,
-        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
-    ) -> None:
-        super().__init__(
-            relays,
-            topology,
-            max_batch,
-            wait_ms,
-            request_timeout_s,
-            timeout_s,
-            count,
-            connect_grace_s,
-        )
-        self._links = _SyncLinks(self._relays.endpoints)
+    _links_type = _SyncLinks
 
     def subscribe(self, stream: str, start: Start = "earliest") -> Consumer:
         """Read `stream` from `start`: "earliest" (the oldest entry held), "latest" (what
@@ -1744,32 +1691,10 @@ class Consumer(_ConsumerBase):
         self.close()
 
 
-class AsyncConsumer(_ConsumerBase):
+class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
     """The asyncio consumer: `subscribe`, then `async for record in consumer`."""
 
-    def __init__(
-        self,
-        relays: RelayEndpoints | None = None,
-        *,
-        topology: TopologySource | None = None,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        wait_ms: int = DEFAULT_WAIT_MS,
-        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-        timeout_s: float | None = None,
-        count: int | None = None,
-        connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
-    ) -> None:
-        super().__init__(
-            relays,
-            topology,
-            max_batch,
-            wait_ms,
-            request_timeout_s,
-            timeout_s,
-            count,
-            connect_grace_s,
-        )
-        self._links = _AsyncLinks(self._relays.endpoints)
+    _links_type = _AsyncLinks
 
     def subscribe(self, stream: str, start: Start = "earliest") -> AsyncConsumer:
         """Like Consumer.subscribe."""
