@@ -128,6 +128,9 @@ def sim(
 
 # --- relay processes ------------------------------------------------------------------------
 
+_config_option = click.option(
+    "--config", "config_path", required=True, metavar="FILE", help="The topology."
+)
 _log_level_option = click.option(
     "--log-level",
     "log_level",
@@ -166,7 +169,7 @@ def _warn_config(warnings: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @click.option("--relay", "relay_id", required=True, type=int, metavar="ID", help="Relay id.")
 @_log_level_option
 def run(config_path: str, relay_id: int, log_level: str) -> None:
@@ -416,7 +419,7 @@ def _print_status(doc: dict[str, Any]) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--timeout",
@@ -604,7 +607,7 @@ async def _produce_stdin(
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @click.option("--stream", "stream", required=True, metavar="S", help="The stream to write.")
 @click.option(
     "--relay",
@@ -677,7 +680,7 @@ def _record_doc(record: Any, as_base64: bool) -> dict[str, Any]:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @click.option("--stream", "stream", required=True, metavar="S", help="The stream to read.")
 @click.option(
     "--relay",
@@ -855,7 +858,7 @@ _master_option = click.option(
 
 
 @store.command("ingest")
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @_master_option
 def store_ingest(config_path: str, master: str) -> None:
     """Append every relay's closed spool segments to the store.
@@ -870,7 +873,7 @@ def store_ingest(config_path: str, master: str) -> None:
 
 
 @store.command("snapshot")
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @click.option("--stream", "stream", default=None, metavar="S", help="Only this stream.")
 @click.option(
     "--as-of",
@@ -892,7 +895,7 @@ def store_snapshot(config_path: str, stream: str | None, as_of: int | None, mast
 
 
 @store.command("verify")
-@click.option("--config", "config_path", required=True, metavar="FILE", help="The topology.")
+@_config_option
 @_master_option
 def store_verify(config_path: str, master: str) -> None:
     """Re-check every stream's chain in the store end to end. Exit codes: 0 intact, 2 a
