@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -476,17 +476,24 @@ class RelayNode:
             if self.manage_gc:
                 self._tend_gc(mono)
 
-    def _drain_peers(self, socks: _Sockets, now: int, mono: int) -> None:
+    def _received(self, sock: zmq.Socket[Any], side: str) -> Iterator[list[bytes]]:
+        """The messages waiting on `sock`, at most DRAIN_MAX per turn; counted as
+        `<side>_frames`, a receive error as `<side>_recv_error` (and the drain ends)."""
+        frames, errors = side + "_frames", side + "_recv_error"
         for _ in range(DRAIN_MAX):
             try:
-                parts = socks.sub.recv_multipart(_NOBLOCK)
+                parts = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError as e:
-                self.counters["peer_recv_error"] += 1
-                self._warn("peer_recv_error", "relay=%d mesh receive failed: %s", self.id, e)
+                self.counters[errors] += 1
+                self._warn(errors, "relay=%d %s receive failed: %s", self.id, side, e)
                 return
-            self.counters["peer_frames"] += 1
+            self.counters[frames] += 1
+            yield parts
+
+    def _drain_peers(self, socks: _Sockets, now: int, mono: int) -> None:
+        for parts in self._received(socks.sub, "peer"):
             if len(parts) != 2:
                 self.counters["peer_bad_parts"] += 1
                 self._warn(
@@ -503,16 +510,7 @@ class RelayNode:
                 log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
 
     def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
-        for _ in range(DRAIN_MAX):
-            try:
-                parts = socks.router.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as e:
-                self.counters["client_recv_error"] += 1
-                self._warn("client_recv_error", "relay=%d client receive failed: %s", self.id, e)
-                return
-            self.counters["client_frames"] += 1
+        for parts in self._received(socks.router, "client"):
             try:
                 self._on_client(socks, parts, now, mono)
             except Exception:
