@@ -94,19 +94,21 @@ def snapshot(config: MeshConfig, master: str, stream: str | None, as_of: int | N
     from relay.store.snapshot import snapshot as run_snapshot
 
     def job(spark: Any) -> int:
-        targets = None
         if stream is not None:
             from relay.store.reader import StoreReader
 
             if stream not in StoreReader(str(config.store_dir)).streams():
                 print(f"snapshot FAILED: the store holds no stream {stream!r}", file=sys.stderr)
                 return EXIT_ERROR
-            targets = {stream: as_of} if as_of is not None else None
-        made = run_snapshot(spark, str(config.store_dir), as_of=targets)
-        shown = {s: i for s, i in made.items() if stream is None or s == stream}
-        for name, info in sorted(shown.items()):
+        made = run_snapshot(
+            spark,
+            str(config.store_dir),
+            as_of={stream: as_of} if stream is not None and as_of is not None else None,
+            streams=None if stream is None else (stream,),
+        )
+        for name, info in sorted(made.items()):
             print(f"snapshot {name}: seq {info.seq} digest {info.digest} rows {info.rows}")
-        if not shown:
+        if not made:
             print("snapshot: up to date")
         return 0
 

@@ -42,9 +42,10 @@ def test_ingest_snapshot_verify_from_the_topology(tmp_path: Path) -> None:
     assert f"s.a: last seq {records[0].seqs[-1]}" in done.stdout
     assert f"s.b: last seq {records[1].seqs[-1]}" in done.stdout
 
-    snap = relay_cli("store", "snapshot", "--config", str(topology))
+    snap = relay_cli("store", "snapshot", "--config", str(topology), "--stream", "s.a")
     assert snap.returncode == 0, snap.stderr
     assert f"snapshot s.a: seq {records[0].seqs[-1]}" in snap.stdout
+    assert "s.b" not in snap.stdout  # only the stream asked for is built
 
     checked = relay_cli("store", "verify", "--config", str(topology))
     assert checked.returncode == 0, checked.stderr

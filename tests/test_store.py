@@ -476,3 +476,16 @@ def _rewrite_relay_copy(spool: Path, *, relay: int, stream: str, seq: int) -> No
             )
             return
     raise AssertionError("no segment holds the seq")
+
+
+def test_a_snapshot_of_chosen_streams_leaves_the_others(tmp_path: Path) -> None:
+    records = [generate("s.a", 150, seed=3), generate("s.b", 90, seed=4)]
+    write_spools(str(tmp_path / "spool"), records, relays=2, segment_records=50)
+    store = str(tmp_path / "store")
+    baseline.ingest_baseline(str(tmp_path / "spool"), store)
+    made = baseline.snapshot_baseline(store, streams=("s.b",))
+    assert set(made) == {"s.b"}
+    reader = StoreReader(store)
+    assert reader.snapshot("s.a") is None
+    snap = reader.snapshot("s.b")
+    assert snap is not None and snap.seq == records[1].seqs[-1]

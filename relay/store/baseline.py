@@ -7,7 +7,7 @@ It writes the same store (same files, same manifest) through the same shared cod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -58,10 +58,11 @@ def snapshot_baseline(
     store_path: str,
     *,
     as_of: dict[str, int] | None = None,
+    streams: Collection[str] | None = None,
     before_commit: BeforeCommit | None = None,
 ) -> dict[str, SnapshotInfo]:
     manifest = load_manifest(store_path)
-    targets = plan_snapshot(manifest, as_of)
+    targets = plan_snapshot(manifest, as_of, streams)
     if not targets:
         return {}
     store = Path(store_path)

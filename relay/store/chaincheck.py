@@ -31,22 +31,10 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from relay.core.digest import chain, genesis, tx_hash
 from relay.core.messages import Transaction
 from relay.store.errors import ChainProblem
-from relay.store.layout import SegmentRef, stream_dir_name, to_unsigned64
+from relay.store.layout import SEGMENT_SCHEMA, SegmentRef, stream_dir_name, to_unsigned64
 
-# The columns of the store's record files, in order (a segment's columns minus `relay`).
-RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string(), nullable=False),
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("digest", pa.binary(), nullable=False),
-        pa.field("producer_id", pa.binary(), nullable=False),
-        pa.field("producer_seq", pa.int64(), nullable=False),
-        pa.field("key", pa.binary(), nullable=True),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("kind", pa.int8(), nullable=False),
-        pa.field("duplicate", pa.bool_(), nullable=False),
-    ]
-)
+# The columns of the store's record files, in order: a segment's columns minus `relay`.
+RECORD_SCHEMA = SEGMENT_SCHEMA.remove(SEGMENT_SCHEMA.get_field_index("relay"))
 RECORD_COLUMNS = RECORD_SCHEMA.names
 
 # What each range reports about each stream it holds (one row per (range, stream)).

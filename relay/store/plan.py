@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -453,12 +453,17 @@ class SnapshotTarget:
         return self.base.seq if self.base else -1
 
 
-def plan_snapshot(manifest: Manifest, as_of: dict[str, int] | None = None) -> list[SnapshotTarget]:
-    """Per stream with records newer than its snapshot (up to `as_of[stream]` if given):
-    what to build. A requested seq below the previous snapshot rebuilds from the start."""
+def plan_snapshot(
+    manifest: Manifest,
+    as_of: dict[str, int] | None = None,
+    streams: Collection[str] | None = None,
+) -> list[SnapshotTarget]:
+    """Per stream (of `streams`, if given) with records newer than its snapshot (up to
+    `as_of[stream]` if given): what to build. A requested seq below the previous snapshot
+    rebuilds from the start."""
     targets = []
     for stream, state in sorted(manifest.streams.items()):
-        if state.records == 0:
+        if state.records == 0 or (streams is not None and stream not in streams):
             continue
         seq = min(as_of.get(stream, state.last_seq), state.last_seq) if as_of else state.last_seq
         base = state.snapshot

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,16 @@ def snapshot(
     store_path: str,
     *,
     as_of: dict[str, int] | None = None,
+    streams: Collection[str] | None = None,
     before_commit: BeforeCommit | None = None,
 ) -> dict[str, SnapshotInfo]:
-    """Build the snapshot of every stream with records newer than its last snapshot (as of
-    `as_of[stream]`, else its last stored seq). Returns the new snapshots by stream."""
+    """Build the snapshot of every stream (of `streams`, if given) with records newer than
+    its last snapshot (as of `as_of[stream]`, else its last stored seq). Returns the new
+    snapshots by stream."""
     from pyspark.sql import functions as F
 
     manifest = load_manifest(store_path)
-    targets = plan_snapshot(manifest, as_of)
+    targets = plan_snapshot(manifest, as_of, streams)
     if not targets:
         return {}
     store = Path(store_path)

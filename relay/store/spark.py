@@ -13,18 +13,29 @@ import sys
 import tempfile
 from typing import Any
 
+from relay.store.chaincheck import RECORD_SCHEMA
+
 DEFAULT_MASTER = "local[2]"
 # Rows per Arrow batch handed to Python tasks (Spark's default is 10 000).
 ARROW_BATCH_ROWS = 20_000
 
-SEGMENT_DDL = (
-    "stream STRING, relay INT, seq BIGINT, digest BINARY, producer_id BINARY, "
-    "producer_seq BIGINT, key BINARY, value BINARY, kind TINYINT, duplicate BOOLEAN"
-)
-RECORD_DDL = (
-    "stream STRING, seq BIGINT, digest BINARY, producer_id BINARY, producer_seq BIGINT, "
-    "key BINARY, value BINARY, kind TINYINT, duplicate BOOLEAN"
-)
+# Spark's DDL name of each Arrow type the store's files use.
+_SPARK_TYPES = {
+    "string": "STRING",
+    "int8": "TINYINT",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "binary": "BINARY",
+    "bool": "BOOLEAN",
+}
+
+
+def spark_ddl(schema: Any) -> str:
+    """A pyarrow schema as a Spark DDL string, so the two are never written twice."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in schema)
+
+
+RECORD_DDL = spark_ddl(RECORD_SCHEMA)
 SUMMARY_DDL = (
     "stream STRING, head_seq BIGINT, head_tx_hash BINARY, head_digest BINARY, "
     "head_relays STRING, last_seq BIGINT, last_digest BINARY, records BIGINT, path STRING, "
