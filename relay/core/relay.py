@@ -209,6 +209,9 @@ class StreamState:
         self.progress_ms = NEVER  # last time the committed point moved
         self.dead_check_ms = NEVER
         self.syncs: dict[int, SuspectSync] = {}  # suspected member -> its sync (5.2)
+        # The last committed (point, digest) known from durable history (the store, a
+        # spool) when this relay started without any (see RelayCore.seed).
+        self.seed: tuple[int, bytes] | None = None
 
 
 class RelayCore:
@@ -342,6 +345,26 @@ class RelayCore:
         return ReadResult(
             ReadStatus.OK, tuple(entries), oldest=tl.base_point, committed=tl.committed_point
         )
+
+    def seed(self, stream: str, point: int, digest: bytes) -> bool:
+        """Before the stream joins: its last committed point and digest as durable history
+        (the store, this relay's spool) knows them. Should no member hold any history of
+        the stream when it joins, the highest seed any member offers becomes the base
+        instead of the genesis, so the chain and the sequence numbers carry on from the
+        stored history. False (and nothing changes) if the stream is not served here or
+        has begun joining. ValueError if the point or digest cannot be one."""
+        if point <= GENESIS_POINT or len(digest) != dg.DIGEST_BYTES:
+            raise ValueError(f"not a committed point: ({point}, {digest!r})")
+        if not self.topology.serves(self.id, stream) or not self._can_open(stream):
+            return False
+        st = self._stream(stream)
+        join = st.join
+        if join is None or not join.amnesiac or join.first_round_done:
+            return False
+        if st.seed is None or point > st.seed[0]:
+            st.seed = (point, digest)
+        self.clock.raise_floor(point)  # our own sequence numbers come after it
+        return True
 
     def committed_records(
         self, stream: str, after_seq: int, max_entries: int
@@ -591,7 +614,7 @@ class RelayCore:
             st.pending[in_flight].append(waiter)
             return None
         if (
-            tl.is_full(limits.buffer_max_entries, limits.buffer_max_bytes)
+            not tl.make_room(limits.buffer_max_entries, limits.buffer_max_bytes, tx.size_bytes())
             or len(st.pending) >= limits.max_pending_produces
         ):
             self.counters["produce_buffer_full"] += 1
@@ -1289,6 +1312,9 @@ class RelayCore:
         keys = None
         if joined and tl.has_base and tl.committed_point >= msg.need_point:
             keys = tl.dedupe.keys()
+        point, digest = tl.committed_point, tl.committed_digest
+        if not joined and st.seed is not None:
+            point, digest = st.seed  # a fresh member's committed point is its seed
         self._send(
             JoinReply(
                 self.id,
@@ -1297,8 +1323,8 @@ class RelayCore:
                 msg.sender,
                 st.stream,
                 not joined,
-                tl.committed_point,
-                tl.committed_digest,
+                point,
+                digest,
                 max(st.votes.max_seen, tl.reported),
                 keys,
                 self._votes_of(st, msg.sender),
@@ -1360,14 +1386,29 @@ class RelayCore:
         self, st: StreamState, holders: list[JoinReply], highest: int, now_ms: int
     ) -> None:
         self.counters["joined_without_quorum"] += 1
+        capacity = self.limits.dedupe_window_entries
         with_window = [r for r in holders if r.dedupe is not None]
         if with_window:
             best = max(with_window, key=lambda r: r.committed_point)
             point, digest = best.committed_point, best.committed_digest
-            window = DedupeWindow(self.limits.dedupe_window_entries, best.dedupe or ())
+            window = DedupeWindow(capacity, best.dedupe or ())
         else:
             point, digest = GENESIS_POINT, dg.genesis(st.stream)
-            window = DedupeWindow(self.limits.dedupe_window_entries)
+            window = DedupeWindow(capacity)
+        # Seeds: every member's (ours and the fresh repliers'); every joiner heard all
+        # members before this, so all of them pick the same one.
+        assert st.join is not None
+        seeds = [
+            (r.committed_point, r.committed_digest)
+            for r in st.join.replies.values()
+            if r.fresh and r.committed_point > GENESIS_POINT
+        ]
+        if st.seed is not None:
+            seeds.append(st.seed)
+        if seeds and max(seeds)[0] > point:
+            self.counters["joined_from_seed"] += 1
+            point, digest = max(seeds)
+            window = DedupeWindow(capacity)  # the store keeps no dedupe window
         self._adopt_base(st, point, digest, window, max(highest, point), now_ms)
 
     def _try_join_base(self, st: StreamState, join: JoinState, now_ms: int) -> bool:

@@ -268,8 +268,13 @@ class Timeline:
         self.delivered = max(self.delivered - h, 0)
         self.head = 0
 
-    def is_full(self, max_entries: int, max_bytes: int) -> bool:
-        return len(self) >= max_entries or self.held_bytes >= max_bytes
+    def make_room(self, max_entries: int, max_bytes: int, size_bytes: int) -> bool:
+        """Whether one more entry of `size_bytes` fits within the bounds, evicting the
+        oldest committed entries to make room if needed. (Eviction after a commit keeps
+        the buffer at the bounds, so without this a buffer full of committed entries
+        would refuse every new one.)"""
+        self.evict(max_entries - 1, max_bytes - size_bytes)
+        return len(self) < max_entries and self.held_bytes + size_bytes <= max_bytes
 
     # --- reading ------------------------------------------------------------------------
 
