@@ -5,7 +5,7 @@
     relay up FILE [--log-level LEVEL] [--log-dir DIR] [--timeout SECONDS]
     relay status --config FILE [--json] [--timeout SECONDS]
     relay produce --config FILE --stream S [--relay ID] [--key K]
-    relay consume --config FILE --stream S [--relay ID] [--from earliest|latest|SEQ]
+    relay consume --config FILE --stream S [--relay ID] [--from earliest|latest|snapshot|SEQ]
                   [--count N] [--timeout-s T] [--base64]
 
 Heavy modules are imported inside the subcommands, so `relay --help` stays fast and works
@@ -28,8 +28,13 @@ _FAULT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 if TYPE_CHECKING:
-    from relay.client import Start
+    from collections.abc import Iterator
+    from pathlib import Path
+    from typing import Literal
+
+    from relay.client import Record, Start
     from relay.launcher import Mesh, StatusReply
+    from relay.store.reader import StoredSnapshot
     from relay.topology import MeshConfig
 
 
@@ -412,10 +417,27 @@ def _print_status(doc: dict[str, Any]) -> None:
                 str(info.get("held", "-")),
                 str(info.get("held_bytes", "-")),
             )
+    spools = Table(title="spools (committed history written for the store)")
+    for name in ("relay", "segments", "records", "bytes", "reclaimed", "dropped", "stopped"):
+        spools.add_column(name, justify="left" if name in ("relay", "stopped") else "right")
+    for entry in doc["relays"]:
+        spool = (entry["status"] or {}).get("spool")
+        if spool is not None:
+            stopped = spool.get("stopped_streams") or {}
+            spools.add_row(
+                str(entry["relay"]),
+                str(spool.get("segments_written")),
+                str(spool.get("records_written")),
+                str(spool.get("bytes_written")),
+                str(spool.get("segments_reclaimed")),
+                str(spool.get("records_dropped")),
+                "; ".join(f"[red]{k}: {v}[/red]" for k, v in stopped.items()) or "none",
+            )
     console = Console()
     console.print(relays)
-    if streams.row_count:
-        console.print(streams)
+    for table in (streams, spools):
+        if table.row_count:
+            console.print(table)
 
 
 @main.command()
@@ -461,6 +483,7 @@ def status(config_path: str, as_json: bool, timeout_s: float) -> None:
 READ_CHUNK_BYTES = 64 * 1024  # stdin is read in chunks of at most this many bytes
 READ_QUEUE_CHUNKS = 8  # chunks read ahead of the producer (bounds memory)
 UNREACHABLE_PROBE_S = 0.5  # after an idle consume: how long to ask the relays if they are up
+SNAPSHOT_PRINT_ROWS = 10_000  # snapshot rows turned into Python objects at once
 
 
 def relays_first(config: MeshConfig, relay_id: int | None, stream: str) -> dict[int, str]:
@@ -650,33 +673,74 @@ def produce(config_path: str, stream: str, relay_id: int | None, key: str | None
 
 def _parse_start(ctx: click.Context, param: click.Parameter, value: str) -> Start:
     text = value.strip().lower()
-    if text in ("earliest", "latest"):
-        return "earliest" if text == "earliest" else "latest"
+    named: dict[str, Start] = {"earliest": "earliest", "latest": "latest", "snapshot": "snapshot"}
+    if text in named:
+        return named[text]
     try:
         seq = int(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not earliest, latest or a seq.") from None
+        raise click.BadParameter(f"{value!r} is not earliest, latest, snapshot or a seq.") from None
     if seq < -1:
         raise click.BadParameter(f"{seq} is not a seq (-1 or more).")
     return seq
 
 
-def _record_doc(record: Any, as_base64: bool) -> dict[str, Any]:
+def _text(data: bytes | None, as_base64: bool) -> str | None:
     import base64
 
-    def text(data: bytes | None) -> str | None:
-        if data is None:
-            return None
-        if as_base64:
-            return base64.b64encode(data).decode("ascii")
-        return data.decode("utf-8", errors="replace")
+    if data is None:
+        return None
+    if as_base64:
+        return base64.b64encode(data).decode("ascii")
+    return data.decode("utf-8", errors="replace")
 
-    return {
+
+def _record_doc(record: Record, as_base64: bool) -> dict[str, Any]:
+    from relay.store.changes import KIND_PLAIN
+    from relay.store.errors import InvalidChanges
+
+    doc: dict[str, Any] = {
         "stream": record.stream,
         "seq": record.seq,
-        "key": text(record.key),
-        "value": text(record.value),
+        "key": _text(record.key, as_base64),
+        "value": _text(record.value, as_base64),
     }
+    if record.kind != KIND_PLAIN:
+        doc["kind"] = record.kind
+        try:
+            doc["changes"] = [
+                {
+                    "entity": change.entity,
+                    "key": _text(change.key, as_base64),
+                    "op": change.op.name.lower(),
+                    "value": _text(change.value, as_base64),
+                }
+                for change in record.changes()
+            ]
+        except InvalidChanges as error:
+            doc["error"] = str(error)
+    return doc
+
+
+def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> Iterator[str]:
+    """One JSON line per (entity, key) of a stored snapshot, batch by batch."""
+    import json
+
+    for batch in snapshot.rows.to_batches(max_chunksize=SNAPSHOT_PRINT_ROWS):
+        for entity, key, value, seq in zip(
+            *(batch.column(name).to_pylist() for name in ("entity", "key", "value", "seq")),
+            strict=True,
+        ):
+            yield json.dumps(
+                {
+                    "stream": stream,
+                    "snapshot": snapshot.seq,
+                    "entity": entity,
+                    "key": _text(key, as_base64),
+                    "value": _text(value, as_base64),
+                    "seq": seq,
+                }
+            )
 
 
 @main.command()
@@ -696,8 +760,12 @@ def _record_doc(record: Any, as_base64: bool) -> dict[str, Any]:
     default="earliest",
     show_default=True,
     callback=_parse_start,
-    metavar="earliest|latest|SEQ",
-    help="The oldest entry held, what commits from now on, or the records after SEQ.",
+    metavar="earliest|latest|snapshot|SEQ",
+    help=(
+        "The first transaction of the stream (from the store, then the relays), what commits "
+        "from now on, the latest snapshot and the transactions after it, or the records "
+        "after SEQ."
+    ),
 )
 @click.option(
     "--count",
@@ -718,6 +786,12 @@ def _record_doc(record: Any, as_base64: bool) -> dict[str, Any]:
 @click.option(
     "--base64", "as_base64", is_flag=True, help="Print keys and values as base64, not UTF-8."
 )
+@click.option(
+    "--no-store",
+    "no_store",
+    is_flag=True,
+    help="Read the relays only, not the store under the topology's data_dir.",
+)
 def consume(
     config_path: str,
     stream: str,
@@ -726,10 +800,16 @@ def consume(
     count: int | None,
     timeout_s: float | None,
     as_base64: bool,
+    no_store: bool,
 ) -> None:
     """Read stream S and print one JSON line per transaction: {"stream", "seq", "key",
     "value"} (bytes decoded as UTF-8 with replacement characters, or base64 with --base64;
-    a missing key is null).
+    a missing key is null; a change list adds "kind" and "changes").
+
+    History older than the relays' buffers comes from the store (the topology's
+    data_dir/store, built by `relay store ingest`), then the relays carry on with no gap.
+    With --from snapshot, the latest snapshot's rows come first, one JSON line per key:
+    {"stream", "snapshot": its seq, "entity", "key", "value", "seq": the last write}.
 
     Stops after --count records or --timeout-s seconds without one (Ctrl-C also stops it).
     Exit codes: 0 when it stops so, 1 if the stream is unknown, the position is no longer
@@ -745,15 +825,26 @@ def consume(
     config = _load_config(config_path)
     _check_stream_name(stream)
     relays = _client_endpoints(config, relay_id, stream)
+    from relay.store.manifest import MANIFEST_DIR
+
+    store: Path | Literal[False] = False if no_store else config.store_dir
+    if store and not (store / MANIFEST_DIR).is_dir():
+        store = False  # nothing ingested yet
+    if start == "snapshot" and not store:
+        click.echo(f"error: --from snapshot needs a store; {config.store_dir} has none", err=True)
+        sys.exit(2)
     consumer = (
-        Consumer(topology=config, timeout_s=timeout_s, count=count)
+        Consumer(topology=config, timeout_s=timeout_s, count=count, store=store)
         if relays is None
-        else Consumer(relays=relays, timeout_s=timeout_s, count=count)
+        else Consumer(relays=relays, timeout_s=timeout_s, count=count, store=store)
     )
     seen = 0
     code = 0
     try:
         with consumer.subscribe(stream, start):
+            if consumer.snapshot is not None:
+                for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
+                    _emit(line)
             for record in consumer:
                 _emit(json.dumps(_record_doc(record, as_base64)))
                 seen += 1

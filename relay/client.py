@@ -31,17 +31,32 @@ frame limit, or the default limits without a topology); each keeps its own reque
 answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it changed
 nothing), its transactions are sent again one per frame.
 
-Consuming: `subscribe(stream, start)` with start "earliest" (the oldest entry the relay
-holds), "latest" (the relay's committed point, learnt by the first read, i.e. at the first
-`next()`), or a position: a seq, meaning "the records after it" (resume with the last seq
-processed, `Consumer.position`). A consumer reads one stream with long polls (`ReadReq`
-with `wait_ms`) of at most `max_batch` entries, and asks for the next batch only after the
-previous one was consumed, so a slow consumer costs a relay nothing. It resumes after the
-last sequence number it yielded (never yielding a seq at or below it) on another relay
-when its relay redirects, is fenced, is not ready, does not answer or goes away.
-`OutOfRange` is raised only when every relay that answered holds nothing that old; it
-names the oldest position that can still be read (`Consumer.oldest_available`; subscribe
-with `start=` that value to resume there).
+Consuming: `subscribe(stream, start)` with start "earliest" (the whole history: the
+store's records, then the relays'; without a store the oldest entry a relay holds),
+"latest" (the relay's committed point, learnt by the first read, i.e. at the first
+`next()`), a position: a seq, meaning "the records after it" (resume with the last seq
+processed, `Consumer.position`), or "snapshot" (the stream's latest stored snapshot, loaded
+at subscribe as `Consumer.snapshot`, then the records after it; "earliest" when there is no
+snapshot yet). A consumer reads one stream with long polls (`ReadReq` with `wait_ms`) of at
+most `max_batch` entries, and asks for the next batch only after the previous one was
+consumed, so a slow consumer costs a relay nothing. It resumes after the last sequence
+number it yielded (never yielding a seq at or below it) on another relay when its relay
+redirects, is fenced, is not ready, does not answer or goes away.
+
+The store (docs/store.md 5; `store=` a path, or by default the topology's `store_dir` once
+a store was ingested there; `store=False` never) holds every stream's history from its
+genesis up to its last ingested point, so it covers what the relays' bounded buffers no
+longer hold. Whenever the relays cannot serve the consumer's position (they answer
+`out_of_range`, also mid-stream after a slow consumer fell behind, or, from the beginning,
+their history starts after a base rather than at the genesis), the consumer refreshes the
+store's manifest and, if the store goes past the position, yields the stored records after
+it (`max_batch` at a time, continuing one reader, again only once consumed), then goes back
+to the relays after the store's last point: no gap and no duplicate, and `position` stays
+valid throughout (`Consumer.source` says which of the two is being read). `OutOfRange` is
+raised only when neither the store nor any relay that answered can serve the position; it
+says where the store ends and names the oldest position that can still be read
+(`Consumer.oldest_available`; subscribe with `start=` that value to resume there).
+Reading the store needs pyarrow (the `store` extra), imported only when a store is used.
 
 Neither flavour is thread-safe: use one client per thread (or per event loop).
 """
@@ -50,17 +65,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
 
 import zmq
 import zmq.asyncio
@@ -68,6 +84,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
 from relay.core.config import Limits
+from relay.core.fields import MAX_TX_KIND
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import (
     ClientError,
@@ -78,7 +95,13 @@ from relay.errors import (
     Unknown,
     UnknownStream,
 )
+from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, changes_of, encode_changes
+from relay.store.errors import UnknownStoredStream
+from relay.store.manifest import MANIFEST_DIR
 from relay.topology import MeshConfig, load
+
+if TYPE_CHECKING:  # pyarrow (the store extra) is imported only when a store is used
+    from relay.store.reader import StoredRecord, StoredSnapshot, StoreReader
 
 __all__ = [
     "DEFAULT_CONNECT_GRACE_S",
@@ -95,7 +118,9 @@ __all__ = [
     "Producer",
     "Record",
     "RelayEndpoints",
+    "Source",
     "Start",
+    "StoreSource",
     "TopologySource",
 ]
 
@@ -116,6 +141,10 @@ BACKOFF_MAX_S = 1.0
 CONNECT_POLL_S = 0.005  # while connecting: how often a send is tried again
 EMPTY_RETRY_S = 0.05  # pause after an empty answer that came early (not a full long poll)
 OUT_OF_RANGE_ROUNDS = 5  # rounds over all relays before out_of_range is final anyway
+# A relay's `oldest` when its history starts at the stream's genesis (the core's
+# GENESIS_POINT; real seqs are flake ids, never 0). Anything above it is a base: the
+# history before it is not on that relay.
+GENESIS_POINT = 0
 MAX_NOTES = 8  # attempt descriptions kept for an error message
 DRAIN_MAX = 10_000  # frames taken from one socket per wake
 MAX_CACHED_ORDERS = 10_000  # streams whose relay order a producer remembers
@@ -134,7 +163,9 @@ MAX_WAIT_MS = 600_000
 
 RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
 TopologySource: TypeAlias = str | Path | MeshConfig
-Start: TypeAlias = Literal["earliest", "latest"] | int
+Start: TypeAlias = Literal["earliest", "latest", "snapshot"] | int
+StoreSource: TypeAlias = str | os.PathLike[str] | Literal[False] | None
+Source: TypeAlias = Literal["store", "relays"]  # where a consumer is reading from
 Item: TypeAlias = bytes | tuple[bytes | None, bytes]
 SendFn: TypeAlias = Callable[[str, bytes], bool]
 
@@ -157,6 +188,12 @@ class Record:
     value: bytes
     producer_id: bytes
     producer_seq: int
+    kind: int = KIND_PLAIN  # how the value is read: 0 one plain value, 1 a change list
+
+    def changes(self) -> list[Change]:
+        """The changes this transaction makes (a plain value is one put of entity "" and
+        the record's key); InvalidChanges if its change list does not decode."""
+        return changes_of(self.kind, self.key, self.value)
 
 
 # --- checks ------------------------------------------------------------------------------
@@ -187,6 +224,12 @@ def _check_tx(key: object, value: object) -> tuple[bytes | None, bytes]:
     if key is not None and not isinstance(key, bytes):
         raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
     return key, value
+
+
+def _check_kind(kind: object) -> int:
+    if type(kind) is not int or not 0 <= kind <= MAX_TX_KIND:
+        raise ValueError(f"kind must be an int 0..{MAX_TX_KIND}, got {kind!r}")
+    return kind
 
 
 def _split(item: object) -> tuple[bytes | None, bytes]:
@@ -303,6 +346,7 @@ class _Op:
         "error",
         "item_bytes",
         "key",
+        "kind",
         "last_fenced",
         "notes",
         "pseq",
@@ -319,10 +363,11 @@ class _Op:
         "value",
     )
 
-    def __init__(self, stream: str, key: bytes | None, value: bytes, pseq: int) -> None:
+    def __init__(self, stream: str, key: bytes | None, value: bytes, pseq: int, kind: int) -> None:
         self.stream = stream
         self.key = key
         self.value = value
+        self.kind = kind
         self.pseq = pseq
         self.item_bytes = wire.batch_item_bytes(stream, key, value)  # in a batch frame
         self.started_at = 0.0
@@ -433,10 +478,10 @@ class _ProduceEngine:
         """Submitted and not done."""
         return len(self._queue) + len(self._live)
 
-    def submit(self, stream: str, key: bytes | None, value: bytes) -> _Op:
+    def submit(self, stream: str, key: bytes | None, value: bytes, kind: int = KIND_PLAIN) -> _Op:
         if self.next_seq > MAX_U64:
             raise OverflowError("the producer sequence is exhausted; use a new producer id")
-        op = _Op(stream, key, value, self.next_seq)
+        op = _Op(stream, key, value, self.next_seq, kind)
         self.next_seq += 1
         self._queue.append(op)
         return op
@@ -652,7 +697,9 @@ class _ProduceEngine:
         if len(ops) == 1:
             op = ops[0]
             rids = [self._rid()]
-            req = wire.ProduceReq(rids[0], op.stream, self.producer_id, op.pseq, op.key, op.value)
+            req = wire.ProduceReq(
+                rids[0], op.stream, self.producer_id, op.pseq, op.key, op.value, op.kind
+            )
             frame = wire.encode(req)
             if len(frame) > self.request_limit:
                 reason = f"too_large (a {len(frame)}-byte request frame)"
@@ -662,7 +709,7 @@ class _ProduceEngine:
             batch_rid = self._rid()
             rids = [self._rid() for _ in ops]
             items = tuple(
-                (rid, op.stream, op.pseq, op.key, op.value)
+                (rid, op.stream, op.pseq, op.key, op.value, op.kind)
                 for rid, op in zip(rids, ops, strict=True)
             )
             frame = wire.encode(wire.ProduceBatchReq(batch_rid, self.producer_id, items))
@@ -793,8 +840,29 @@ class _ProduceEngine:
 _NOT_SERVING = frozenset({"out_of_range", "redirect", "unreachable", "timeout", "disconnected"})
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _StoreRead:
+    """A read of the store the engine asks its driver for: the stored records after
+    `after_seq`, the manifest refreshed first when `refresh` (the first read at a new
+    position: an ingest may have moved the store on since)."""
+
+    after_seq: int
+    refresh: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _StoreBatch:
+    """What the driver read for a _StoreRead: at most max_batch records, in seq order."""
+
+    request: _StoreRead
+    records: list[Record]
+    store_last: int | None  # the store's last seq of the stream; None: it holds none
+    exhausted: bool  # no stored record of that manifest is left after `records`
+
+
 class _ReadEngine:
-    """One consumer's reading rules (long poll, fail-over, resume), without I/O."""
+    """One consumer's reading rules (long poll, fail-over, resume, the store when the
+    relays cannot serve), without I/O: frames, store batches and time come in."""
 
     def __init__(
         self,
@@ -805,6 +873,7 @@ class _ReadEngine:
         request_timeout_s: float,
         connect_grace_s: float,
         now: float,
+        store_path: str | None = None,
     ) -> None:
         self.relays = relays
         self.max_batch = max_batch
@@ -812,6 +881,7 @@ class _ReadEngine:
         self.request_timeout_s = request_timeout_s
         self.connect_until = now + connect_grace_s
         self.frame_limit = relays.limits.max_frame_bytes
+        self.store_path = store_path  # None: no store, the relays only
         self.stats: Counter[str] = Counter()
         self.records: deque[Record] = deque()
         self.error: ClientError | None = None
@@ -819,6 +889,8 @@ class _ReadEngine:
         self.last: int | None = -1  # None: "latest", not resolved yet
         self.endpoint: str | None = None  # the relay being read from
         self.oldest_available: int | None = None
+        self.source: Source = "relays"
+        self.store_end: int | None = None  # the store's last seq of the stream, as last read
         self._rid_source = _RequestIds()
         self._rid: int | None = None
         self._sent_at = 0.0
@@ -830,12 +902,18 @@ class _ReadEngine:
         self._oldest: dict[str, int] = {}  # endpoint -> its oldest readable position
         self._rounds = 0
         self._notes: deque[str] = deque(maxlen=MAX_NOTES)
+        self._store_read: _StoreRead | None = None  # asked of the driver, not answered yet
+        self._store_from = -1  # the position the current store episode started at
+        self._store_asked_at: int | None = None  # position the store was asked at this round
 
-    def subscribe(self, stream: str, start: Start) -> None:
+    def subscribe(self, stream: str, start: Start, *, from_store: bool = False) -> None:
+        """Start reading `stream`. "snapshot" here means "earliest": the consumer resolves a
+        snapshot to its seq (with `from_store`: read the store after it first)."""
         _check_stream(stream)
         last: int | None
-        if start == "earliest":
+        if start in ("earliest", "snapshot"):
             last = -1
+            from_store = self.store_path is not None  # the whole history: the store first
         elif start == "latest":
             last = None
         elif isinstance(start, int) and not isinstance(start, bool):
@@ -843,13 +921,17 @@ class _ReadEngine:
                 raise ValueError(f"start must be -1..2**63-1, got {start}")
             last = start
         else:
-            raise ValueError(f"start must be 'earliest', 'latest' or a seq, got {start!r}")
+            raise ValueError(
+                f"start must be 'earliest', 'latest', 'snapshot' or a seq, got {start!r}"
+            )
         self.stream = stream
         self.last = last
         self.records.clear()
         self.error = None
         self.endpoint = None
         self.oldest_available = None
+        self.source = "relays"
+        self.store_end = None
         self._rid = None
         self._timer = None
         self._candidates = deque(self.relays.order(stream))
@@ -857,6 +939,18 @@ class _ReadEngine:
         self._round.clear()
         self._oldest.clear()
         self._rounds = 0
+        self._store_read = None
+        self._store_asked_at = None
+        if from_store:
+            self._ask_store()
+
+    @property
+    def store_request(self) -> _StoreRead | None:
+        """The store read the driver should do now. Flow control as for relays: asked only
+        once the records read before were consumed."""
+        if self.records or self.error is not None:
+            return None
+        return self._store_read
 
     def next_wakeup(self) -> float | None:
         if self._rid is not None:
@@ -866,6 +960,8 @@ class _ReadEngine:
     def step(self, now: float, send: SendFn) -> None:
         # Flow control: nothing is asked while records wait to be consumed.
         if self.stream is None or self.error is not None or self.records:
+            return
+        if self._store_read is not None:  # the relays wait until the store was read
             return
         if self._rid is not None:
             if now < self._deadline:
@@ -922,15 +1018,27 @@ class _ReadEngine:
             return
         status = msg.status
         if status is ReadStatus.OK:
+            if self.last == -1 and msg.oldest > GENESIS_POINT and self.store_path is not None:
+                # From the beginning, a relay serves what it holds after its base (after a
+                # restart from the store's last point, or a rebase): the history before it
+                # must come from the store or another relay. (Without a store "earliest"
+                # means the oldest entry held, as it always did.)
+                self._cannot_serve(
+                    endpoint,
+                    msg.oldest,
+                    now,
+                    f"{endpoint}: its history starts after seq {msg.oldest}",
+                )
+                return
             self._good(endpoint)
             if self.last is None:
                 self.last = max(msg.committed, -1)
                 return
             assert stream is not None
             last = self.last
-            for seq, key, value, pid, pseq in msg.entries:
+            for seq, key, value, pid, pseq, kind in msg.entries:
                 if seq > last:  # never a seq at or below one already yielded
-                    self.records.append(Record(stream, seq, key, value, pid, pseq))
+                    self.records.append(Record(stream, seq, key, value, pid, pseq, kind))
                     last = seq
                 else:
                     self.stats["dropped_old_entries"] += 1
@@ -941,9 +1049,8 @@ class _ReadEngine:
         elif status is ReadStatus.UNKNOWN_STREAM:
             self.error = UnknownStream(f"stream {stream!r}: no relay serves it ({endpoint})")
         elif status is ReadStatus.OUT_OF_RANGE:
-            self.stats["out_of_range"] += 1
-            self._oldest[endpoint] = msg.oldest
-            self._leave(now, "out_of_range", f"{endpoint}: out_of_range (oldest {msg.oldest})")
+            note = f"{endpoint}: out_of_range (oldest {msg.oldest})"
+            self._cannot_serve(endpoint, msg.oldest, now, note)
         else:  # redirect, fenced, not_ready
             self.stats[status.value] += 1
             self._leave(now, status.value, f"{endpoint}: {status.value}", msg.redirect)
@@ -952,6 +1059,37 @@ class _ReadEngine:
         self.stats["disconnects"] += 1
         if self._rid is not None and endpoint == self.endpoint:
             self._leave(now, "disconnected", f"{endpoint}: connection lost")
+
+    def on_store_batch(self, batch: _StoreBatch) -> None:
+        """The driver's answer to `store_request`."""
+        if batch.request is not self._store_read:  # asked before a new subscribe
+            self.stats["stale_store_batches"] += 1
+            return
+        self._store_read = None
+        self.stats["store_reads"] += 1
+        self.store_end = batch.store_last
+        assert self.last is not None  # the store is asked only at a known position
+        self.records.extend(batch.records)  # each after the position: the reader's promise
+        self.stats["stored_records"] += len(batch.records)
+        last = batch.records[-1].seq if batch.records else self.last
+        if not batch.exhausted:
+            self.last = last
+            self._store_read = _StoreRead(last, refresh=False)
+            return
+        # Every stored record was read: the relays carry on after the store's last point.
+        # (Readers skip a duplicate there, as relays do, so no record may carry that seq.)
+        if batch.store_last is not None:
+            last = max(last, batch.store_last)
+        self.last = last
+        self.source = "relays"
+        if last > self._store_from:  # progress: every relay may serve the new position
+            self._rounds = 0
+            self._round.clear()
+            self._oldest.clear()
+            self._tried.clear()
+            assert self.stream is not None
+            self._candidates = deque(self.relays.order(self.stream))
+        # Otherwise the store could not serve the position either: the fail-over goes on.
 
     # --- fail-over --------------------------------------------------------------------
 
@@ -975,6 +1113,24 @@ class _ReadEngine:
         self._notes.append(note)
         _prepend(self._candidates, self.relays.redirect(redirect), self._tried)
 
+    def _cannot_serve(self, endpoint: str, oldest: int, now: float, note: str) -> None:
+        """`endpoint` holds nothing at or before the position (its history starts after
+        `oldest`): try the store, then the other relays."""
+        self.stats["out_of_range"] += 1
+        self._oldest[endpoint] = oldest
+        self._leave(now, "out_of_range", note)
+        self._ask_store()
+
+    def _ask_store(self) -> None:
+        """Ask the driver for the stored records after the position, unless there is no
+        store or it was asked at this position in this round already (one manifest
+        refresh per round is enough to notice an ingest)."""
+        if self.store_path is None or self.last is None or self._store_asked_at == self.last:
+            return
+        self._store_asked_at = self._store_from = self.last
+        self._store_read = _StoreRead(self.last, refresh=True)
+        self.source = "store"
+
     def _pick(self, now: float) -> str | None:
         if self._candidates:
             endpoint = self._candidates.popleft()
@@ -990,16 +1146,26 @@ class _ReadEngine:
             self.oldest_available = oldest
             self.error = OutOfRange(
                 f"stream {self.stream!r}: no relay still holds the entries after seq "
-                f"{self.last} ({'; '.join(self._notes)}); the oldest position that can be "
-                f"read is after seq {oldest} (subscribe with start={oldest} to resume there)"
+                f"{self.last} ({'; '.join(self._notes)}){self._store_text()}; the oldest "
+                f"position that can be read is after seq {oldest} (subscribe with "
+                f"start={oldest} to resume there)"
             )
             return None
         assert self.stream is not None
         self._candidates = deque(self.relays.order(self.stream))
         self._tried.clear()
         self._round.clear()
+        self._store_asked_at = None
         self._timer = now + _backoff(self._rounds)
         return None
+
+    def _store_text(self) -> str:
+        """For OutOfRange: where the store ends, if there is one."""
+        if self.store_path is None:
+            return ""
+        if self.store_end is None:
+            return f", and the store at {self.store_path} holds no records of the stream"
+        return f", and the store at {self.store_path} ends at seq {self.store_end}"
 
 
 # --- sockets -----------------------------------------------------------------------------
@@ -1295,15 +1461,23 @@ class Producer(_ProducerBase[_SyncLinks]):
 
     _links_type = _SyncLinks
 
-    def send(self, stream: str, value: bytes, key: bytes | None = None) -> int:
+    def send(
+        self, stream: str, value: bytes, key: bytes | None = None, *, kind: int = KIND_PLAIN
+    ) -> int:
         """Produce one transaction; return its committed sequence number. Raises
-        Rejected, UnknownStream, Unknown or Fenced (relay.errors)."""
+        Rejected, UnknownStream, Unknown or Fenced (relay.errors). `kind` says how the
+        value is read (0: a plain value, one change; see `send_changes`)."""
         self._check_open()
         _check_stream(stream)
         key, value = _check_tx(key, value)
-        op = self._engine.submit(stream, key, value)
+        op = self._engine.submit(stream, key, value, _check_kind(kind))
         self._run(lambda: op.done)
         return op.result()
+
+    def send_changes(self, stream: str, changes: Sequence[Change], key: bytes | None = None) -> int:
+        """Produce one transaction carrying a list of changes (puts and deletes of
+        (entity, key) values), applied together; InvalidChanges names a bad change."""
+        return self.send(stream, encode_changes(list(changes)), key, kind=KIND_CHANGES)
 
     @overload
     def send_many(
@@ -1420,24 +1594,33 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
         self._broken: Exception | None = None
         self._wakeup: asyncio.Future[None] | None = None
 
-    async def send(self, stream: str, value: bytes, key: bytes | None = None) -> int:
-        """Produce one transaction; return its committed sequence number. Raises
-        Rejected, UnknownStream, Unknown or Fenced (relay.errors)."""
-        return await (await self.send_async(stream, value, key))
+    async def send(
+        self, stream: str, value: bytes, key: bytes | None = None, *, kind: int = KIND_PLAIN
+    ) -> int:
+        """Like Producer.send."""
+        return await (await self.send_async(stream, value, key, kind=kind))
+
+    async def send_changes(
+        self, stream: str, changes: Sequence[Change], key: bytes | None = None
+    ) -> int:
+        """Like Producer.send_changes."""
+        value = encode_changes(list(changes))
+        return await self.send(stream, value, key, kind=KIND_CHANGES)
 
     async def send_async(
-        self, stream: str, value: bytes, key: bytes | None = None
+        self, stream: str, value: bytes, key: bytes | None = None, *, kind: int = KIND_PLAIN
     ) -> asyncio.Future[int]:
         """Wait for room in the window, start producing, and return a future of the
         committed sequence number (or of the error)."""
         self._check_open()
         _check_stream(stream)
         key, value = _check_tx(key, value)
+        _check_kind(kind)
         await self._slots.acquire()
         if self._closed or self._broken is not None:
             self._slots.release()
             raise RuntimeError("the producer is closed") from self._broken
-        op = self._engine.submit(stream, key, value)
+        op = self._engine.submit(stream, key, value, kind)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._futures[op] = future
         if self._pump_task is None:
@@ -1551,6 +1734,77 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
 # --- consumers ---------------------------------------------------------------------------
 
 
+class _StoreFeed:
+    """A consumer's reads of the persistent store (docs/store.md 5), done by its driver
+    when the engine asks (the engine does no I/O). Consecutive reads continue one
+    iterator instead of scanning the store again for every batch; the iterator and the
+    last point it runs to come from the same manifest, so once it is exhausted every
+    stored record up to that point was read."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from relay.store.reader import StoreReader
+        except ImportError as error:
+            raise ImportError(
+                f"reading the store at {path} needs pyarrow ({error}): install the store "
+                "extra (pip install 'relay[store]'), or pass store=False"
+            ) from error
+        self.path = path
+        self._reader: StoreReader = StoreReader(path)
+        self._records: Iterator[StoredRecord] | None = None  # the read being continued
+        self._stream = ""  # ... of this stream
+        self._after = -1  # ... which continues after this seq
+        self._last_seq = -1  # ... and ends at this seq (its manifest's last point)
+
+    def read(self, stream: str, request: _StoreRead, max_records: int) -> _StoreBatch:
+        records = self._records
+        if (
+            records is None
+            or request.refresh
+            or stream != self._stream
+            or request.after_seq != self._after
+        ):
+            if request.refresh:
+                self._reader.refresh()
+            point = self._reader.last_points().get(stream)
+            if point is None or point.seq <= request.after_seq:
+                self._records = None
+                return _StoreBatch(request, [], None if point is None else point.seq, True)
+            records = self._records = self._reader.records_after(stream, request.after_seq)
+            self._stream, self._last_seq = stream, point.seq
+        batch = [
+            Record(stream, r.seq, r.key, r.value, r.producer_id, r.producer_seq, r.kind)
+            for r in itertools.islice(records, max_records)
+        ]
+        exhausted = len(batch) < max_records or batch[-1].seq >= self._last_seq
+        self._after = batch[-1].seq if batch else request.after_seq
+        if exhausted:
+            self._records = None
+        return _StoreBatch(request, batch, self._last_seq, exhausted)
+
+    def snapshot(self, stream: str) -> StoredSnapshot | None:
+        """The latest snapshot of `stream` (None: none yet, or the stream is not stored)."""
+        self._reader.refresh()
+        try:
+            return self._reader.snapshot(stream)
+        except UnknownStoredStream:
+            return None
+
+
+def _open_store(store: StoreSource, config: MeshConfig | None) -> _StoreFeed | None:
+    """The store a consumer reads: `store` False none, a path that store, None the
+    topology's store_dir once a store was ingested there (it has a manifest folder)."""
+    if store is False:
+        return None
+    if store is None:
+        if config is None or not (config.store_dir / MANIFEST_DIR).is_dir():
+            return None
+        return _StoreFeed(config.store_dir)
+    if isinstance(store, bool) or not isinstance(store, str | os.PathLike):
+        raise TypeError(f"store must be a path, None or False, got {store!r}")
+    return _StoreFeed(Path(store))
+
+
 class _ConsumerBase(Generic[_L]):
     _links_type: type[_L]  # the sync or the asyncio way of talking to relays
 
@@ -1565,6 +1819,7 @@ class _ConsumerBase(Generic[_L]):
         timeout_s: float | None = None,
         count: int | None = None,
         connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+        store: StoreSource = None,
     ) -> None:
         _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
         _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
@@ -1575,6 +1830,8 @@ class _ConsumerBase(Generic[_L]):
         if count is not None:
             _check_range("count", count, 0)
         self._relays = _Relays(relays, topology)
+        self._store = _open_store(store, self._relays.config)
+        self._snapshot: StoredSnapshot | None = None
         self._timeout_s = timeout_s
         self._count = count
         self._yielded = 0
@@ -1586,14 +1843,33 @@ class _ConsumerBase(Generic[_L]):
             request_timeout_s=request_timeout_s,
             connect_grace_s=connect_grace_s,
             now=time.monotonic(),
+            store_path=None if self._store is None else str(self._store.path),
         )
         self._links: _L = self._links_type(self._relays.endpoints)
 
     def _subscribe(self, stream: str, start: Start) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        self._engine.subscribe(stream, start)
+        snapshot = None
+        if start == "snapshot":
+            if self._store is None:
+                raise ValueError(
+                    "start='snapshot' needs a store: pass store=path, or a topology whose "
+                    "store_dir holds one (relay store ingest)"
+                )
+            snapshot = self._store.snapshot(_check_stream(stream))
+        if snapshot is None:
+            self._engine.subscribe(stream, start)
+        else:  # the records after the snapshot: the store's first, then the relays'
+            self._engine.subscribe(stream, snapshot.seq, from_store=True)
+        self._snapshot = snapshot
         self._yielded = 0
+
+    def _store_reading(self, request: _StoreRead) -> Callable[[], _StoreBatch]:
+        """The store read the engine asked for, to run (it blocks) here or in a thread."""
+        stream = self._engine.stream
+        assert self._store is not None and stream is not None  # asked only with a store
+        return functools.partial(self._store.read, stream, request, self._engine.max_batch)
 
     @property
     def stream(self) -> str | None:
@@ -1607,8 +1883,20 @@ class _ConsumerBase(Generic[_L]):
 
     @property
     def endpoint(self) -> str | None:
-        """The relay being read from (None between relays)."""
+        """The relay being read from (None between relays, and while reading the store)."""
         return self._engine.endpoint
+
+    @property
+    def source(self) -> Source:
+        """Where the records come from now: "store" or "relays"."""
+        return self._engine.source
+
+    @property
+    def snapshot(self) -> StoredSnapshot | None:
+        """After subscribe(stream, "snapshot"): the snapshot loaded (seq, digest, rows: a
+        pyarrow Table of entity, key, value, seq); the records yielded are those after its
+        seq. None for other starts, or when the stream had no snapshot yet."""
+        return self._snapshot
 
     @property
     def oldest_available(self) -> int | None:
@@ -1617,7 +1905,8 @@ class _ConsumerBase(Generic[_L]):
 
     @property
     def stats(self) -> Counter[str]:
-        """Counters: reads, failovers, timeouts, unreachable, fenced, redirect, ..."""
+        """Counters: reads, failovers, timeouts, unreachable, fenced, redirect,
+        out_of_range, store_reads, stored_records (yielded from the store), ..."""
         return self._engine.stats
 
     def _take(self) -> Record | None:
@@ -1639,16 +1928,21 @@ class _ConsumerBase(Generic[_L]):
 class Consumer(_ConsumerBase[_SyncLinks]):
     """A synchronous consumer of one stream: `subscribe`, then iterate over `Record`s.
 
-    Iteration ends after `count` records (counted from the last `subscribe`), or when one
-    `next()` waited `timeout_s` seconds without a record (both optional; by default it
-    waits forever). Errors: UnknownStream, OutOfRange (see `oldest_available`), Rejected
-    (a relay refused the request frame)."""
+    `store`: the persistent store that serves the history the relays no longer hold (a
+    path; by default the topology's store_dir if a store was ingested there; False:
+    never). Iteration ends after `count` records (counted from the last `subscribe`), or
+    when one `next()` waited `timeout_s` seconds without a record (both optional; by
+    default it waits forever). Errors: UnknownStream, OutOfRange (see
+    `oldest_available`), Rejected (a relay refused the request frame), StoreError (the
+    store is unreadable)."""
 
     _links_type = _SyncLinks
 
     def subscribe(self, stream: str, start: Start = "earliest") -> Consumer:
-        """Read `stream` from `start`: "earliest" (the oldest entry held), "latest" (what
-        commits from now on) or a position (a seq: records after it)."""
+        """Read `stream` from `start`: "earliest" (the whole history, the store's first),
+        "latest" (what commits from now on), a position (a seq: records after it), or
+        "snapshot" (the latest stored snapshot, see `snapshot`, then the records after
+        it; ValueError without a store)."""
         self._subscribe(stream, start)
         return self
 
@@ -1664,6 +1958,10 @@ class Consumer(_ConsumerBase[_SyncLinks]):
             record = self._take()
             if record is not None:
                 return record
+            request = engine.store_request
+            if request is not None:
+                engine.on_store_batch(self._store_reading(request)())
+                continue
             now = time.monotonic()
             engine.step(now, links.send)
             if engine.records or engine.error is not None:
@@ -1692,12 +1990,17 @@ class Consumer(_ConsumerBase[_SyncLinks]):
 
 
 class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
-    """The asyncio consumer: `subscribe`, then `async for record in consumer`."""
+    """The asyncio consumer: `subscribe`, then `async for record in consumer`. Store reads
+    run in a worker thread, so they do not hold up the event loop."""
 
     _links_type = _AsyncLinks
+    # A store read under way in its thread (it cannot be cancelled): awaited again by the
+    # next __anext__ when the one that started it was cancelled, so the store is never
+    # read by two threads at once.
+    _store_read_under_way: asyncio.Future[_StoreBatch] | None = None
 
     def subscribe(self, stream: str, start: Start = "earliest") -> AsyncConsumer:
-        """Like Consumer.subscribe."""
+        """Like Consumer.subscribe (reading a snapshot blocks while it loads)."""
         self._subscribe(stream, start)
         return self
 
@@ -1713,6 +2016,10 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
             record = self._take()
             if record is not None:
                 return record
+            request = engine.store_request
+            if request is not None or self._store_read_under_way is not None:
+                await self._read_store_in_thread(request)
+                continue
             now = time.monotonic()
             engine.step(now, links.send)
             if engine.records or engine.error is not None:
@@ -1722,6 +2029,19 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
             wake = engine.next_wakeup()
             limits = [t - now for t in (wake, deadline) if t is not None]
             await links.wait(engine, max(0.0, min(limits)) if limits else None)
+
+    async def _read_store_in_thread(self, request: _StoreRead | None) -> None:
+        reading = self._store_read_under_way
+        if reading is None:
+            assert request is not None
+            reading = asyncio.ensure_future(asyncio.to_thread(self._store_reading(request)))
+            self._store_read_under_way = reading
+        try:
+            batch = await asyncio.shield(reading)
+        finally:
+            if reading.done():
+                self._store_read_under_way = None
+        self._engine.on_store_batch(batch)  # a read begun before a new subscribe is dropped
 
     async def close(self) -> None:
         if not self._closed:

@@ -489,9 +489,11 @@ def write_loopback_topology(
     subscriptions: Mapping[int, Sequence[str]],
     declared: Sequence[str] = (),
     limits: Mapping[str, int] | None = None,
+    spool: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `directory/topology.yaml`: relay id -> its subscriptions, every relay on free
-    ports of 127.0.0.1, the declared streams, optional limits, data under `directory`.
+    ports of 127.0.0.1, the declared streams, optional limits and spool settings, data
+    under `directory`.
     For tests and benchmarks that must not collide with a running mesh."""
     directory.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2 * len(subscriptions))
@@ -511,6 +513,8 @@ def write_loopback_topology(
     }
     if limits:
         doc["limits"] = dict(limits)
+    if spool is not None:
+        doc["spool"] = dict(spool)
     path = directory / "topology.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path

@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +63,11 @@ from relay.core.messages import (
 )
 from relay.core.relay import RelayCore
 from relay.core.seq import EPOCH_MS
+from relay.core.timeline import CommittedRecord
 from relay.errors import FrameError, MalformedFrame
 
 if TYPE_CHECKING:
+    from relay.spool import Spool, SpoolRecord
     from relay.topology import MeshConfig
 
 log = logging.getLogger("relay.node")
@@ -82,6 +84,7 @@ MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
 STATE_LOG_MS = 100  # how often joined/fenced transitions are looked for (and GC tended)
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
+SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
 
 
 def stream_topic(stream: str) -> bytes:
@@ -309,6 +312,9 @@ class RelayNode:
         self._last_tick = -1
         self._bad_logged: dict[str, int] = {}
         self._sockets: _Sockets | None = None
+        self._spool: Spool | None = None
+        self._spool_cursor: dict[str, int] = {}  # stream -> last seq handed to the spool
+        self._seed_from_history()
 
     # --- public -------------------------------------------------------------------------
 
@@ -330,6 +336,9 @@ class RelayNode:
             "parked_reads": self._parked_count,
             "counters": dict(self.counters),
         }
+        if self._spool is not None:
+            spooled = self._spool.status()
+            status["spool"] = {name: getattr(spooled, name) for name in type(spooled).__slots__}
         return status
 
     async def run(self) -> None:
@@ -353,6 +362,7 @@ class RelayNode:
                 self.spec.client_endpoint,
                 sorted(r for r in self.config.relays if r != self.id),
             )
+            self._open_spool()
             self._running = True
             await self._loop(self._sockets)
         finally:
@@ -360,8 +370,95 @@ class RelayNode:
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._shutdown()
+            self._close_spool()
             ctx.term()
             log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
+
+    # --- history: the store and the spool ---------------------------------------------
+
+    def _seed_from_history(self) -> None:
+        """Tell the core where durable history ends (the store's last points, and this
+        relay's own spool, which may be further on): should the mesh start with no relay
+        holding a stream, it carries on from there instead of from the genesis."""
+        from relay.store.errors import StoreError
+        from relay.store.manifest import load_manifest
+
+        points: dict[str, tuple[int, bytes]] = {}
+        try:
+            manifest = load_manifest(self.config.store_dir)
+        except StoreError as error:
+            log.error("relay=%d store unreadable, not seeding from it: %s", self.id, error)
+        else:
+            for stream, state in manifest.streams.items():
+                digest = state.last_digest_bytes
+                if state.records and digest is not None:
+                    points[stream] = (state.last_seq, digest)
+        if self.config.spool.enabled:
+            from relay.spool import last_spooled_points
+
+            for stream, point in last_spooled_points(self.config.spool_dir, self.id).items():
+                if point[0] > points.get(stream, (-1, b""))[0]:
+                    points[stream] = point
+        for stream, (seq, digest) in sorted(points.items()):
+            try:
+                seeded = self.core.seed(stream, seq, digest)
+            except ValueError as error:
+                log.error("relay=%d stream=%s bad stored point: %s", self.id, stream, error)
+                continue
+            if seeded:
+                self.counters["seeded_streams"] += 1
+                log.info("relay=%d stream=%s history ends at seq %d", self.id, stream, seq)
+
+    def _open_spool(self) -> None:
+        settings = self.config.spool
+        if not settings.enabled:
+            return
+        from relay.spool import Spool
+
+        self._spool = Spool(
+            self.config.spool_dir,
+            self.id,
+            segment_max_bytes=settings.segment_max_bytes,
+            segment_max_age_ms=settings.segment_max_age_ms,
+            disk_max_bytes=settings.disk_max_bytes,
+            store_dir=self.config.store_dir,
+        )
+        log.info("relay=%d spooling to %s", self.id, self._spool.root)
+
+    def _feed_spool(self, streams: Iterable[str]) -> None:
+        """Hand the committed records of `streams` not yet spooled to the spool (which
+        never blocks: its writer thread does the disk)."""
+        spool = self._spool
+        assert spool is not None
+        for stream in streams:
+            cursor = self._spool_cursor.get(stream, -1)
+            while True:
+                base, _, records = self.core.committed_records(stream, cursor, SPOOL_PULL_MAX)
+                if cursor < base:
+                    if stream in self._spool_cursor:
+                        # Evicted or rebased before we took it: this relay's spool has a
+                        # gap there, which the other relays' spools cover.
+                        self.counters["spool_gaps"] += 1
+                        self._warn("spool_gaps", "relay=%d stream=%s spool gap", self.id, stream)
+                    cursor = base
+                if not records:
+                    break
+                spool.append(stream, [_spool_record(record) for record in records])
+                cursor = records[-1][0]
+                if len(records) < SPOOL_PULL_MAX:
+                    break
+            self._spool_cursor[stream] = cursor
+
+    def _close_spool(self) -> None:
+        spool = self._spool
+        if spool is None:
+            return
+        try:
+            self._feed_spool(set(self.core.streams))
+        finally:
+            self._spool = None
+            spool.close()
+        log.info("relay=%d spool closed: %s", self.id, spool.status())
 
     # --- sockets ------------------------------------------------------------------------
 
@@ -475,6 +572,8 @@ class RelayNode:
             self._watch_streams(socks)
             if self.manage_gc:
                 self._tend_gc(mono)
+            if self._spool is not None:
+                self._spool.tick(mono)
 
     def _received(self, sock: zmq.Socket[Any], side: str) -> Iterator[list[bytes]]:
         """The messages waiting on `sock`, at most DRAIN_MAX per turn; counted as
@@ -571,7 +670,7 @@ class RelayNode:
         first = self._next_core_id
         if not self.config.members(req.stream):
             self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
-        tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value)
+        tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value, req.kind)
         self._produce(socks, envelope, req.request_id, req.stream, tx, False, now, mono)
         self._track_produces(first, mono)
 
@@ -587,12 +686,12 @@ class RelayNode:
         first = self._next_core_id
         producer_id = req.producer_id
         checked = ""  # the items of a batch mostly share one stream: look it up once
-        for item_id, stream, producer_seq, key, value in req.items:
+        for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
                 if not self.config.members(stream):
                     self.counters["client_unknown_stream"] += 1
-            tx = Transaction(producer_id, producer_seq, key, value)
+            tx = Transaction(producer_id, producer_seq, key, value, kind)
             self._produce(socks, envelope, item_id, stream, tx, True, now, mono)
         self._track_produces(first, mono)
 
@@ -710,7 +809,8 @@ class RelayNode:
         self, socks: _Sockets, envelope: list[bytes], req: wire.ReadReq, result: ReadResult
     ) -> None:
         entries = tuple(
-            (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq) for seq, tx in result.entries
+            (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq, tx.kind)
+            for seq, tx in result.entries
         )
         self.counters["read_entries"] += len(entries)
         resp = wire.ReadResp(
@@ -786,6 +886,9 @@ class RelayNode:
                     len(delivery.entries),
                 )
             self._wake_reads(socks, delivery.stream)
+        if self._spool is not None and (ready.deliveries or ready.rebases):
+            due = {d.stream for d in ready.deliveries}
+            self._feed_spool(due.union(stream for stream, _ in ready.rebases))
 
     def _publish(self, socks: _Sockets, out: Outgoing) -> None:
         if out.stream is not None:
@@ -899,6 +1002,11 @@ class RelayNode:
         if now - self._bad_logged.get(kind, -BAD_FRAME_LOG_MS) >= BAD_FRAME_LOG_MS:
             self._bad_logged[kind] = now
             log.warning(message + " [%s: %d so far]", *args, kind, self.counters[kind])
+
+
+def _spool_record(record: CommittedRecord) -> SpoolRecord:
+    seq, digest, tx, duplicate = record
+    return (seq, digest, tx.producer_id, tx.producer_seq, tx.key, tx.value, tx.kind, duplicate)
 
 
 # --- command line ------------------------------------------------------------------------

@@ -17,6 +17,13 @@ all of them. Restarting the relay starts the stream again.
 
 Memory: at most `queue_max_batches` batches wait in the queue, and each stream's open
 segment holds at most `segment_max_bytes` (estimated from the records' sizes).
+
+Disk: given the store (`store_dir`), the writer removes this relay's segments that the
+store lists as ingested, every RECLAIM_INTERVAL_MS and before it gives up on the disk
+budget; so a mesh whose store is ingested regularly keeps its spools small.
+
+`last_spooled_points` reads where a relay's spool ends, stream by stream: with the store's
+last points, what a relay restarting without history continues from (RelayCore.seed).
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ from pathlib import Path
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from relay.store.errors import StoreError
 from relay.store.layout import (
     SEGMENT_SCHEMA,
+    find_segments,
     segment_name,
     stream_dir_name,
     to_signed64,
 )
+from relay.store.manifest import load_manifest
 
 log = logging.getLogger("relay.spool")
 
@@ -55,11 +65,13 @@ RECORD_OVERHEAD_BYTES = 48
 # Parquet settings chosen by measurement (docs/store.md, "Segment format").
 SEGMENT_COMPRESSION = "zstd"
 CLOSE_TIMEOUT_S = 60.0
+RECLAIM_INTERVAL_MS = 10_000  # how often ingested segments are looked for and removed
 
 
 @dataclass(slots=True)
 class SpoolStatus:
     segments_written: int = 0
+    segments_reclaimed: int = 0  # removed once the store had ingested them
     bytes_written: int = 0
     records_written: int = 0
     records_dropped: int = 0
@@ -98,6 +110,7 @@ class Spool:
         segment_max_age_ms: int = DEFAULT_SEGMENT_MAX_AGE_MS,
         disk_max_bytes: int = DEFAULT_DISK_MAX_BYTES,
         queue_max_batches: int = DEFAULT_QUEUE_MAX_BATCHES,
+        store_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         for name, value in (
             ("segment_max_bytes", segment_max_bytes),
@@ -113,6 +126,7 @@ class Spool:
         self.segment_max_bytes = segment_max_bytes
         self.segment_max_age_ms = segment_max_age_ms
         self.disk_max_bytes = disk_max_bytes
+        self.store_dir = None if store_dir is None else Path(store_dir)
         self._queue: queue.Queue[tuple[str, Sequence[SpoolRecord]] | int | _Close] = queue.Queue(
             maxsize=queue_max_batches
         )
@@ -123,6 +137,7 @@ class Spool:
         self._open: dict[str, _OpenSegment] = {}
         self._writer_stopped: set[str] = set()  # streams the writer gave up on
         self._now_ms = 0
+        self._reclaimed_ms: int | None = None  # when ingested segments were last removed
         self._disk_used_bytes = self._scan_disk_bytes()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"spool-{relay_id}", daemon=True)
@@ -219,6 +234,12 @@ class Spool:
                 for stream, segment in list(self._open.items()):
                     if self._now_ms - segment.opened_ms >= self.segment_max_age_ms:
                         self._write_segment(stream)
+                if (
+                    self._reclaimed_ms is None
+                    or self._now_ms - self._reclaimed_ms >= RECLAIM_INTERVAL_MS
+                ):
+                    self._reclaimed_ms = self._now_ms
+                    self._reclaim()
                 continue
             stream, records = item
             try:
@@ -264,7 +285,9 @@ class Spool:
             return
         count = len(segment.seqs)
         if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
-            # The estimate says no; segments may have been removed since: count again.
+            # The estimate says no; the store may have ingested segments, or segments
+            # been removed by hand, since: reclaim and count again.
+            self._reclaim()
             self._disk_used_bytes = self._scan_disk_bytes()
             if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
                 self._writer_stopped.add(stream)
@@ -312,6 +335,36 @@ class Spool:
             self._status.bytes_written += size_bytes
             self._status.records_written += count
 
+    def _reclaim(self) -> None:
+        """Remove this relay's segments that the store lists as ingested."""
+        if self.store_dir is None:
+            return
+        try:
+            manifest = load_manifest(self.store_dir)
+        except StoreError as error:
+            log.warning("spool of relay %d: cannot read the store: %s", self.relay_id, error)
+            return
+        removed = freed = 0
+        for segment in find_segments(self.root.parent):
+            state = manifest.streams.get(segment.stream)
+            if segment.relay != self.relay_id or state is None:
+                continue
+            if segment.ident in state.segments:
+                with contextlib.suppress(OSError):
+                    os.unlink(segment.path)
+                    removed += 1
+                    freed += segment.size_bytes
+        if removed:
+            self._disk_used_bytes = max(0, self._disk_used_bytes - freed)
+            with self._lock:
+                self._status.segments_reclaimed += removed
+            log.info(
+                "spool of relay %d: removed %d ingested segments (%d bytes)",
+                self.relay_id,
+                removed,
+                freed,
+            )
+
     def _scan_disk_bytes(self) -> int:
         total = 0
         for directory, _subdirs, files in os.walk(self.root):
@@ -334,3 +387,24 @@ def write_segment_file(table: pa.Table, path: str | os.PathLike[str]) -> None:
         )
         sink.flush()
         os.fsync(sink.fileno())
+
+
+def last_spooled_points(
+    directory: str | os.PathLike[str], relay_id: int
+) -> dict[str, tuple[int, bytes]]:
+    """Per stream, the (seq, digest) of the last record in `relay_id`'s spool under
+    `directory`; a segment that cannot be read is skipped (logged)."""
+    last: dict[str, tuple[int, str]] = {}  # stream -> (last seq, path)
+    for segment in find_segments(directory):
+        if segment.relay == relay_id and segment.last_seq > last.get(segment.stream, (-1, ""))[0]:
+            last[segment.stream] = (segment.last_seq, segment.path)
+    points: dict[str, tuple[int, bytes]] = {}
+    for stream, (seq, path) in last.items():
+        try:
+            table = pq.read_table(path, columns=["seq", "digest"])
+        except (OSError, pa.ArrowException) as error:
+            log.warning("spool segment %s unreadable, not used: %s", path, error)
+            continue
+        if table.num_rows and table.column("seq")[-1].as_py() == seq:
+            points[stream] = (seq, table.column("digest")[-1].as_py())
+    return points

@@ -9,10 +9,12 @@ echoed in the answer, so a client may keep many requests in flight on one socket
 
 Requests (client -> relay) and their answers:
 
-    ProduceReq  [1, request_id, stream, producer_id, producer_seq, key, value]
+    ProduceReq  [1, request_id, stream, producer_id, producer_seq, key, value, kind]
         Produce one transaction. stream: str, 1..255 UTF-8 bytes, no NUL or '|';
         producer_id: bin 1..64 bytes; producer_seq: int 0..2**64-1 (retrying with the same
-        producer_id and producer_seq never creates a duplicate); key: nil or bin; value: bin.
+        producer_id and producer_seq never creates a duplicate); key: nil or bin; value: bin;
+        kind: int 0..255, how the value is read (0 a plain value, 1 a change list: see
+        docs/store.md; part of the transaction's hash).
     ProduceResp [2, request_id, outcome, seq, reason, redirect]
         outcome: "committed" (seq is the committed sequence number), "rejected" (reason:
         "late", "unknown_stream", "too_large", "buffer_full", "invalid"), "fenced" (try a
@@ -31,14 +33,14 @@ Requests (client -> relay) and their answers:
         "fenced" (it cannot reach a quorum: try redirect), "not_ready" (still joining),
         "out_of_range" (after_seq is older than what the relay holds: resume at `oldest`),
         "unknown_stream" (no relay serves it). entries: array of
-        [seq, key, value, producer_id, producer_seq], ascending seq, no gaps in the committed
+        [seq, key, value, producer_id, producer_seq, kind], ascending seq, no gaps in the committed
         timeline, duplicates removed. oldest: the lowest after_seq still readable (-1 if
         unknown); committed: the relay's committed point for the stream (-1 if unknown).
 
     ProduceBatchReq  [8, request_id, producer_id, items]
         Produce many transactions of one producer in one frame. items: array of
         1..MAX_BATCH_ITEMS (and at most the relay's limits.max_batch_entries)
-        [item_id, stream, producer_seq, key, value]; item_id: int 0..2**63-1, chosen by the
+        [item_id, stream, producer_seq, key, value, kind]; item_id: int 0..2**63-1, chosen by the
         client like a request id (unique among its requests in flight); the other fields
         as in ProduceReq. Every item is produced on its own, exactly as a ProduceReq would
         be: each gets its own result, in a ProduceBatchResp. A frame with any bad field is
@@ -79,6 +81,7 @@ import msgpack
 
 from relay.core import codec
 from relay.core.config import Limits
+from relay.core.fields import MAX_TX_KIND
 from relay.core.fields import array as _array
 from relay.core.fields import bad as _bad
 from relay.core.fields import enum as _enum
@@ -125,7 +128,7 @@ MAX_BATCH_ITEMS = 65_536
 # (array header, type code, request id, producer id of up to 64 bytes, items header) and
 # one item's (array header, item id, stream header, producer seq, key and value headers).
 BATCH_FRAME_OVERHEAD_BYTES = 128
-BATCH_ITEM_OVERHEAD_BYTES = 32
+BATCH_ITEM_OVERHEAD_BYTES = 40
 
 
 def request_frame_limit(limits: Limits) -> int:
@@ -139,10 +142,10 @@ def batch_item_bytes(stream: str, key: bytes | None, value: bytes) -> int:
     return len(stream.encode()) + key_bytes + len(value) + BATCH_ITEM_OVERHEAD_BYTES
 
 
-# (seq, key, value, producer_id, producer_seq)
-WireEntry = tuple[int, bytes | None, bytes, bytes, int]
-# (item_id, stream, producer_seq, key, value): one transaction of a ProduceBatchReq
-BatchItem = tuple[int, str, int, bytes | None, bytes]
+# (seq, key, value, producer_id, producer_seq, kind)
+WireEntry = tuple[int, bytes | None, bytes, bytes, int, int]
+# (item_id, stream, producer_seq, key, value, kind): one transaction of a ProduceBatchReq
+BatchItem = tuple[int, str, int, bytes | None, bytes, int]
 # (item_id, outcome, seq, reason, redirect): one result of a ProduceBatchResp
 BatchResult = tuple[int, Outcome, int, str, tuple[int, ...]]
 
@@ -155,6 +158,7 @@ class ProduceReq:
     producer_seq: int
     key: bytes | None
     value: bytes
+    kind: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +260,7 @@ def encode(msg: ClientMessage) -> bytes:
             msg.producer_seq,
             msg.key,
             msg.value,
+            msg.kind,
         )
     elif isinstance(msg, ProduceBatchReq):
         body = (8, msg.request_id, msg.producer_id, msg.items)
@@ -335,11 +340,15 @@ _OUTCOMES = {o.value: o for o in Outcome}
 _READ_STATUSES = {s.value: s for s in ReadStatus}
 
 
+def _kind(v: Any, name: str) -> int:
+    return _int(v, name, 0, MAX_TX_KIND)
+
+
 def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:
     out: list[WireEntry] = []
     for i, raw in enumerate(_array(v, name)):
         at = f"{name}[{i}]"
-        seq, key, value, pid, pseq = _array(raw, at, 5)
+        seq, key, value, pid, pseq, kind = _array(raw, at, 6)
         out.append(
             (
                 _u63(seq, at + ".seq"),
@@ -347,6 +356,7 @@ def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:
                 _bytes(value, at + ".value"),
                 _producer_id(pid, at + ".producer_id"),
                 _int(pseq, at + ".producer_seq", 0, MAX_U64),
+                _kind(kind, at + ".kind"),
             )
         )
     return tuple(out)
@@ -360,6 +370,7 @@ def _dec_produce_req(a: list[Any]) -> ProduceReq:
         _int(a[4], "ProduceReq.producer_seq", 0, MAX_U64),
         _key(a[5], "ProduceReq.key"),
         _bytes(a[6], "ProduceReq.value"),
+        _kind(a[7], "ProduceReq.kind"),
     )
 
 
@@ -389,13 +400,14 @@ def _is_stream(v: str) -> bool:
 
 
 def _batch_item(raw: Any, at: str) -> BatchItem:
-    item_id, stream, producer_seq, key, value = _array(raw, at, 5)
+    item_id, stream, producer_seq, key, value, kind = _array(raw, at, 6)
     return (
         _u63(item_id, at + ".item_id"),
         _stream(stream, at + ".stream"),
         _int(producer_seq, at + ".producer_seq", 0, MAX_U64),
         _key(key, at + ".key"),
         _bytes(value, at + ".value"),
+        _kind(kind, at + ".kind"),
     )
 
 
@@ -409,8 +421,8 @@ def _dec_produce_batch_req(a: list[Any]) -> ProduceBatchReq:
     for i, raw in enumerate(raw_items):
         # The common, valid case is checked inline (this runs per transaction); anything
         # else goes through the named validators, which say what was wrong.
-        if type(raw) is list and len(raw) == 5:
-            item_id, stream, producer_seq, key, value = raw
+        if type(raw) is list and len(raw) == 6:
+            item_id, stream, producer_seq, key, value, kind = raw
             if (
                 type(item_id) is int
                 and 0 <= item_id <= MAX_U63
@@ -418,11 +430,13 @@ def _dec_produce_batch_req(a: list[Any]) -> ProduceBatchReq:
                 and 0 <= producer_seq <= MAX_U64
                 and (key is None or type(key) is bytes)
                 and type(value) is bytes
+                and type(kind) is int
+                and 0 <= kind <= MAX_TX_KIND
                 and type(stream) is str
                 and (stream == valid_stream or _is_stream(stream))
             ):
                 valid_stream = stream
-                append((item_id, stream, producer_seq, key, value))
+                append((item_id, stream, producer_seq, key, value, kind))
                 continue
         append(_batch_item(raw, f"ProduceBatchReq.items[{i}]"))
     return ProduceBatchReq(request_id, producer_id, tuple(items))
@@ -505,7 +519,7 @@ def _dec_error_resp(a: list[Any]) -> ErrorResp:
 
 # type code -> (name, array length including the code, decoder)
 _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
-    1: ("ProduceReq", 7, _dec_produce_req),
+    1: ("ProduceReq", 8, _dec_produce_req),
     2: ("ProduceResp", 6, _dec_produce_resp),
     3: ("ReadReq", 6, _dec_read_req),
     4: ("ReadResp", 7, _dec_read_resp),

@@ -1,17 +1,23 @@
-"""The main job: a round trip through a real local relay mesh.
+"""The main job: a round trip through a real local relay mesh, and through its store.
 
     .venv/bin/python scripts/main_job.py [--count N] [--config FILE]
 
-Starts every relay of the topology (default config/topology.yaml: 3 relays on 127.0.0.1)
-as child processes, produces N transactions (default 1000) to stream `orders.eu` through
-the first relay serving it with a pipelined Producer, reads them back from another relay
-with a Consumer from `earliest`, and checks that every committed seq came back exactly once,
-in ascending order, with its key and value. Prints a short summary. The mesh is always
-stopped before the job ends.
+1. Starts every relay of the topology (default config/topology.yaml: 3 relays on
+   127.0.0.1) as child processes, produces N transactions (default 1000) to stream
+   `orders.eu` through the first relay serving it with a pipelined Producer, reads them
+   back from another relay with a Consumer from `earliest`, and checks that every
+   committed seq came back exactly once, in ascending order, with its key and value.
+2. When the topology spools (`spool: enabled`), stops the mesh (the relays write their
+   spools), runs `relay store ingest` and `relay store snapshot` (Spark), starts the mesh
+   again (empty buffers: the relays carry on from the store's last point), produces N more,
+   and reads the stream from `earliest` with a Consumer: the store's history first, then
+   the relays, and checks that both batches came back once and in order across the
+   handover, after everything stored before.
+Prints a short summary. The mesh is always stopped before the job ends.
 
 Exit codes: 0 on success, 1 if a transaction did not commit or the read-back does not match,
 2 for a usage or configuration error, 3 if the mesh could not start (e.g. a port is in use),
-130 if interrupted.
+4 if a `relay store` command failed, 130 if interrupted.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,9 +48,10 @@ DEFAULT_COUNT = 1000
 START_TIMEOUT_S = 20.0  # for every relay to come up
 READ_IDLE_S = 0.5  # the consumer's wait for a record before checking whether it is done
 READ_TIMEOUT_S = 30.0  # for the whole read-back
+STORE_JOB_TIMEOUT_S = 600.0  # one `relay store` command (Spark starts a JVM)
 SHOW_PROBLEMS = 5  # problems printed of each kind
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MESH, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MESH, EXIT_STORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -141,6 +149,7 @@ class ReadBack:
     elapsed_s: float = 0.0
     endpoint: str | None = None
     failovers: int = 0
+    from_store: int = 0  # records read from the store before the relays took over
 
 
 def message(i: int) -> tuple[bytes, bytes]:
@@ -148,9 +157,12 @@ def message(i: int) -> tuple[bytes, bytes]:
     return f"customer-{i % 97}".encode(), f"order {i:06d}: 1 x widget".encode()
 
 
-def produce(config: MeshConfig, relay_id: int, count: int) -> tuple[Produced, bytes]:
+def produce(
+    config: MeshConfig, relay_id: int, count: int, first: int = 0
+) -> tuple[Produced, bytes]:
+    """Messages first..first+count-1; `committed` maps each seq to its message number."""
     out = Produced()
-    items = [message(i) for i in range(count)]
+    items = [message(i) for i in range(first, first + count)]
     started = time.monotonic()
     with Producer(relays=relays_first(config, relay_id, STREAM)) as producer:
         results = producer.send_many(STREAM, items, return_exceptions=True)
@@ -165,20 +177,31 @@ def produce(config: MeshConfig, relay_id: int, count: int) -> tuple[Produced, by
                 f"messages {out.committed[result]} and {i} both committed as seq {result}"
             )
         else:
-            out.committed[result] = i
+            out.committed[result] = first + i
     return out, producer_id
 
 
 def read_back(
-    config: MeshConfig, relay_id: int, producer_id: bytes, produced: Produced
+    config: MeshConfig,
+    relay_id: int,
+    producer_ids: tuple[bytes, ...],
+    produced: Produced,
+    *,
+    use_store: bool = False,
 ) -> ReadBack:
+    """Read STREAM from `earliest` (with the store when `use_store`) until every seq of
+    `produced` came back or READ_TIMEOUT_S passed; check order, uniqueness and content."""
     out = ReadBack()
     want = produced.committed
     seen: dict[int, int] = {}  # seq -> times read
     started = time.monotonic()
     deadline = started + READ_TIMEOUT_S
     last: int | None = None
-    consumer = Consumer(relays=relays_first(config, relay_id, STREAM), timeout_s=READ_IDLE_S)
+    consumer = Consumer(
+        relays=relays_first(config, relay_id, STREAM),
+        timeout_s=READ_IDLE_S,
+        store=config.store_dir if use_store else False,
+    )
     with consumer.subscribe(STREAM, "earliest"):
         while True:
             record = next(consumer, None)
@@ -186,14 +209,15 @@ def read_back(
                 if len(seen) >= len(want) or time.monotonic() >= deadline:
                     break
                 continue
-            if record.producer_id != producer_id:
+            if last is not None and record.seq <= last:
+                out.problems.append(f"seq {record.seq} came after seq {last}")
+            if record.producer_id not in producer_ids:
                 out.others += 1
+                last = record.seq
                 continue
             seq = record.seq
             out.seqs.append(seq)
             seen[seq] = seen.get(seq, 0) + 1
-            if last is not None and seq <= last:
-                out.problems.append(f"seq {seq} came after seq {last}")
             last = seq
             if seq not in want:
                 out.problems.append(f"seq {seq} was read but never reported committed")
@@ -205,6 +229,7 @@ def read_back(
                 break
         out.endpoint = consumer.endpoint
         out.failovers = consumer.stats["failovers"]
+        out.from_store = consumer.stats["stored_records"]
     out.elapsed_s = time.monotonic() - started
     missing = sorted(set(want) - set(seen))
     if missing:
@@ -245,52 +270,134 @@ def show(title: str, problems: list[str]) -> None:
     sys.stderr.flush()
 
 
+def start_mesh(config_path: Path, log_dir: Path) -> Mesh | None:
+    mesh = Mesh(config_path, log_level="warning", log_dir=log_dir, die_with_parent=True)
+    started = time.monotonic()
+    try:
+        mesh.start(START_TIMEOUT_S)
+    except MeshError as e:
+        fail(f"the mesh did not start: {e}")
+        if "in use" in str(e):  # taken between the check and the start
+            explain_busy_ports(config_path, [])
+        return None
+    print_mesh(mesh, time.monotonic() - started)
+    return mesh
+
+
+def stop_mesh(mesh: Mesh) -> None:
+    codes = mesh.stop()
+    say(f"mesh stopped (exit codes {', '.join(f'{r}: {c}' for r, c in codes.items())})")
+
+
+def report_produced(produced: Produced, count: int, relay_id: int) -> None:
+    rate = len(produced.committed) / produced.elapsed_s if produced.elapsed_s > 0 else 0.0
+    say(
+        f"produced {count} to {STREAM} via relay {relay_id}: "
+        f"{len(produced.committed)} committed, {len(produced.failures)} failed, "
+        f"{produced.retries} retries, in {produced.elapsed_s:.2f} s ({rate:,.0f} tx/s)"
+    )
+
+
+def report_read(back: ReadBack, relay_id: int) -> None:
+    first = str(back.seqs[0]) if back.seqs else "-"
+    last = str(back.seqs[-1]) if back.seqs else "-"
+    others = f", {back.others} of earlier runs" if back.others else ""
+    moved = f", {back.failovers} fail-overs" if back.failovers else ""
+    stored = f", {back.from_store} of them from the store" if back.from_store else ""
+    say(
+        f"consumed {len(back.seqs) + back.others} from earliest (relay {relay_id} first) in "
+        f"{back.elapsed_s:.2f} s{stored}{others}{moved}: ours {len(back.seqs)}, "
+        f"first seq {first}, last seq {last}"
+    )
+
+
+def store_command(config_path: Path, *words: str) -> bool:
+    """Run `relay store <words> --config FILE` as a user would; show its output."""
+    command = [sys.executable, "-m", "relay", "store", *words, "--config", str(config_path)]
+    say(f"$ relay store {' '.join(words)} --config {shown(config_path)}")
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=STORE_JOB_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        fail(f"relay store {words[0]} did not finish in {STORE_JOB_TIMEOUT_S:g} s")
+        return False
+    for line in done.stdout.splitlines():
+        say(f"  {line}")
+    if done.returncode != 0:
+        fail(f"relay store {words[0]} exited {done.returncode}:")
+        print(done.stderr[-4000:], file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int:
     job_started = time.monotonic()
     source, reader = pick_relays(config)
+    with_store = config.spool.enabled
     say(f"relay main job: {count} transactions to {STREAM}, config {shown(config_path)}")
-    mesh = Mesh(config_path, log_level="warning", log_dir=log_dir, die_with_parent=True)
-    try:
-        try:
-            mesh.start(START_TIMEOUT_S)
-        except MeshError as e:
-            fail(f"the mesh did not start: {e}")
-            if "in use" in str(e):  # taken between the check and the start
-                explain_busy_ports(config_path, [])
-            return EXIT_MESH
-        print_mesh(mesh, time.monotonic() - job_started)
+    problems: list[tuple[str, list[str]]] = []
 
+    # 1. A round trip through the live mesh.
+    mesh = start_mesh(config_path, log_dir)
+    if mesh is None:
+        return EXIT_MESH
+    try:
         produced, producer_id = produce(config, source, count)
-        rate = len(produced.committed) / produced.elapsed_s if produced.elapsed_s > 0 else 0.0
-        say(
-            f"produced {count} to {STREAM} via relay {source}: "
-            f"{len(produced.committed)} committed, {len(produced.failures)} failed, "
-            f"{produced.retries} retries, in {produced.elapsed_s:.2f} s ({rate:,.0f} tx/s)"
-        )
-        back = read_back(config, reader, producer_id, produced)
-        first = str(back.seqs[0]) if back.seqs else "-"
-        last = str(back.seqs[-1]) if back.seqs else "-"
-        others = f", {back.others} of other producers skipped" if back.others else ""
-        moved = f", {back.failovers} fail-overs" if back.failovers else ""
-        say(
-            f"consumed {len(back.seqs)} from relay {reader} (from earliest) in "
-            f"{back.elapsed_s:.2f} s{others}{moved}: first seq {first}, last seq {last}"
-        )
+        report_produced(produced, count, source)
+        batches = [produced]
+        back = read_back(config, reader, (producer_id,), produced)
+        report_read(back, reader)
     finally:
-        codes = mesh.stop()
-    say(f"mesh stopped (exit codes {', '.join(f'{r}: {c}' for r, c in codes.items())})")
+        stop_mesh(mesh)
+    problems.append(
+        (f"{len(produced.failures)} of {count} transactions did not commit:", produced.failures)
+    )
+    problems.append(
+        (f"the read-back does not match ({len(back.problems)} problems):", back.problems)
+    )
+
+    # 2. Through the store: ingest the spools, restart with empty buffers, read it all.
+    if with_store and not produced.failures and not back.problems:
+        if not (store_command(config_path, "ingest") and store_command(config_path, "snapshot")):
+            return EXIT_STORE
+        say("restarting the mesh: empty buffers, every relay carries on from the store")
+        mesh = start_mesh(config_path, log_dir)
+        if mesh is None:
+            return EXIT_MESH
+        try:
+            more, more_id = produce(config, source, count, first=count)
+            batches.append(more)
+            report_produced(more, count, source)
+            both = Produced(committed={**produced.committed, **more.committed})
+            whole = read_back(config, reader, (producer_id, more_id), both, use_store=True)
+            report_read(whole, reader)
+        finally:
+            stop_mesh(mesh)
+        problems.append(
+            (f"{len(more.failures)} of {count} transactions did not commit:", more.failures)
+        )
+        problems.append(
+            (
+                f"the read from earliest does not match ({len(whole.problems)} problems):",
+                whole.problems,
+            )
+        )
+        if not whole.from_store:
+            problems.append(("the read from earliest took nothing from the store", ["-"]))
+    elif not with_store:
+        say(f"{shown(config_path)} does not spool (spool: enabled): the store part is skipped")
+
     elapsed = time.monotonic() - job_started
-    if produced.failures:
-        show(f"{len(produced.failures)} of {count} transactions did not commit:", produced.failures)
-    if back.problems:
-        show(f"the read-back does not match ({len(back.problems)} problems):", back.problems)
-    if produced.failures or back.problems:
+    failed = [(title, found) for title, found in problems if found]
+    for title, found in failed:
+        show(title, found)
+    if failed:
         say(f"FAILED in {elapsed:.1f} s")
         return EXIT_MISMATCH
-    say(
-        f"OK: all {len(produced.committed)} committed seqs came back once and in order "
-        f"in {elapsed:.1f} s"
-    )
+    total = sum(len(batch.committed) for batch in batches)
+    handover = " across the store-to-relay handover" if with_store else ""
+    say(f"OK: all {total} committed seqs came back once and in order{handover} in {elapsed:.1f} s")
     return EXIT_OK
 
 

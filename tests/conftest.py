@@ -3,9 +3,17 @@
 --sim-seeds N       how many simulator seeds the seeded tests run (default 200;
                     `RELAY_SLOW=1 bash scripts/test.sh` passes 2000)
 --sim-first-seed F  the first of those seeds (default 0), to shift the window
+
+Fixture `spark`: the one local Spark session of the test session (`local[2]`), for the
+store's jobs; skips where Java is missing.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -42,3 +50,15 @@ def sim_first_seed(pytestconfig: pytest.Config) -> int:
     if first < 0:
         raise pytest.UsageError(f"--sim-first-seed must be at least 0, got {first}")
     return first
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java is not installed: the Spark store jobs need a Java 17+ runtime")
+    from relay.store.spark import get_session
+
+    session = get_session("local[2]", app_name="relay-store-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()

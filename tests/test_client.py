@@ -189,8 +189,10 @@ class FakeRelay:
 
     def _answer_batch(self, identity: bytes, batch: wire.ProduceBatchReq) -> None:
         results: list[wire.BatchResult] = []
-        for item_id, stream, producer_seq, key, value in batch.items:
-            item = wire.ProduceReq(item_id, stream, batch.producer_id, producer_seq, key, value)
+        for item_id, stream, producer_seq, key, value, kind in batch.items:
+            item = wire.ProduceReq(
+                item_id, stream, batch.producer_id, producer_seq, key, value, kind
+            )
             self.requests.append(item)
             resp = self.handler(item)
             if isinstance(resp, wire.ProduceResp):
@@ -365,7 +367,7 @@ def test_bad_arguments() -> None:
 
 
 def test_out_of_range_only_when_every_relay_lacks_the_position() -> None:
-    entries = [(s, None, b"v%d" % s, b"p", s) for s in (60, 70, 80)]
+    entries = [(s, None, b"v%d" % s, b"p", s, 0) for s in (60, 70, 80)]
     with (
         FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=100)) as young,
         FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=50)) as younger,
@@ -385,7 +387,7 @@ def test_out_of_range_only_when_every_relay_lacks_the_position() -> None:
 
 
 def test_consumer_moves_on_from_fenced_and_silent_relays() -> None:
-    entries = [(s, b"k", b"v", b"p", s) for s in (5, 6, 7)]
+    entries = [(s, b"k", b"v", b"p", s, 0) for s in (5, 6, 7)]
     with (
         FakeRelay(read_answer(ReadStatus.FENCED)) as fenced,
         FakeRelay(silent) as mute,

@@ -180,12 +180,12 @@ def test_subscription_prefixes() -> None:
 def test_wire_round_trip_and_garbage() -> None:
     messages: list[wire.ClientMessage] = [
         wire.ProduceReq(1, "orders", b"p", 2**64 - 1, None, b""),
-        wire.ProduceReq(2, "o.é", b"p" * 64, 0, b"key", b"v" * 100),
+        wire.ProduceReq(2, "o.é", b"p" * 64, 0, b"key", b"v" * 100, 255),
         wire.ProduceResp(3, Outcome.COMMITTED, 12345, "", ()),
         wire.ProduceResp(4, Outcome.FENCED, -1, "", (1, 2)),
         wire.ReadReq(5, "orders", -1, 10, 0),
         wire.ReadResp(
-            6, ReadStatus.OK, ((7, None, b"v", b"p", 1), (8, b"k", b"", b"q", 2)), (), 0, 8
+            6, ReadStatus.OK, ((7, None, b"v", b"p", 1, 0), (8, b"k", b"", b"q", 2, 1)), (), 0, 8
         ),
         wire.ReadResp(7, ReadStatus.REDIRECT, (), (2, 3), -1, -1),
         wire.StatusReq(8),
@@ -199,10 +199,13 @@ def test_wire_round_trip_and_garbage() -> None:
     bad = [
         b"",
         b"\xc1",
-        msgpack.packb([1, 1, "a|b", b"p", 0, None, b""]),  # '|' in a stream name
-        msgpack.packb([1, 1, "s", b"", 0, None, b""]),  # empty producer id
-        msgpack.packb([1, 1, "s", b"p", -1, None, b""]),  # negative producer seq
-        msgpack.packb([1, 1, "s", b"p", 0, "str", b""]),  # key not bin
+        msgpack.packb([1, 1, "a|b", b"p", 0, None, b"", 0]),  # '|' in a stream name
+        msgpack.packb([1, 1, "s", b"", 0, None, b"", 0]),  # empty producer id
+        msgpack.packb([1, 1, "s", b"p", -1, None, b"", 0]),  # negative producer seq
+        msgpack.packb([1, 1, "s", b"p", 0, "str", b"", 0]),  # key not bin
+        msgpack.packb([1, 1, "s", b"p", 0, None, b"", 256]),  # kind above 255
+        msgpack.packb([1, 1, "s", b"p", 0, None, b""]),  # no kind
+        msgpack.packb([4, 1, "ok", [[7, None, b"v", b"p", 1, -1]], [], 0, 8]),  # kind < 0
         msgpack.packb([3, 1, "s", -2, 1, 0]),  # after_seq < -1
         msgpack.packb([3, 1, "s", -1, 0, 0]),  # max_entries 0
         msgpack.packb([3, 1, "s", -1, 1, 10**9]),  # wait_ms too long
@@ -231,7 +234,7 @@ def test_wire_round_trip_and_garbage() -> None:
 
 def test_wire_produce_batches() -> None:
     req = wire.ProduceBatchReq(
-        1, b"p", ((10, "orders", 0, None, b"a"), (11, "o.é", 2**64 - 1, b"k", b""))
+        1, b"p", ((10, "orders", 0, None, b"a", 0), (11, "o.é", 2**64 - 1, b"k", b"", 1))
     )
     resp = wire.ProduceBatchResp(
         -1,
@@ -245,7 +248,7 @@ def test_wire_produce_batches() -> None:
         assert wire.decode(wire.encode(msg), 1 << 20) == msg
     assert wire.peek_request_id(wire.encode(req)) == 1
 
-    item = [10, "orders", 0, None, b"a"]
+    item = [10, "orders", 0, None, b"a", 0]
 
     def batch(*items: Any) -> bytes:
         frame: bytes = msgpack.packb([8, 1, b"p", list(items)])
@@ -253,12 +256,13 @@ def test_wire_produce_batches() -> None:
 
     problems = {
         batch(): "ProduceBatchReq.items: expected 1..65536 items",
-        batch(item, [11, "a|b", 0, None, b""]): "ProduceBatchReq.items[1].stream: expected",
-        batch(item, [11, "orders", -1, None, b""]): "ProduceBatchReq.items[1].producer_seq",
-        batch(item, [11, "orders", 0, "key", b""]): "ProduceBatchReq.items[1].key",
-        batch(item, [11, "orders", 0, None, None]): "ProduceBatchReq.items[1].value",
-        batch(item, [2**63, "orders", 0, None, b""]): "ProduceBatchReq.items[1].item_id",
-        batch([11, "orders", 0, None]): "ProduceBatchReq.items[0]: expected an array of 5",
+        batch(item, [11, "a|b", 0, None, b"", 0]): "ProduceBatchReq.items[1].stream: expected",
+        batch(item, [11, "orders", -1, None, b"", 0]): "ProduceBatchReq.items[1].producer_seq",
+        batch(item, [11, "orders", 0, "key", b"", 0]): "ProduceBatchReq.items[1].key",
+        batch(item, [11, "orders", 0, None, None, 0]): "ProduceBatchReq.items[1].value",
+        batch(item, [11, "orders", 0, None, b"", 300]): "ProduceBatchReq.items[1].kind",
+        batch(item, [2**63, "orders", 0, None, b"", 0]): "ProduceBatchReq.items[1].item_id",
+        batch([11, "orders", 0, None, b""]): "ProduceBatchReq.items[0]: expected an array of 6",
         msgpack.packb([8, 1, b"", [item]]): "ProduceBatchReq.producer_id",
         msgpack.packb([8, 1, b"p", item]): "ProduceBatchReq.items[0]: expected an array",
         msgpack.packb([9, 3, [[1, "committed", 5, "", []]]]): "ProduceBatchResp.request_id",
@@ -285,12 +289,13 @@ def test_wire_produce_batches() -> None:
                 rng.choice((0, 2**64 - 1)),
                 rng.choice((None, b"", b"k" * 300)),
                 b"v" * rng.choice((0, 31, 32, 255, 256, 70_000)),
+                rng.choice((0, 255)),
             )
             for _ in range(rng.randint(1, 20))
         )
         frame = wire.encode(wire.ProduceBatchReq(2**63 - 1, b"p" * 64, items))
         bound = wire.BATCH_FRAME_OVERHEAD_BYTES + sum(
-            wire.batch_item_bytes(stream, key, value) for _, stream, _, key, value in items
+            wire.batch_item_bytes(stream, key, value) for _, stream, _, key, value, _ in items
         )
         assert len(frame) <= bound
 
@@ -326,7 +331,7 @@ def test_produce_everywhere_read_anywhere(tmp_path: Path) -> None:
             # same committed timeline, in the same order.
             timelines = {r: await read_all(c, "orders", 12) for r, c in clients.items()}
             expected = sorted(
-                (seq, b"k%d" % p, b"value-%d" % p, b"prod", p) for p, seq in committed.items()
+                (seq, b"k%d" % p, b"value-%d" % p, b"prod", p, 0) for p, seq in committed.items()
             )
             for relay, entries in timelines.items():
                 assert entries == expected, relay
@@ -363,7 +368,7 @@ def test_produce_everywhere_read_anywhere(tmp_path: Path) -> None:
             fwd = await produce_until_definite(clients[3], "logs.app", b"logger", 1, b"hello")
             assert fwd.outcome is Outcome.COMMITTED, fwd
             entries = await read_all(clients[2], "logs.app", 1)
-            assert entries == [(fwd.seq, b"k1", b"hello", b"logger", 1)]
+            assert entries == [(fwd.seq, b"k1", b"hello", b"logger", 1, 0)]
 
             for node in nodes.values():
                 assert node.counters["client_frame_invalid"] == 0
@@ -386,7 +391,7 @@ def test_bad_client_frames_redirect_and_limits(tmp_path: Path) -> None:
 
             await expect_error("MalformedFrame", -1, b"\xc1 not msgpack")
             await expect_error(
-                "FieldError", 42, msgpack.packb([1, 42, "orders", b"", 0, None, b"x"])
+                "FieldError", 42, msgpack.packb([1, 42, "orders", b"", 0, None, b"x", 0])
             )
             await expect_error("UnknownMessageType", 5, msgpack.packb([99, 5]))
             await expect_error("MalformedFrame", -1, b"a", b"b")  # two frames
@@ -451,10 +456,10 @@ def test_a_batch_of_produces_is_answered_per_item(tmp_path: Path) -> None:
             await wait_joined(clients, "orders")
             c = clients[1]
             items = (
-                (101, "orders", 0, b"k0", b"first"),
-                (102, "nobody.serves.this", 0, None, b"x"),
-                (103, "orders", 1, None, b"second"),
-                (104, "orders", 2, None, b"x" * (MAX_TX + 10)),
+                (101, "orders", 0, b"k0", b"first", 0),
+                (102, "nobody.serves.this", 0, None, b"x", 0),
+                (103, "orders", 1, None, b"second", 1),
+                (104, "orders", 2, None, b"x" * (MAX_TX + 10), 0),
             )
             batch = wire.ProduceBatchReq(7, b"batcher", items)
             results = await results_of(c, batch)
@@ -463,15 +468,19 @@ def test_a_batch_of_produces_is_answered_per_item(tmp_path: Path) -> None:
             assert results[101][0] is results[103][0] is Outcome.COMMITTED, results
             committed = {results[101][1]: b"first", results[103][1]: b"second"}
             entries = await read_all(clients[2], "orders", 2)
-            assert {seq: value for seq, _, value, _, _ in entries} == committed
+            assert {seq: value for seq, _, value, _, _, _ in entries} == committed
+            kinds = {seq: kind for seq, *_, kind in entries}
+            assert kinds == {results[101][1]: 0, results[103][1]: 1}
             # The same producer seqs again: no duplicate, the same seqs.
             again = await results_of(c, wire.ProduceBatchReq(8, b"batcher", items[:1]))
             assert again[101] == results[101]
 
             # Refused whole, naming the problem, with nothing produced.
             before = (await c.status())["node"]["counters"]
-            too_many = tuple((200 + i, "orders", 10 + i, None, b"x") for i in range(max_items + 1))
-            bad_item = [[300, "orders", 30, None, b"x"], [301, "a|b", 31, None, b"y"]]
+            too_many = tuple(
+                (200 + i, "orders", 10 + i, None, b"x", 0) for i in range(max_items + 1)
+            )
+            bad_item = [[300, "orders", 30, None, b"x", 0], [301, "a|b", 31, None, b"y", 0]]
             for frame, problem in (
                 (wire.encode(wire.ProduceBatchReq(9, b"batcher", too_many)), "1..8 items"),
                 (msgpack.packb([8, 10, b"batcher", bad_item]), "items[1].stream"),
@@ -537,7 +546,7 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                 resp = await produce_until_definite(clients[1], "duo", b"p", 1, b"still here")
                 assert resp.outcome is Outcome.COMMITTED, resp
                 assert await read_all(clients[2], "duo", 1) == [
-                    (resp.seq, b"k1", b"still here", b"p", 1)
+                    (resp.seq, b"k1", b"still here", b"p", 1, 0)
                 ]
                 for node in nodes.values():
                     bad = node.core.counters

@@ -4,9 +4,7 @@ and the pyarrow-only reader. One local SparkSession serves the whole test sessio
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +78,6 @@ def test_encode_checks_the_limits() -> None:
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Java is not installed: the Spark store jobs need a Java 17+ runtime")
-    from relay.store.spark import get_session
-
-    session = get_session("local[2]", app_name="relay-store-tests")
-    session.conf.set("spark.sql.shuffle.partitions", "2")
-    yield session
-    session.stop()
 
 
 def _streams(count: int = 600, **kwargs: Any) -> list[StreamRecords]:

@@ -1,0 +1,176 @@
+"""The whole path with real components: relay processes spool what they commit, Spark
+ingests the spools and builds a snapshot, and consumers starting from `earliest` and from
+the snapshot read the store and then the live mesh, while a producer keeps writing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from relay.client import Consumer, Producer, Record
+from relay.launcher import Mesh, write_loopback_topology
+from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, Op, changes_of, encode_changes
+from relay.store.ingest import ingest
+from relay.store.snapshot import snapshot
+from relay.topology import MeshConfig, load
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAM = "orders"
+RELAYS = (0, 1, 2)
+# Small buffers, so the relays evict the beginning of the stream and a consumer from
+# `earliest` has to read it from the store; yet big enough to hold everything written
+# after the ingest at the writer's slower pace (the consumers hand over to it).
+BUFFER_MAX_ENTRIES = 1_000
+KEYS = 40  # the producer's keys (so the snapshot overwrites and deletes)
+BEFORE_INGEST = 1_500  # committed (at full speed) before the store is built
+SLOW_SEND_INTERVAL_S = 0.01  # the writer's pause between sends after that (<= 100 tx/s)
+WHILE_READING = 200  # committed while the consumers read, at least
+READ_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 20.0
+
+
+class Writer(threading.Thread):
+    """Produces to STREAM until stopped: plain values, and every 7th transaction a change
+    list (a put and, every other time, a delete of another key). Keeps what committed."""
+
+    def __init__(self, config: MeshConfig) -> None:
+        super().__init__(name="e2e-writer", daemon=True)
+        self.config = config
+        self.stop_writing = threading.Event()
+        self.committed: dict[int, tuple[int, bytes | None, bytes]] = {}  # seq -> (kind, key, value)
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def count(self) -> int:
+        """Committed so far; raises what stopped the writer, if anything did."""
+        if self.error is not None:
+            raise self.error
+        with self._lock:
+            return len(self.committed)
+
+    def run(self) -> None:
+        n = 0
+        try:
+            with Producer(topology=self.config) as producer:
+                while not self.stop_writing.is_set():
+                    if n >= BEFORE_INGEST:
+                        time.sleep(SLOW_SEND_INTERVAL_S)
+                    key = b"k%d" % (n % KEYS)
+                    if n % 7 == 6:
+                        changes = [Change("", key, Op.PUT, b"c%d" % n)]
+                        if n % 2:
+                            changes.append(Change("", b"k%d" % ((n + 1) % KEYS), Op.DELETE))
+                        seq = producer.send_changes(STREAM, changes)
+                        entry = (KIND_CHANGES, None, encode_changes(changes))
+                    else:
+                        seq = producer.send(STREAM, b"v%d" % n, key)
+                        entry = (KIND_PLAIN, key, b"v%d" % n)
+                    with self._lock:
+                        self.committed[seq] = entry
+                    n += 1
+        except BaseException as error:  # surfaced by the test
+            self.error = error
+
+
+def wait_for(what: str, done: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def read_until(consumer: Consumer, last_seq: int) -> list[Record]:
+    """Every record up to `last_seq` (which committed), in the order yielded."""
+    records: list[Record] = []
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    for record in consumer:
+        records.append(record)
+        if record.seq >= last_seq:
+            break
+        assert time.monotonic() < deadline, f"read stalled at seq {record.seq}"
+    return records
+
+
+def expected_state(
+    committed: dict[int, tuple[int, bytes | None, bytes]], through: int
+) -> dict[bytes, bytes]:
+    """key -> value after every committed transaction at or below `through`."""
+    state: dict[bytes, bytes] = {}
+    for seq in sorted(s for s in committed if s <= through):
+        kind, key, value = committed[seq]
+        for change in changes_of(kind, key, value):
+            if change.op is Op.PUT:
+                assert change.value is not None
+                state[change.key] = change.value
+            else:
+                state.pop(change.key, None)
+    return state
+
+
+def test_consumers_read_the_store_then_the_live_mesh(tmp_path: Path, spark: Any) -> None:
+    config = load(
+        write_loopback_topology(
+            tmp_path,
+            {r: [STREAM] for r in RELAYS},
+            limits={"buffer_max_entries": BUFFER_MAX_ENTRIES},
+            spool={"enabled": True, "segment_max_age_ms": 200},
+        )
+    )
+    with Mesh(config.path, log_dir=tmp_path / "logs").start(START_TIMEOUT_S):
+        writer = Writer(config)
+        writer.start()
+        try:
+            wait_for("the first commits", lambda: writer.count() >= BEFORE_INGEST, 60)
+            time.sleep(0.5)  # segments older than segment_max_age_ms are closed
+            ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
+            assert ingested.records_added >= BEFORE_INGEST // 2 and not ingested.problems
+            stored_through = ingested.streams[STREAM][0]
+            made = snapshot(spark, str(config.store_dir))
+            snapshot_seq = made[STREAM].seq
+            assert snapshot_seq == stored_through
+
+            # While the writer goes on: from the very first transaction, and from the snapshot.
+            at_start = writer.count()
+            earliest = Consumer(topology=config, wait_ms=200, store=config.store_dir)
+            from_snapshot = Consumer(topology=config, wait_ms=200, store=config.store_dir)
+            with (
+                earliest.subscribe(STREAM, "earliest"),
+                from_snapshot.subscribe(STREAM, "snapshot"),
+            ):
+                assert from_snapshot.snapshot is not None
+                assert from_snapshot.snapshot.seq == snapshot_seq
+                wait_for("more commits", lambda: writer.count() >= at_start + WHILE_READING, 60)
+                writer.stop_writing.set()
+                writer.join(30)
+                assert writer.error is None, writer.error
+                last = max(writer.committed)
+                everything = read_until(earliest, last)
+                after_snapshot = read_until(from_snapshot, last)
+                # The store served the evicted beginning, the relays everything after it.
+                from_store = earliest.stats["stored_records"]
+                assert from_store >= BEFORE_INGEST - BUFFER_MAX_ENTRIES
+                assert len(everything) - from_store >= WHILE_READING
+                rows = from_snapshot.snapshot.rows.to_pydict()
+        finally:
+            writer.stop_writing.set()
+            writer.join(30)
+
+    committed = writer.committed
+    # Every committed transaction exactly once, in order, across the handover.
+    assert [r.seq for r in everything] == sorted(committed)
+    for record in everything:
+        key = record.key if record.kind == KIND_PLAIN else None
+        assert (record.kind, key, record.value) == committed[record.seq]
+    assert [r.seq for r in after_snapshot] == sorted(s for s in committed if s > snapshot_seq)
+    # The snapshot is the state after every transaction up to its seq.
+    assert dict(zip(rows["key"], rows["value"], strict=True)) == expected_state(
+        committed, snapshot_seq
+    )
+    assert set(rows["entity"]) == {""}
