@@ -941,7 +941,7 @@ def store() -> None:
 
 _master_option = click.option(
     "--master",
-    default="local[2]",
+    default="local[*]",
     show_default=True,
     metavar="URL",
     help="Spark master (ignored under spark-submit).",

@@ -230,16 +230,10 @@ class Spool:
                     self._write_segment(stream)
                 return
             if isinstance(item, int):
-                self._now_ms = max(self._now_ms, item)
-                for stream, segment in list(self._open.items()):
-                    if self._now_ms - segment.opened_ms >= self.segment_max_age_ms:
-                        self._write_segment(stream)
-                if (
-                    self._reclaimed_ms is None
-                    or self._now_ms - self._reclaimed_ms >= RECLAIM_INTERVAL_MS
-                ):
-                    self._reclaimed_ms = self._now_ms
-                    self._reclaim()
+                try:
+                    self._on_tick(item)
+                except Exception:  # never let the writer die; the next tick tries again
+                    log.exception("spool of relay %d: a timed duty failed", self.relay_id)
                 continue
             stream, records = item
             try:
@@ -248,6 +242,17 @@ class Spool:
                 self._open.pop(stream, None)
                 self._writer_stopped.add(stream)
                 self._stop(stream, f"cannot spool records: {error!r}")
+
+    def _on_tick(self, now_ms: int) -> None:
+        """Write the segments older than segment_max_age_ms; reclaim now and then."""
+        self._now_ms = max(self._now_ms, now_ms)
+        for stream, segment in list(self._open.items()):
+            if self._now_ms - segment.opened_ms >= self.segment_max_age_ms:
+                self._write_segment(stream)
+        due = self._reclaimed_ms is None or self._now_ms - self._reclaimed_ms >= RECLAIM_INTERVAL_MS
+        if due:
+            self._reclaimed_ms = self._now_ms
+            self._reclaim()
 
     def _add(self, stream: str, records: Sequence[SpoolRecord]) -> None:
         if stream in self._writer_stopped:
@@ -345,7 +350,12 @@ class Spool:
             log.warning("spool of relay %d: cannot read the store: %s", self.relay_id, error)
             return
         removed = freed = 0
-        for segment in find_segments(self.root.parent):
+        try:
+            segments = find_segments(self.root.parent)
+        except OSError as error:  # never let the writer die over a listing
+            log.warning("spool of relay %d: cannot list segments: %s", self.relay_id, error)
+            return
+        for segment in segments:
             state = manifest.streams.get(segment.stream)
             if segment.relay != self.relay_id or state is None:
                 continue

@@ -1,8 +1,8 @@
 """`relay store ingest|snapshot|verify`: the store's Spark jobs, driven from a topology.
 
 The topology names the data directory: relays spool to `<data_dir>/spool`, the store lives
-in `<data_dir>/store`. Each command starts a Spark session (`local[2]` unless `--master`
-says otherwise), shows the running stages' task progress on stderr while the job runs,
+in `<data_dir>/store`. Each command starts a Spark session (`local[*]`, every core, unless
+`--master` says otherwise), shows the running stages' task progress on stderr while it runs,
 prints one line per stream, and exits 0, or 2 when the store found a problem (relays
 disagree, a broken chain), or 1 for any other store error.
 """

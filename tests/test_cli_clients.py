@@ -113,19 +113,35 @@ def test_produce_to_an_unknown_stream_reports_rejected_and_exits_1(topology: Pat
     assert "1 of 1" in err
 
 
+MAIN_JOB_TIMEOUT_S = 300  # two meshes and two Spark commands
+
+
+@pytest.mark.timeout(MAIN_JOB_TIMEOUT_S + 30)
 def test_main_job_round_trip(topology: Path, tmp_path: Path) -> None:
-    other = write_topology(tmp_path / "job")  # its own mesh, on other free ports
+    pytest.importorskip("pyspark")
+    # Its own mesh, on other free ports, spooling: the whole path through the store.
+    other = write_loopback_topology(
+        tmp_path / "job",
+        {i: ["orders.*", "audit"] for i in range(3)},
+        [STREAM, "audit"],
+        spool={"enabled": True},
+    )
     proc = subprocess.run(
         [sys.executable, str(MAIN_JOB), "--count", "200", "--config", str(other)],
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=MAIN_JOB_TIMEOUT_S,
         cwd=ROOT,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "200 committed" in proc.stdout
-    assert "consumed 200 from relay 1" in proc.stdout
-    assert "OK: all 200 committed seqs came back once and in order" in proc.stdout
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert out.count("200 committed") == 2
+    assert "consumed 200 from earliest (relay 1 first)" in out
+    assert "ingest: 200 records" in out and "snapshot orders.eu" in out
+    assert (
+        "consumed 400 from earliest (relay 1 first)" in out and "200 of them from the store" in out
+    )
+    assert "OK: all 400 committed seqs came back once and in order across the store" in out
 
 
 def test_main_job_says_when_the_ports_are_in_use(topology: Path) -> None:

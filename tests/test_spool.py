@@ -162,3 +162,28 @@ def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> None:
+    from relay.store.baseline import ingest_baseline
+
+    spool_dir, store_dir = tmp_path / "spool", tmp_path / "store"
+    records = generate(STREAM, 200, seed=5)
+    for relay in (0, 1):
+        with Spool(spool_dir, relay, segment_max_bytes=4_000) as spool:
+            spool.append(STREAM, records.records())
+    written = find_segments(spool_dir)
+    assert {s.relay for s in written} == {0, 1}
+    assert ingest_baseline(str(spool_dir), str(store_dir)).records_added == 200
+    later = generate(STREAM, 220, seed=5).records(200, 220)  # not ingested yet
+    spool = Spool(spool_dir, 0, store_dir=store_dir)
+    try:
+        spool.append(STREAM, later)
+        spool.tick(1)  # the first tick reclaims
+        _wait_for(lambda: spool.status().segments_reclaimed > 0)
+    finally:
+        spool.close()
+    left = find_segments(spool_dir)
+    assert {s.relay for s in left if s.first_seq <= records.seqs[-1]} == {1}  # only its own
+    assert [s.first_seq for s in left if s.relay == 0] == [later[0][0]]
+    assert spool.status().segments_reclaimed == sum(1 for s in written if s.relay == 0)

@@ -1,6 +1,6 @@
 """Ingest: append the relays' spooled segments to the store (a PySpark job).
 
-    python -m relay.store.ingest SPOOL_ROOT STORE [--master local[2]]
+    python -m relay.store.ingest SPOOL_ROOT STORE [--master local[*]]
     spark-submit relay/store/ingest.py SPOOL_ROOT STORE
 
 1. List the closed segments of every relay; skip those the store lists as ingested.

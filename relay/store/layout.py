@@ -109,16 +109,21 @@ def find_segments(spool_root: str | os.PathLike[str]) -> list[SegmentRef]:
             stream = unescape_stream(stream_entry.name[len(STREAM_DIR_PREFIX) :])
             for segment in os.scandir(stream_entry.path):
                 match = SEGMENT_NAME.match(segment.name)
-                if match:
-                    found.append(
-                        SegmentRef(
-                            stream=stream,
-                            first_seq=int(match.group(1)),
-                            last_seq=int(match.group(2)),
-                            relay=relay,
-                            path=segment.path,
-                            size_bytes=segment.stat().st_size,
-                        )
+                if not match:
+                    continue
+                try:
+                    size_bytes = segment.stat().st_size
+                except FileNotFoundError:  # reclaimed by its relay since the listing
+                    continue
+                found.append(
+                    SegmentRef(
+                        stream=stream,
+                        first_seq=int(match.group(1)),
+                        last_seq=int(match.group(2)),
+                        relay=relay,
+                        path=segment.path,
+                        size_bytes=size_bytes,
                     )
+                )
     found.sort()
     return found

@@ -1,7 +1,7 @@
 """Snapshot: per stream, the last value of every (entity type, key) as of a seq, deletes
 removed (a PySpark job).
 
-    python -m relay.store.snapshot STORE [--as-of STREAM=SEQ ...] [--master local[2]]
+    python -m relay.store.snapshot STORE [--as-of STREAM=SEQ ...] [--master local[*]]
 
 Incremental: the new snapshot is the previous one plus the changes of the records after
 it (`plan.plan_snapshot` picks only the record files that hold them). Map side: one task

@@ -15,7 +15,7 @@ from typing import Any
 
 from relay.store.chaincheck import RECORD_SCHEMA
 
-DEFAULT_MASTER = "local[2]"
+DEFAULT_MASTER = "local[*]"  # embedded: every core of this machine
 # Rows per Arrow batch handed to Python tasks (Spark's default is 10 000).
 ARROW_BATCH_ROWS = 20_000
 

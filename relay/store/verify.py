@@ -1,6 +1,6 @@
 """Verify: re-check every stream's chain in the store end to end (a PySpark job).
 
-    python -m relay.store.verify STORE [--master local[2]]
+    python -m relay.store.verify STORE [--master local[*]]
 
 The stored records of all streams are range-partitioned on (stream, seq); each task
 checks the links inside its range (`chaincheck.check_sorted`, writing nothing) and the
