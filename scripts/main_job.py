@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import signal
 import socket
@@ -144,6 +145,7 @@ class Produced:
 @dataclass
 class ReadBack:
     seqs: list[int] = field(default_factory=list)  # ours, in the order read
+    all_seqs: list[int] = field(default_factory=list)  # everything read, in order
     others: int = 0  # records of other producers (not checked)
     problems: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -209,6 +211,7 @@ def read_back(
                 if len(seen) >= len(want) or time.monotonic() >= deadline:
                     break
                 continue
+            out.all_seqs.append(record.seq)
             if last is not None and record.seq <= last:
                 out.problems.append(f"seq {record.seq} came after seq {last}")
             if record.producer_id not in producer_ids:
@@ -331,6 +334,29 @@ def store_command(config_path: Path, *words: str) -> bool:
     return True
 
 
+def consume_command(config_path: Path, expected: list[int]) -> list[str]:
+    """Run `relay consume --from earliest` as a user would; the problems with what it
+    printed, given the seqs the in-process read got (`expected`, in order)."""
+    words = ["consume", "--stream", STREAM, "--from", "earliest", "--timeout-s", "1"]
+    say(f"$ relay {' '.join(words)} --config {shown(config_path)}")
+    command = [sys.executable, "-m", "relay", *words, "--config", str(config_path)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=READ_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return [f"relay consume did not finish in {READ_TIMEOUT_S:g} s"]
+    if done.returncode != 0:
+        return [f"relay consume exited {done.returncode}: {done.stderr[-2000:]}"]
+    seqs = [json.loads(line)["seq"] for line in done.stdout.splitlines()]
+    first = seqs[0] if seqs else "-"
+    last = seqs[-1] if seqs else "-"
+    say(f"  {len(seqs)} lines, first seq {first}, last seq {last}")
+    if seqs != expected:
+        return [f"relay consume printed {len(seqs)} seqs, the Consumer read {len(expected)}"]
+    return []
+
+
 def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int:
     job_started = time.monotonic()
     source, reader = pick_relays(config)
@@ -372,6 +398,7 @@ def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int
             both = Produced(committed={**produced.committed, **more.committed})
             whole = read_back(config, reader, (producer_id, more_id), both, use_store=True)
             report_read(whole, reader)
+            printed = consume_command(config_path, whole.all_seqs)
         finally:
             stop_mesh(mesh)
         problems.append(
@@ -385,6 +412,7 @@ def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int
         )
         if not whole.from_store:
             problems.append(("the read from earliest took nothing from the store", ["-"]))
+        problems.append(("`relay consume --from earliest` does not match:", printed))
     elif not with_store:
         say(f"{shown(config_path)} does not spool (spool: enabled): the store part is skipped")
 

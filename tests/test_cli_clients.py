@@ -141,6 +141,7 @@ def test_main_job_round_trip(topology: Path, tmp_path: Path) -> None:
     assert (
         "consumed 400 from earliest (relay 1 first)" in out and "200 of them from the store" in out
     )
+    assert "$ relay consume --stream orders.eu --from earliest" in out and "400 lines" in out
     assert "OK: all 400 committed seqs came back once and in order across the store" in out
 
 
