@@ -818,18 +818,14 @@ def consume(
     """
     import json
 
-    from relay.client import Consumer
+    from relay.client import Consumer, ingested_store
     from relay.errors import ClientError, OutOfRange, UnknownStream
     from relay.launcher import query_status
 
     config = _load_config(config_path)
     _check_stream_name(stream)
     relays = _client_endpoints(config, relay_id, stream)
-    from relay.store.manifest import MANIFEST_DIR
-
-    store: Path | Literal[False] = False if no_store else config.store_dir
-    if store and not (store / MANIFEST_DIR).is_dir():
-        store = False  # nothing ingested yet
+    store: Path | Literal[False] = False if no_store else (ingested_store(config) or False)
     if start == "snapshot" and not store:
         click.echo(f"error: --from snapshot needs a store; {config.store_dir} has none", err=True)
         sys.exit(2)

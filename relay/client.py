@@ -122,6 +122,7 @@ __all__ = [
     "Start",
     "StoreSource",
     "TopologySource",
+    "ingested_store",
 ]
 
 # --- named limits ------------------------------------------------------------------------
@@ -1791,15 +1792,20 @@ class _StoreFeed:
             return None
 
 
+def ingested_store(config: MeshConfig) -> Path | None:
+    """The topology's store_dir once a store was ingested there (it has a manifest
+    folder), else None: the store a consumer of that topology reads by default."""
+    return config.store_dir if (config.store_dir / MANIFEST_DIR).is_dir() else None
+
+
 def _open_store(store: StoreSource, config: MeshConfig | None) -> _StoreFeed | None:
     """The store a consumer reads: `store` False none, a path that store, None the
-    topology's store_dir once a store was ingested there (it has a manifest folder)."""
+    topology's ingested store (`ingested_store`)."""
     if store is False:
         return None
     if store is None:
-        if config is None or not (config.store_dir / MANIFEST_DIR).is_dir():
-            return None
-        return _StoreFeed(config.store_dir)
+        path = None if config is None else ingested_store(config)
+        return None if path is None else _StoreFeed(path)
     if isinstance(store, bool) or not isinstance(store, str | os.PathLike):
         raise TypeError(f"store must be a path, None or False, got {store!r}")
     return _StoreFeed(Path(store))
