@@ -15,6 +15,7 @@ pytest.importorskip("pyspark")
 
 from relay.client import Consumer, Producer, Record
 from relay.launcher import Mesh, write_loopback_topology
+from relay.spool import last_spooled_points
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, Op, changes_of, encode_changes
 from relay.store.ingest import ingest
 from relay.store.snapshot import snapshot
@@ -25,25 +26,29 @@ pytestmark = pytest.mark.timeout(300)
 STREAM = "orders"
 RELAYS = (0, 1, 2)
 # Small buffers, so the relays evict the beginning of the stream and a consumer from
-# `earliest` has to read it from the store; yet big enough to hold everything written
-# after the ingest at the writer's slower pace (the consumers hand over to it).
+# `earliest` has to read it from the store; yet bigger than everything written after the
+# store's last point (WHILE_READING), so the consumers can hand over to the relays
+# however slow the machine is.
 BUFFER_MAX_ENTRIES = 1_000
 KEYS = 40  # the producer's keys (so the snapshot overwrites and deletes)
-BEFORE_INGEST = 1_500  # committed (at full speed) before the store is built
-SLOW_SEND_INTERVAL_S = 0.01  # the writer's pause between sends after that (<= 100 tx/s)
-WHILE_READING = 200  # committed while the consumers read, at least
+BEFORE_INGEST = 1_500  # committed before the store is built (then the writer waits)
+WHILE_READING = 300  # committed while the consumers read
+SEND_INTERVAL_S = 0.005  # the writer's pause between those, so reading overlaps writing
+CONSUMER_IDLE_S = 0.2  # a consumer's wait before the test looks whether it is done
 READ_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 20.0
 
 
 class Writer(threading.Thread):
-    """Produces to STREAM until stopped: plain values, and every 7th transaction a change
-    list (a put and, every other time, a delete of another key). Keeps what committed."""
+    """Produces BEFORE_INGEST transactions to STREAM, waits for `resume`, produces
+    WHILE_READING more: plain values, and every 7th a change list (a put and, every other
+    time, a delete of another key). Keeps what committed."""
 
     def __init__(self, config: MeshConfig) -> None:
         super().__init__(name="e2e-writer", daemon=True)
         self.config = config
-        self.stop_writing = threading.Event()
+        self.resume = threading.Event()
+        self.stop_writing = threading.Event()  # ends the run early (the test failed)
         self.committed: dict[int, tuple[int, bytes | None, bytes]] = {}  # seq -> (kind, key, value)
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -59,16 +64,23 @@ class Writer(threading.Thread):
         n = 0
         try:
             with Producer(topology=self.config) as producer:
-                while not self.stop_writing.is_set():
+                while n < BEFORE_INGEST + WHILE_READING and not self.stop_writing.is_set():
+                    if n == BEFORE_INGEST:
+                        while not (self.resume.wait(0.1) or self.stop_writing.is_set()):
+                            pass
                     if n >= BEFORE_INGEST:
-                        time.sleep(SLOW_SEND_INTERVAL_S)
+                        time.sleep(SEND_INTERVAL_S)
                     key = b"k%d" % (n % KEYS)
                     if n % 7 == 6:
                         changes = [Change("", key, Op.PUT, b"c%d" % n)]
                         if n % 2:
                             changes.append(Change("", b"k%d" % ((n + 1) % KEYS), Op.DELETE))
                         seq = producer.send_changes(STREAM, changes)
-                        entry = (KIND_CHANGES, None, encode_changes(changes))
+                        entry: tuple[int, bytes | None, bytes] = (
+                            KIND_CHANGES,
+                            None,
+                            encode_changes(changes),
+                        )
                     else:
                         seq = producer.send(STREAM, b"v%d" % n, key)
                         entry = (KIND_PLAIN, key, b"v%d" % n)
@@ -86,16 +98,18 @@ def wait_for(what: str, done: Any, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def read_until(consumer: Consumer, last_seq: int) -> list[Record]:
-    """Every record up to `last_seq` (which committed), in the order yielded."""
+def read_while_writing(consumer: Consumer, writer: Writer) -> list[Record]:
+    """Every record, in the order yielded, until the writer finished and the consumer
+    reached its last committed seq."""
     records: list[Record] = []
     deadline = time.monotonic() + READ_TIMEOUT_S
-    for record in consumer:
-        records.append(record)
-        if record.seq >= last_seq:
-            break
-        assert time.monotonic() < deadline, f"read stalled at seq {record.seq}"
-    return records
+    while True:
+        for record in consumer:  # ends after CONSUMER_IDLE_S without a record
+            records.append(record)
+        writer.count()  # raises what stopped the writer, if anything did
+        if not writer.is_alive() and records and records[-1].seq >= max(writer.committed):
+            return records
+        assert time.monotonic() < deadline, f"read stalled after {len(records)} records"
 
 
 def expected_state(
@@ -128,31 +142,37 @@ def test_consumers_read_the_store_then_the_live_mesh(tmp_path: Path, spark: Any)
         writer.start()
         try:
             wait_for("the first commits", lambda: writer.count() >= BEFORE_INGEST, 60)
-            time.sleep(0.5)  # segments older than segment_max_age_ms are closed
+            # The writer waits; every relay closes its segment when it passes its max age.
+            last = max(writer.committed)
+            wait_for(
+                "the spools",
+                lambda: all(
+                    last_spooled_points(config.spool_dir, r).get(STREAM, (0,))[0] == last
+                    for r in RELAYS
+                ),
+                60,
+            )
             ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
-            assert ingested.records_added >= BEFORE_INGEST // 2 and not ingested.problems
+            assert ingested.records_added == BEFORE_INGEST and not ingested.problems
             stored_through = ingested.streams[STREAM][0]
             made = snapshot(spark, str(config.store_dir))
             snapshot_seq = made[STREAM].seq
             assert snapshot_seq == stored_through
 
             # While the writer goes on: from the very first transaction, and from the snapshot.
-            at_start = writer.count()
-            earliest = Consumer(topology=config, wait_ms=200, store=config.store_dir)
-            from_snapshot = Consumer(topology=config, wait_ms=200, store=config.store_dir)
+            earliest, from_snapshot = (
+                Consumer(topology=config, wait_ms=100, timeout_s=CONSUMER_IDLE_S) for _ in range(2)
+            )
             with (
                 earliest.subscribe(STREAM, "earliest"),
                 from_snapshot.subscribe(STREAM, "snapshot"),
             ):
                 assert from_snapshot.snapshot is not None
                 assert from_snapshot.snapshot.seq == snapshot_seq
-                wait_for("more commits", lambda: writer.count() >= at_start + WHILE_READING, 60)
-                writer.stop_writing.set()
-                writer.join(30)
+                writer.resume.set()
+                everything = read_while_writing(earliest, writer)
+                after_snapshot = read_while_writing(from_snapshot, writer)
                 assert writer.error is None, writer.error
-                last = max(writer.committed)
-                everything = read_until(earliest, last)
-                after_snapshot = read_until(from_snapshot, last)
                 # The store served the evicted beginning, the relays everything after it.
                 from_store = earliest.stats["stored_records"]
                 assert from_store >= BEFORE_INGEST - BUFFER_MAX_ENTRIES
