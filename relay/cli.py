@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -146,20 +147,167 @@ _log_level_option = click.option(
 )
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
+@main.command()
+@click.option(
+    "--max-states",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="Distinct states to discover before stopping.",
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def explore(args: tuple[str, ...]) -> None:
+@click.option(
+    "--transactions",
+    type=click.IntRange(0, 3),
+    default=3,
+    show_default=True,
+    help="Produces the clients make (the third retries the first).",
+)
+@click.option(
+    "--max-drops",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Frames the network may lose on one path.",
+)
+@click.option(
+    "--max-dups",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Frames the network may duplicate on one path.",
+)
+@click.option(
+    "--max-ticks",
+    type=click.IntRange(min=0),
+    default=6,
+    show_default=True,
+    help="Clock steps per relay on one path.",
+)
+@click.option(
+    "--tick-ms",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Length of one clock step.",
+)
+@click.option(
+    "--max-skew-ticks",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="No relay ticks further ahead of the slowest one.",
+)
+@click.option(
+    "--max-depth",
+    type=click.IntRange(min=1),
+    default=400,
+    show_default=True,
+    help="Actions on one path.",
+)
+@click.option(
+    "--max-clock-steps",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Wall clock steps (+- --clock-step-ms) on one path.",
+)
+@click.option(
+    "--clock-step-ms",
+    type=click.IntRange(min=1),
+    default=25,
+    show_default=True,
+    help="Size of one wall clock step.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(("dfs", "bfs", "random", "walk")),
+    default="dfs",
+    show_default=True,
+    help="Search order (random: shuffled dfs; walk: random walks).",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the random and walk strategies."
+)
+@click.option(
+    "--time-budget",
+    "time_budget_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Stop after this long.",
+)
+def explore(
+    max_states: int,
+    transactions: int,
+    max_drops: int,
+    max_dups: int,
+    max_ticks: int,
+    tick_ms: int,
+    max_skew_ticks: int,
+    max_depth: int,
+    max_clock_steps: int,
+    clock_step_ms: int,
+    strategy: str,
+    seed: int,
+    time_budget_s: float | None,
+) -> None:
     """Bounded exhaustive safety check of 3 relays and up to 3 transactions.
 
     Every interleaving, loss and duplication of the protocol's messages within the
-    bounds (see `relay explore --help`); ends with `N passed, M failed`.
+    bounds, checked in every state; prints the statistics and ends with
+    `N passed, M failed` (exit 1 on a violation, with its shortened trace).
     """
-    from relay.sim.explore import main as explore_main
+    from relay.sim.explore import run_explore
 
-    sys.exit(explore_main(list(args)))
+    result = run_explore(
+        max_states,
+        transactions,
+        max_drops,
+        max_dups=max_dups,
+        max_ticks=max_ticks,
+        tick_ms=tick_ms,
+        max_skew_ticks=max_skew_ticks,
+        max_depth=max_depth,
+        max_clock_steps=max_clock_steps,
+        clock_step_ms=clock_step_ms,
+        strategy=strategy,
+        seed=seed,
+        time_budget_s=time_budget_s,
+        progress=lambda line: click.echo(line, err=True),
+    )
+    click.echo(result.summary())
+    click.echo(f"{int(result.ok)} passed, {int(not result.ok)} failed")
+    sys.exit(0 if result.ok else 1)
+
+
+@main.command()
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--rewrite", is_flag=True, help="Write the regenerated output back.")
+def scenario(files: tuple[Path, ...], rewrite: bool) -> None:
+    """Run scenario scripts (tests/scenarios/*.txt) against real relay cores.
+
+    Each command's output is regenerated; a script whose output differs is printed with
+    its new output (exit 1). With --rewrite the new output is written back instead (review
+    the diff: behaviour changed on purpose?). A malformed script exits 2, naming the line.
+    """
+    from relay.sim.script import ScriptError, run_script
+
+    status = 0
+    for path in files:
+        text = path.read_text()
+        try:
+            result = run_script(text)
+        except ScriptError as error:
+            click.echo(f"error: {path}: {error}", err=True)
+            sys.exit(2)
+        if rewrite:
+            path.write_text(result)
+        elif result != text:
+            status = 1
+            click.echo(f"--- {path}: output differs\n{result}", nl=False)
+    sys.exit(status)
 
 
 def _config_failed(error: Exception) -> NoReturn:

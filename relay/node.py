@@ -51,7 +51,10 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
-from relay.core.messages import (
+from relay.core import (
+    EPOCH_MS,
+    CommittedRecord,
+    Delivery,
     Outcome,
     Outgoing,
     ProduceReply,
@@ -59,11 +62,10 @@ from relay.core.messages import (
     ReadResult,
     ReadStatus,
     RejectReason,
+    RelayCore,
     Transaction,
+    drain,
 )
-from relay.core.relay import RelayCore
-from relay.core.seq import EPOCH_MS
-from relay.core.timeline import CommittedRecord
 from relay.errors import FrameError, MalformedFrame
 
 if TYPE_CHECKING:
@@ -454,7 +456,7 @@ class RelayNode:
         if spool is None:
             return
         try:
-            self._feed_spool(set(self.core.streams))
+            self._feed_spool(self.core.stream_names())
         finally:
             self._spool = None
             spool.close()
@@ -850,45 +852,41 @@ class RelayNode:
     # --- core output ------------------------------------------------------------------------
 
     def _flush(self, socks: _Sockets, mono: int) -> None:
-        ready = self.core.ready()
-        for out in ready.outgoing:
-            self._publish(socks, out)
-        if ready.replies:
-            debug = log.isEnabledFor(logging.DEBUG)
-            for reply in ready.replies:
-                self._on_reply(socks, reply, debug)
-        for stream, point in ready.rebases:
-            self.counters["rebases"] += 1
-            # A base taken while joining is routine; one taken after delivering means the
-            # consumers of this relay skip a range (they get out_of_range across it).
-            # Looked at before this turn's deliveries, which follow the base.
-            after_delivery = stream in self._delivered
-            log.log(
-                logging.WARNING if after_delivery else logging.INFO,
-                "relay=%d stream=%s %s: delivered history now starts after seq %d",
-                self.id,
-                stream,
-                "rebased" if after_delivery else "took its base",
-                point,
-            )
-            self._wake_reads(socks, stream)
-        for delivery in ready.deliveries:
-            if delivery.entries:
-                if len(self._delivered) < self.limits.max_streams:
-                    self._delivered.add(delivery.stream)
-                self.counters["delivered_entries"] += len(delivery.entries)
-                log.debug(
-                    "relay=%d stream=%s delivered seq %d..%d (%d entries)",
-                    self.id,
-                    delivery.stream,
-                    delivery.entries[0][0],
-                    delivery.entries[-1][0],
-                    len(delivery.entries),
-                )
-            self._wake_reads(socks, delivery.stream)
+        ready = drain(self.core, _Outlet(self, socks))
         if self._spool is not None and (ready.deliveries or ready.rebases):
             due = {d.stream for d in ready.deliveries}
             self._feed_spool(due.union(stream for stream, _ in ready.rebases))
+
+    def _on_rebase(self, socks: _Sockets, stream: str, point: int) -> None:
+        self.counters["rebases"] += 1
+        # A base taken while joining is routine; one taken after delivering means the
+        # consumers of this relay skip a range (they get out_of_range across it).
+        # Looked at before this turn's deliveries, which follow the base.
+        after_delivery = stream in self._delivered
+        log.log(
+            logging.WARNING if after_delivery else logging.INFO,
+            "relay=%d stream=%s %s: delivered history now starts after seq %d",
+            self.id,
+            stream,
+            "rebased" if after_delivery else "took its base",
+            point,
+        )
+        self._wake_reads(socks, stream)
+
+    def _on_delivery(self, socks: _Sockets, delivery: Delivery) -> None:
+        if delivery.entries:
+            if len(self._delivered) < self.limits.max_streams:
+                self._delivered.add(delivery.stream)
+            self.counters["delivered_entries"] += len(delivery.entries)
+            log.debug(
+                "relay=%d stream=%s delivered seq %d..%d (%d entries)",
+                self.id,
+                delivery.stream,
+                delivery.entries[0][0],
+                delivery.entries[-1][0],
+                len(delivery.entries),
+            )
+        self._wake_reads(socks, delivery.stream)
 
     def _publish(self, socks: _Sockets, out: Outgoing) -> None:
         if out.stream is not None:
@@ -908,7 +906,7 @@ class RelayNode:
             self.counters["publish_dropped"] += 1
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
 
-    def _on_reply(self, socks: _Sockets, reply: ProduceReply, debug: bool) -> None:
+    def _on_reply(self, socks: _Sockets, reply: ProduceReply) -> None:
         pending = self._produces.pop(reply.request_id, None)
         if pending is None:
             self.counters["produce_reply_unmatched"] += 1
@@ -916,7 +914,7 @@ class RelayNode:
         envelope, request_id, stream, batched = pending
         outcome = reply.outcome
         self.counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
-        if debug:
+        if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "relay=%d stream=%s seq=%d produce %s %s",
                 self.id,
@@ -953,7 +951,7 @@ class RelayNode:
 
     def _watch_streams(self, socks: _Sockets) -> None:
         """Log joined/fenced transitions; answer parked reads of a stream that fenced."""
-        for stream in list(self.core.streams):
+        for stream in self.core.stream_names():
             view = self._views.get(stream)
             if view is None:
                 if len(self._views) >= self.limits.max_streams:
@@ -1002,6 +1000,29 @@ class RelayNode:
         if now - self._bad_logged.get(kind, -BAD_FRAME_LOG_MS) >= BAD_FRAME_LOG_MS:
             self._bad_logged[kind] = now
             log.warning(message + " [%s: %d so far]", *args, kind, self.counters[kind])
+
+
+class _Outlet:
+    """Where the core's `Ready` goes (relay/core/shell.py): frames onto the PUB socket
+    (topics route them), answers to clients, rebases and deliveries to parked reads."""
+
+    __slots__ = ("node", "socks")
+
+    def __init__(self, node: RelayNode, socks: _Sockets) -> None:
+        self.node = node
+        self.socks = socks
+
+    def publish(self, out: Outgoing) -> None:
+        self.node._publish(self.socks, out)
+
+    def reply(self, reply: ProduceReply) -> None:
+        self.node._on_reply(self.socks, reply)
+
+    def rebase(self, stream: str, point: int) -> None:
+        self.node._on_rebase(self.socks, stream, point)
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.node._on_delivery(self.socks, delivery)
 
 
 def _spool_record(record: CommittedRecord) -> SpoolRecord:

@@ -81,13 +81,14 @@ import msgpack
 
 from relay.core import codec
 from relay.core.config import Limits
-from relay.core.fields import MAX_TX_KIND
+from relay.core.fields import MAX_TX_KIND, MAX_U63, MAX_U64, u63, u63_or_none, u64
 from relay.core.fields import array as _array
 from relay.core.fields import bad as _bad
 from relay.core.fields import enum as _enum
 from relay.core.fields import producer_id as _producer_id
 from relay.core.fields import stream as _stream
 from relay.core.messages import Outcome, ReadStatus
+from relay.core.seq import MAX_RELAY_ID
 from relay.errors import FieldError
 
 __all__ = [
@@ -112,9 +113,6 @@ __all__ = [
     "request_frame_limit",
 ]
 
-MAX_U63 = (1 << 63) - 1
-MAX_U64 = (1 << 64) - 1
-MAX_RELAY_ID = 1023
 MAX_READ_ENTRIES = 65_536
 MAX_WAIT_MS = 600_000
 MAX_TEXT_CHARS = 4_096  # reason, error, message
@@ -303,14 +301,6 @@ def _int(v: Any, name: str, lo: int, hi: int) -> int:
     return v
 
 
-def _u63(v: Any, name: str) -> int:
-    return _int(v, name, 0, MAX_U63)
-
-
-def _u63_or_none(v: Any, name: str) -> int:
-    return _int(v, name, -1, MAX_U63)
-
-
 def _bytes(v: Any, name: str) -> bytes:
     if type(v) is not bytes:
         _bad(name, "bin", v)
@@ -351,11 +341,11 @@ def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:
         seq, key, value, pid, pseq, kind = _array(raw, at, 6)
         out.append(
             (
-                _u63(seq, at + ".seq"),
+                u63(seq, at + ".seq"),
                 _key(key, at + ".key"),
                 _bytes(value, at + ".value"),
                 _producer_id(pid, at + ".producer_id"),
-                _int(pseq, at + ".producer_seq", 0, MAX_U64),
+                u64(pseq, at + ".producer_seq"),
                 _kind(kind, at + ".kind"),
             )
         )
@@ -364,10 +354,10 @@ def _entries(v: Any, name: str) -> tuple[WireEntry, ...]:
 
 def _dec_produce_req(a: list[Any]) -> ProduceReq:
     return ProduceReq(
-        _u63(a[1], "ProduceReq.request_id"),
+        u63(a[1], "ProduceReq.request_id"),
         _stream(a[2], "ProduceReq.stream"),
         _producer_id(a[3], "ProduceReq.producer_id"),
-        _int(a[4], "ProduceReq.producer_seq", 0, MAX_U64),
+        u64(a[4], "ProduceReq.producer_seq"),
         _key(a[5], "ProduceReq.key"),
         _bytes(a[6], "ProduceReq.value"),
         _kind(a[7], "ProduceReq.kind"),
@@ -376,9 +366,9 @@ def _dec_produce_req(a: list[Any]) -> ProduceReq:
 
 def _dec_produce_resp(a: list[Any]) -> ProduceResp:
     return ProduceResp(
-        _u63(a[1], "ProduceResp.request_id"),
+        u63(a[1], "ProduceResp.request_id"),
         _enum(a[2], _OUTCOMES, "ProduceResp.outcome"),
-        _u63_or_none(a[3], "ProduceResp.seq"),
+        u63_or_none(a[3], "ProduceResp.seq"),
         _text(a[4], "ProduceResp.reason"),
         _redirect(a[5], "ProduceResp.redirect"),
     )
@@ -402,9 +392,9 @@ def _is_stream(v: str) -> bool:
 def _batch_item(raw: Any, at: str) -> BatchItem:
     item_id, stream, producer_seq, key, value, kind = _array(raw, at, 6)
     return (
-        _u63(item_id, at + ".item_id"),
+        u63(item_id, at + ".item_id"),
         _stream(stream, at + ".stream"),
-        _int(producer_seq, at + ".producer_seq", 0, MAX_U64),
+        u64(producer_seq, at + ".producer_seq"),
         _key(key, at + ".key"),
         _bytes(value, at + ".value"),
         _kind(kind, at + ".kind"),
@@ -412,7 +402,7 @@ def _batch_item(raw: Any, at: str) -> BatchItem:
 
 
 def _dec_produce_batch_req(a: list[Any]) -> ProduceBatchReq:
-    request_id = _u63(a[1], "ProduceBatchReq.request_id")
+    request_id = u63(a[1], "ProduceBatchReq.request_id")
     producer_id = _producer_id(a[2], "ProduceBatchReq.producer_id")
     raw_items = _batch_array(a[3], "ProduceBatchReq.items")
     items: list[BatchItem] = []
@@ -445,9 +435,9 @@ def _dec_produce_batch_req(a: list[Any]) -> ProduceBatchReq:
 def _batch_result(raw: Any, at: str) -> BatchResult:
     item_id, outcome, seq, reason, redirect = _array(raw, at, 5)
     return (
-        _u63(item_id, at + ".item_id"),
+        u63(item_id, at + ".item_id"),
         _enum(outcome, _OUTCOMES, at + ".outcome"),
-        _u63_or_none(seq, at + ".seq"),
+        u63_or_none(seq, at + ".seq"),
         _text(reason, at + ".reason"),
         _redirect(redirect, at + ".redirect"),
     )
@@ -482,9 +472,9 @@ def _dec_produce_batch_resp(a: list[Any]) -> ProduceBatchResp:
 
 def _dec_read_req(a: list[Any]) -> ReadReq:
     return ReadReq(
-        _u63(a[1], "ReadReq.request_id"),
+        u63(a[1], "ReadReq.request_id"),
         _stream(a[2], "ReadReq.stream"),
-        _u63_or_none(a[3], "ReadReq.after_seq"),
+        u63_or_none(a[3], "ReadReq.after_seq"),
         _int(a[4], "ReadReq.max_entries", 1, MAX_READ_ENTRIES),
         _int(a[5], "ReadReq.wait_ms", 0, MAX_WAIT_MS),
     )
@@ -492,26 +482,26 @@ def _dec_read_req(a: list[Any]) -> ReadReq:
 
 def _dec_read_resp(a: list[Any]) -> ReadResp:
     return ReadResp(
-        _u63(a[1], "ReadResp.request_id"),
+        u63(a[1], "ReadResp.request_id"),
         _enum(a[2], _READ_STATUSES, "ReadResp.status"),
         _entries(a[3], "ReadResp.entries"),
         _redirect(a[4], "ReadResp.redirect"),
-        _u63_or_none(a[5], "ReadResp.oldest"),
-        _u63_or_none(a[6], "ReadResp.committed"),
+        u63_or_none(a[5], "ReadResp.oldest"),
+        u63_or_none(a[6], "ReadResp.committed"),
     )
 
 
 def _dec_status_req(a: list[Any]) -> StatusReq:
-    return StatusReq(_u63(a[1], "StatusReq.request_id"))
+    return StatusReq(u63(a[1], "StatusReq.request_id"))
 
 
 def _dec_status_resp(a: list[Any]) -> StatusResp:
-    return StatusResp(_u63(a[1], "StatusResp.request_id"), _bytes(a[2], "StatusResp.status_json"))
+    return StatusResp(u63(a[1], "StatusResp.request_id"), _bytes(a[2], "StatusResp.status_json"))
 
 
 def _dec_error_resp(a: list[Any]) -> ErrorResp:
     return ErrorResp(
-        _u63_or_none(a[1], "ErrorResp.request_id"),
+        u63_or_none(a[1], "ErrorResp.request_id"),
         _text(a[2], "ErrorResp.error"),
         _text(a[3], "ErrorResp.message"),
     )

@@ -55,9 +55,10 @@ import msgpack
 
 from relay.core import digest as dg
 from relay.core.config import CoreConfig, Topology
-from relay.core.messages import Outcome, ProduceRequest, Transaction
-from relay.core.relay import RelayCore
+from relay.core.machine import RelayCore
+from relay.core.messages import Outcome, Transaction
 from relay.core.seq import EPOCH_MS
+from relay.core.shell import ProduceRequest
 
 STREAM = "bench"
 RELAYS = (0, 1, 2)

@@ -1,38 +1,13 @@
-"""Configuration: quorum sizes, topology membership, limit validation."""
+"""Configuration: topology membership, limit validation."""
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 
-from relay.core.config import CoreConfig, Limits, Topology, quorum
+from relay.core.config import CoreConfig, Limits, Topology
 from relay.errors import ConfigError
-
-
-@pytest.mark.parametrize(
-    ("n", "q"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4), (8, 5), (9, 5)]
-)
-def test_quorum_sizes(n: int, q: int) -> None:
-    assert quorum(n) == q
-
-
-@pytest.mark.parametrize("n", range(1, 8))
-def test_any_two_quorums_intersect(n: int) -> None:
-    q = quorum(n)
-    subsets = [set(c) for c in itertools.combinations(range(n), q)]
-    assert all(a & b for a, b in itertools.combinations_with_replacement(subsets, 2))
-    # and the quorum is the smallest size with that property
-    if q > 1:
-        smaller = [set(c) for c in itertools.combinations(range(n), q - 1)]
-        assert any(not (a & b) for a, b in itertools.combinations(smaller, 2))
-
-
-@pytest.mark.parametrize("n", [0, -1])
-def test_quorum_of_no_members_raises(n: int) -> None:
-    with pytest.raises(ValueError):
-        quorum(n)
 
 
 def topology() -> Topology:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from relay.core.config import Limits, Topology
-from relay.core.messages import Outcome, ProduceRequest, Transaction
+from relay.core.messages import Outcome, Transaction
+from relay.core.shell import ProduceRequest
 from relay.sim.script import START_UNIX_MS, Mesh
 
 STREAM = "s"

@@ -6,8 +6,9 @@ import pytest
 
 from relay.core import digest as dg
 from relay.core.config import Limits, Topology
-from relay.core.messages import ProduceRequest, Transaction
+from relay.core.messages import Transaction
 from relay.core.seq import EPOCH_MS
+from relay.core.shell import ProduceRequest
 from relay.sim.script import START_UNIX_MS, Mesh
 
 STREAM = "s"

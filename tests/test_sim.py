@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from relay.core.config import CoreConfig
-from relay.core.messages import Delivery
-from relay.core.relay import Ready, RelayCore
+from relay.core.machine import RelayCore
+from relay.core.shell import Delivery, Ready
 from relay.sim import FAULT_KINDS, FaultConfig
 from relay.sim.checkers import check_all
 from relay.sim.network import NetParams, Network

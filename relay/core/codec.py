@@ -29,15 +29,13 @@ producer sequences 0..2**64-1.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import fields
-from typing import Any, NoReturn, TypeVar
+from dataclasses import fields as dataclass_fields
+from typing import Any, TypeVar
 
 import msgpack
 
-from relay.core.digest import DIGEST_BYTES
-from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND
+from relay.core import fields
 from relay.core.fields import array as _array
-from relay.core.fields import bad as _bad
 from relay.core.fields import enum as _enum
 from relay.core.fields import producer_id as _producer_id
 from relay.core.fields import show as _show
@@ -59,7 +57,6 @@ from relay.core.messages import (
     Transaction,
     TxBatch,
 )
-from relay.core.seq import MAX_RELAY_ID
 from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
 
 __all__ = ["TYPE_CODES", "decode", "encode"]
@@ -79,8 +76,6 @@ TYPE_CODES: dict[type, int] = {
 
 T = TypeVar("T")
 
-MAX_U63 = (1 << 63) - 1
-MAX_U64 = (1 << 64) - 1
 
 
 # --- encoding -----------------------------------------------------------------------------
@@ -246,126 +241,6 @@ def encode(msg: PeerMessage) -> bytes:
     return frame
 
 
-# --- decoding: field validators -------------------------------------------------------------
-
-
-def _relay_id(v: Any, name: str) -> int:
-    if type(v) is not int or not 0 <= v <= MAX_RELAY_ID:
-        _bad(name, f"relay id 0..{MAX_RELAY_ID}", v)
-    return v
-
-
-def _u63(v: Any, name: str) -> int:
-    if type(v) is not int or not 0 <= v <= MAX_U63:
-        _bad(name, "int 0..2**63-1", v)
-    return v
-
-
-def _u63_or_none(v: Any, name: str) -> int:
-    """A sequence-like field where -1 means "none"."""
-    if type(v) is not int or not -1 <= v <= MAX_U63:
-        _bad(name, "int -1..2**63-1", v)
-    return v
-
-
-def _u64(v: Any, name: str) -> int:
-    if type(v) is not int or not 0 <= v <= MAX_U64:
-        _bad(name, "int 0..2**64-1", v)
-    return v
-
-
-def _bool(v: Any, name: str) -> bool:
-    if type(v) is not bool:
-        _bad(name, "bool", v)
-    return v
-
-
-def _str(v: Any, name: str) -> str:
-    if type(v) is not str:
-        _bad(name, "str", v)
-    return v
-
-
-def _digest(v: Any, name: str) -> bytes:
-    if type(v) is not bytes or len(v) != DIGEST_BYTES:
-        _bad(name, f"{DIGEST_BYTES}-byte digest", v)
-    return v
-
-
-def _tx_ok(pid: Any, pseq: Any, key: Any, value: Any, kind: Any) -> bool:
-    return (
-        type(kind) is int
-        and 0 <= kind <= MAX_TX_KIND
-        and type(pid) is bytes
-        and 0 < len(pid) <= MAX_PRODUCER_ID_BYTES
-        and type(pseq) is int
-        and 0 <= pseq <= MAX_U64
-        and (key is None or type(key) is bytes)
-        and type(value) is bytes
-    )
-
-
-def _bad_tx(pid: Any, pseq: Any, key: Any, value: Any, kind: Any, name: str) -> NoReturn:
-    """Raise the FieldError naming the first bad field of a transaction `_tx_ok` refused."""
-    _producer_id(pid, name + ".producer_id")
-    _u64(pseq, name + ".producer_seq")
-    if key is not None and type(key) is not bytes:
-        _bad(name + ".key", "bytes or nil", key)
-    if type(value) is not bytes:
-        _bad(name + ".value", "bytes", value)
-    _bad(name + ".kind", f"integer 0..{MAX_TX_KIND}", kind)
-
-
-def _transaction(v: Any, name: str) -> Transaction:
-    pid, pseq, key, value, kind = _array(v, name, 5)
-    if not _tx_ok(pid, pseq, key, value, kind):
-        _bad_tx(pid, pseq, key, value, kind, name)
-    return Transaction(pid, pseq, key, value, kind)
-
-
-def _entries(v: Any, name: str) -> tuple[tuple[int, Transaction], ...]:
-    # The hot path of decoding: no per-entry calls or string formatting unless a field is bad.
-    out: list[tuple[int, Transaction]] = []
-    append = out.append
-    for e in _array(v, name):
-        if type(e) is not list or len(e) != 6:
-            _array(e, f"{name}[{len(out)}]", 6)
-        seq, pid, pseq, key, value, kind = e
-        if (
-            type(seq) is not int
-            or not 0 <= seq <= MAX_U63
-            or type(pid) is not bytes
-            or not 0 < len(pid) <= MAX_PRODUCER_ID_BYTES
-            or type(pseq) is not int
-            or not 0 <= pseq <= MAX_U64
-            or (key is not None and type(key) is not bytes)
-            or type(value) is not bytes
-            or type(kind) is not int
-            or not 0 <= kind <= MAX_TX_KIND
-        ):
-            where = f"{name}[{len(out)}]"
-            _u63(seq, where + ".seq")
-            _bad_tx(pid, pseq, key, value, kind, where)
-        append((seq, Transaction(pid, pseq, key, value, kind)))
-    return tuple(out)
-
-
-def _reports(v: Any, name: str) -> tuple[tuple[int, bytes], ...]:
-    out = []
-    for i, r in enumerate(_array(v, name)):
-        point, digest = _array(r, f"{name}[{i}]", 2)
-        out.append((_u63(point, f"{name}[{i}].point"), _digest(digest, f"{name}[{i}].digest")))
-    return tuple(out)
-
-
-def _acks(v: Any, name: str) -> tuple[tuple[int, int], ...]:
-    out = []
-    for i, r in enumerate(_array(v, name)):
-        relay, point = _array(r, f"{name}[{i}]", 2)
-        out.append((_relay_id(relay, f"{name}[{i}].relay"), _u63(point, f"{name}[{i}].point")))
-    return tuple(out)
-
-
 _OUTCOMES = {o.value: o for o in Outcome}
 _REPAIR_STATUSES = {s.value: s for s in RepairStatus}
 
@@ -377,37 +252,37 @@ _REPAIR_STATUSES = {s.value: s for s in RepairStatus}
 
 def _dec_tx_batch(a: list[Any]) -> TxBatch:
     return TxBatch(
-        _relay_id(a[1], "TxBatch.sender"),
-        _u64(a[2], "TxBatch.incarnation"),
-        _u63(a[3], "TxBatch.floor"),
+        fields.relay_id(a[1], "TxBatch.sender"),
+        fields.u64(a[2], "TxBatch.incarnation"),
+        fields.u63(a[3], "TxBatch.floor"),
         _stream(a[4], "TxBatch.stream"),
-        _u63(a[5], "TxBatch.link_seq"),
-        _entries(a[6], "TxBatch.entries"),
+        fields.u63(a[5], "TxBatch.link_seq"),
+        fields.entries(a[6], "TxBatch.entries"),
     )
 
 
 def _dec_reports(a: list[Any]) -> Reports:
     return Reports(
-        _relay_id(a[1], "Reports.sender"),
-        _u64(a[2], "Reports.incarnation"),
-        _u63(a[3], "Reports.floor"),
+        fields.relay_id(a[1], "Reports.sender"),
+        fields.u64(a[2], "Reports.incarnation"),
+        fields.u63(a[3], "Reports.floor"),
         _stream(a[4], "Reports.stream"),
-        _u63(a[5], "Reports.link_seq"),
-        _reports(a[6], "Reports.points"),
-        _u63_or_none(a[7], "Reports.committed_point"),
-        _digest(a[8], "Reports.committed_digest"),
-        _acks(a[9], "Reports.acks"),
+        fields.u63(a[5], "Reports.link_seq"),
+        fields.reports(a[6], "Reports.points"),
+        fields.u63_or_none(a[7], "Reports.committed_point"),
+        fields.digest(a[8], "Reports.committed_digest"),
+        fields.acks(a[9], "Reports.acks"),
     )
 
 
 def _dec_join_request(a: list[Any]) -> JoinRequest:
     return JoinRequest(
-        _relay_id(a[1], "JoinRequest.sender"),
-        _u64(a[2], "JoinRequest.incarnation"),
-        _u63(a[3], "JoinRequest.floor"),
+        fields.relay_id(a[1], "JoinRequest.sender"),
+        fields.u64(a[2], "JoinRequest.incarnation"),
+        fields.u63(a[3], "JoinRequest.floor"),
         _stream(a[4], "JoinRequest.stream"),
-        _u63(a[5], "JoinRequest.link_seq"),
-        _u63_or_none(a[6], "JoinRequest.need_point"),
+        fields.u63(a[5], "JoinRequest.link_seq"),
+        fields.u63_or_none(a[6], "JoinRequest.need_point"),
     )
 
 
@@ -428,50 +303,50 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
         streams.append(
             StreamStatus(
                 _stream(stream, name + ".stream"),
-                _u63(last_link_seq, name + ".last_link_seq"),
-                _u63_or_none(committed_point, name + ".committed_point"),
-                _digest(committed_digest, name + ".committed_digest"),
-                _bool(joined, name + ".joined"),
-                _acks(acks, name + ".acks"),
-                _reports(inherited, name + ".inherited"),
-                _u63_or_none(votes_final_through, name + ".votes_final_through"),
+                fields.u63(last_link_seq, name + ".last_link_seq"),
+                fields.u63_or_none(committed_point, name + ".committed_point"),
+                fields.digest(committed_digest, name + ".committed_digest"),
+                fields.boolean(joined, name + ".joined"),
+                fields.acks(acks, name + ".acks"),
+                fields.reports(inherited, name + ".inherited"),
+                fields.u63_or_none(votes_final_through, name + ".votes_final_through"),
             )
         )
     return Heartbeat(
-        _relay_id(a[1], "Heartbeat.sender"),
-        _u64(a[2], "Heartbeat.incarnation"),
-        _u63(a[3], "Heartbeat.floor"),
+        fields.relay_id(a[1], "Heartbeat.sender"),
+        fields.u64(a[2], "Heartbeat.incarnation"),
+        fields.u63(a[3], "Heartbeat.floor"),
         tuple(streams),
     )
 
 
 def _dec_forward(a: list[Any]) -> Forward:
     return Forward(
-        _relay_id(a[1], "Forward.sender"),
-        _u64(a[2], "Forward.incarnation"),
-        _u63(a[3], "Forward.floor"),
-        _relay_id(a[4], "Forward.target"),
+        fields.relay_id(a[1], "Forward.sender"),
+        fields.u64(a[2], "Forward.incarnation"),
+        fields.u63(a[3], "Forward.floor"),
+        fields.relay_id(a[4], "Forward.target"),
         _stream(a[5], "Forward.stream"),
-        _u63(a[6], "Forward.request_id"),
-        _transaction(a[7], "Forward.tx"),
+        fields.u63(a[6], "Forward.request_id"),
+        fields.transaction(a[7], "Forward.tx"),
     )
 
 
 def _dec_forward_reply(a: list[Any]) -> ForwardReply:
     redirect = tuple(
-        _relay_id(r, f"ForwardReply.redirect[{i}]")
+        fields.relay_id(r, f"ForwardReply.redirect[{i}]")
         for i, r in enumerate(_array(a[9], "ForwardReply.redirect"))
     )
     return ForwardReply(
-        _relay_id(a[1], "ForwardReply.sender"),
-        _u64(a[2], "ForwardReply.incarnation"),
-        _u63(a[3], "ForwardReply.floor"),
-        _relay_id(a[4], "ForwardReply.target"),
-        _u63(a[5], "ForwardReply.request_id"),
+        fields.relay_id(a[1], "ForwardReply.sender"),
+        fields.u64(a[2], "ForwardReply.incarnation"),
+        fields.u63(a[3], "ForwardReply.floor"),
+        fields.relay_id(a[4], "ForwardReply.target"),
+        fields.u63(a[5], "ForwardReply.request_id"),
         _enum(a[6], _OUTCOMES, "ForwardReply.outcome"),
         # -1 when the outcome is not `committed` (ProduceReply's default, relayed as is)
-        _u63_or_none(a[7], "ForwardReply.seq"),
-        _str(a[8], "ForwardReply.reason"),
+        fields.u63_or_none(a[7], "ForwardReply.seq"),
+        fields.string(a[8], "ForwardReply.reason"),
         redirect,
     )
 
@@ -487,67 +362,67 @@ def _dec_join_reply(a: list[Any]) -> JoinReply:
             keys.append(
                 (
                     _producer_id(pid, name + ".producer_id"),
-                    _u64(pseq, name + ".producer_seq"),
-                    _u63(seq, name + ".seq"),
+                    fields.u64(pseq, name + ".producer_seq"),
+                    fields.u63(seq, name + ".seq"),
                 )
             )
         dedupe = tuple(keys)
     return JoinReply(
-        _relay_id(a[1], "JoinReply.sender"),
-        _u64(a[2], "JoinReply.incarnation"),
-        _u63(a[3], "JoinReply.floor"),
-        _relay_id(a[4], "JoinReply.target"),
+        fields.relay_id(a[1], "JoinReply.sender"),
+        fields.u64(a[2], "JoinReply.incarnation"),
+        fields.u63(a[3], "JoinReply.floor"),
+        fields.relay_id(a[4], "JoinReply.target"),
         _stream(a[5], "JoinReply.stream"),
-        _bool(a[6], "JoinReply.fresh"),
-        _u63_or_none(a[7], "JoinReply.committed_point"),
-        _digest(a[8], "JoinReply.committed_digest"),
-        _u63_or_none(a[9], "JoinReply.max_seen_reported"),
+        fields.boolean(a[6], "JoinReply.fresh"),
+        fields.u63_or_none(a[7], "JoinReply.committed_point"),
+        fields.digest(a[8], "JoinReply.committed_digest"),
+        fields.u63_or_none(a[9], "JoinReply.max_seen_reported"),
         dedupe,
-        _reports(a[11], "JoinReply.your_votes"),
+        fields.reports(a[11], "JoinReply.your_votes"),
     )
 
 
 def _dec_repair_request(a: list[Any]) -> RepairRequest:
     origin = a[9]
     if not (type(origin) is int and origin == -1):
-        _relay_id(origin, "RepairRequest.origin (-1 or relay id)")
+        fields.relay_id(origin, "RepairRequest.origin (-1 or relay id)")
     return RepairRequest(
-        _relay_id(a[1], "RepairRequest.sender"),
-        _u64(a[2], "RepairRequest.incarnation"),
-        _u63(a[3], "RepairRequest.floor"),
-        _relay_id(a[4], "RepairRequest.target"),
+        fields.relay_id(a[1], "RepairRequest.sender"),
+        fields.u64(a[2], "RepairRequest.incarnation"),
+        fields.u63(a[3], "RepairRequest.floor"),
+        fields.relay_id(a[4], "RepairRequest.target"),
         _stream(a[5], "RepairRequest.stream"),
-        _u63(a[6], "RepairRequest.request_id"),
-        _u63(a[7], "RepairRequest.lo"),
-        _u63(a[8], "RepairRequest.hi"),
+        fields.u63(a[6], "RepairRequest.request_id"),
+        fields.u63(a[7], "RepairRequest.lo"),
+        fields.u63(a[8], "RepairRequest.hi"),
         origin,
     )
 
 
 def _dec_repair_reply(a: list[Any]) -> RepairReply:
     return RepairReply(
-        _relay_id(a[1], "RepairReply.sender"),
-        _u64(a[2], "RepairReply.incarnation"),
-        _u63(a[3], "RepairReply.floor"),
-        _relay_id(a[4], "RepairReply.target"),
+        fields.relay_id(a[1], "RepairReply.sender"),
+        fields.u64(a[2], "RepairReply.incarnation"),
+        fields.u63(a[3], "RepairReply.floor"),
+        fields.relay_id(a[4], "RepairReply.target"),
         _stream(a[5], "RepairReply.stream"),
-        _u63(a[6], "RepairReply.request_id"),
+        fields.u63(a[6], "RepairReply.request_id"),
         _enum(a[7], _REPAIR_STATUSES, "RepairReply.status"),
-        _u63(a[8], "RepairReply.lo"),
-        _u63(a[9], "RepairReply.hi"),
-        _bool(a[10], "RepairReply.more"),
-        _entries(a[11], "RepairReply.entries"),
-        _reports(a[12], "RepairReply.reports"),
+        fields.u63(a[8], "RepairReply.lo"),
+        fields.u63(a[9], "RepairReply.hi"),
+        fields.boolean(a[10], "RepairReply.more"),
+        fields.entries(a[11], "RepairReply.entries"),
+        fields.reports(a[12], "RepairReply.reports"),
     )
 
 
 def _dec_refusal(a: list[Any]) -> Refusal:
     return Refusal(
-        _relay_id(a[1], "Refusal.sender"),
-        _u64(a[2], "Refusal.incarnation"),
-        _u63(a[3], "Refusal.floor"),
-        _relay_id(a[4], "Refusal.target"),
-        _str(a[5], "Refusal.reason"),
+        fields.relay_id(a[1], "Refusal.sender"),
+        fields.u64(a[2], "Refusal.incarnation"),
+        fields.u63(a[3], "Refusal.floor"),
+        fields.relay_id(a[4], "Refusal.target"),
+        fields.string(a[5], "Refusal.reason"),
     )
 
 
@@ -566,7 +441,8 @@ _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
 
 # type code -> (message type, array length including the code, decoder)
 _DECODERS: dict[int, tuple[type, int, Callable[[list[Any]], Any]]] = {
-    code: (cls, 1 + len(fields(cls)), _DECODER_OF[cls]) for cls, code in TYPE_CODES.items()
+    code: (cls, 1 + len(dataclass_fields(cls)), _DECODER_OF[cls])
+    for cls, code in TYPE_CODES.items()
 }
 
 _DECODERS_BY_NAME = {code: (cls.__name__, n, dec) for code, (cls, n, dec) in _DECODERS.items()}

@@ -38,7 +38,6 @@ class Limits:
     max_pending_produces: int = 100_000
     max_streams: int = 10_000
     max_stream_name_bytes: int = 255
-    max_producer_id_bytes: int = 64
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -95,13 +94,6 @@ class Topology:
 
     def serves(self, relay_id: int, stream: str) -> bool:
         return relay_id in self.members(stream)
-
-
-def quorum(member_count: int) -> int:
-    """q(S) = floor(|R(S)| / 2) + 1: any two quorums of the same set intersect."""
-    if member_count <= 0:
-        raise ValueError("a stream needs at least one member")
-    return member_count // 2 + 1
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from relay.core.digest import DIGEST_BYTES
+from relay.core.messages import Entry, Report, Transaction
+from relay.core.seq import MAX_RELAY_ID
 from relay.errors import FieldError, MalformedFrame
 
 MAX_STREAM_NAME_BYTES = 255
@@ -13,6 +16,8 @@ MAX_PRODUCER_ID_BYTES = 64
 # A transaction's kind says how its value is to be read (0: one plain value; the store
 # defines the others, e.g. a list of changes). The mesh carries it as an opaque byte.
 MAX_TX_KIND = 255
+MAX_U63 = (1 << 63) - 1  # sequence-like fields
+MAX_U64 = (1 << 64) - 1  # producer sequences
 
 
 def show(value: object) -> str:
@@ -55,3 +60,123 @@ def enum(v: Any, table: dict[str, Any], name: str) -> Any:
     if found is None:
         bad(name, "one of " + ", ".join(sorted(table)), v)
     return found
+
+
+# --- numbers, digests, transactions, reports (the peer codec) ---------------------------
+
+
+def relay_id(v: Any, name: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_RELAY_ID:
+        bad(name, f"relay id 0..{MAX_RELAY_ID}", v)
+    return v
+
+
+def u63(v: Any, name: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_U63:
+        bad(name, "int 0..2**63-1", v)
+    return v
+
+
+def u63_or_none(v: Any, name: str) -> int:
+    """A sequence-like field where -1 means "none"."""
+    if type(v) is not int or not -1 <= v <= MAX_U63:
+        bad(name, "int -1..2**63-1", v)
+    return v
+
+
+def u64(v: Any, name: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_U64:
+        bad(name, "int 0..2**64-1", v)
+    return v
+
+
+def boolean(v: Any, name: str) -> bool:
+    if type(v) is not bool:
+        bad(name, "bool", v)
+    return v
+
+
+def string(v: Any, name: str) -> str:
+    if type(v) is not str:
+        bad(name, "str", v)
+    return v
+
+
+def digest(v: Any, name: str) -> bytes:
+    if type(v) is not bytes or len(v) != DIGEST_BYTES:
+        bad(name, f"{DIGEST_BYTES}-byte digest", v)
+    return v
+
+
+def tx_ok(pid: Any, pseq: Any, key: Any, value: Any, kind: Any) -> bool:
+    return (
+        type(kind) is int
+        and 0 <= kind <= MAX_TX_KIND
+        and type(pid) is bytes
+        and 0 < len(pid) <= MAX_PRODUCER_ID_BYTES
+        and type(pseq) is int
+        and 0 <= pseq <= MAX_U64
+        and (key is None or type(key) is bytes)
+        and type(value) is bytes
+    )
+
+
+def bad_tx(pid: Any, pseq: Any, key: Any, value: Any, kind: Any, name: str) -> NoReturn:
+    """Raise the FieldError naming the first bad field of a transaction `_tx_ok` refused."""
+    producer_id(pid, name + ".producer_id")
+    u64(pseq, name + ".producer_seq")
+    if key is not None and type(key) is not bytes:
+        bad(name + ".key", "bytes or nil", key)
+    if type(value) is not bytes:
+        bad(name + ".value", "bytes", value)
+    bad(name + ".kind", f"integer 0..{MAX_TX_KIND}", kind)
+
+
+def transaction(v: Any, name: str) -> Transaction:
+    pid, pseq, key, value, kind = array(v, name, 5)
+    if not tx_ok(pid, pseq, key, value, kind):
+        bad_tx(pid, pseq, key, value, kind, name)
+    return Transaction(pid, pseq, key, value, kind)
+
+
+def entries(v: Any, name: str) -> tuple[Entry, ...]:
+    # The hot path of decoding: no per-entry calls or string formatting unless a field is bad.
+    out: list[Entry] = []
+    append = out.append
+    for e in array(v, name):
+        if type(e) is not list or len(e) != 6:
+            array(e, f"{name}[{len(out)}]", 6)
+        seq, pid, pseq, key, value, kind = e
+        if (
+            type(seq) is not int
+            or not 0 <= seq <= MAX_U63
+            or type(pid) is not bytes
+            or not 0 < len(pid) <= MAX_PRODUCER_ID_BYTES
+            or type(pseq) is not int
+            or not 0 <= pseq <= MAX_U64
+            or (key is not None and type(key) is not bytes)
+            or type(value) is not bytes
+            or type(kind) is not int
+            or not 0 <= kind <= MAX_TX_KIND
+        ):
+            where = f"{name}[{len(out)}]"
+            u63(seq, where + ".seq")
+            bad_tx(pid, pseq, key, value, kind, where)
+        append((seq, Transaction(pid, pseq, key, value, kind)))
+    return tuple(out)
+
+
+def reports(v: Any, name: str) -> tuple[Report, ...]:
+    out = []
+    for i, r in enumerate(array(v, name)):
+        point, value = array(r, f"{name}[{i}]", 2)
+        out.append((u63(point, f"{name}[{i}].point"), digest(value, f"{name}[{i}].digest")))
+    return tuple(out)
+
+
+def acks(v: Any, name: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for i, r in enumerate(array(v, name)):
+        relay, point = array(r, f"{name}[{i}]", 2)
+        out.append((relay_id(relay, f"{name}[{i}].relay"), u63(point, f"{name}[{i}].point")))
+    return tuple(out)

@@ -1,4 +1,4 @@
-"""Messages between relays, and what the core hands to its shell.
+"""Messages between relays (docs/protocol.md section 3), and the values they carry.
 
 Peer messages are frozen dataclasses; the codec (`relay.core.codec`) turns each into one
 msgpack frame and back, validating every field where remote bytes enter. Every peer message
@@ -10,19 +10,14 @@ Messages about one stream (`TxBatch`, `Reports`, `JoinRequest`) are published on
 stream's topic and carry `link_seq`: the sender's count of messages it has published for
 that stream in this incarnation (1, 2, 3 ...). A receiver that sees a jump knows a message
 was lost before any digest disagrees. Directed messages (to one relay) carry `target`.
+
+What the core and its shell pass each other is in `relay.core.shell`.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-
-class Channel(enum.Enum):
-    IN = "in"  # incoming transactions (and forwarded produces)
-    WR = "wr"  # write responses: digest reports, forward results
-    AE = "ae"  # anti-entropy: join, repair requests and data
-    HB = "hb"  # heartbeats, refusals
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +54,17 @@ class RejectReason(enum.Enum):
     UNKNOWN_STREAM = "unknown_stream"
     TOO_LARGE = "too_large"
     BUFFER_FULL = "buffer_full"
-    INVALID = "invalid"
+
+
+class ReadStatus(enum.Enum):
+    """How a read was answered (the client protocol carries it too)."""
+
+    OK = "ok"
+    REDIRECT = "redirect"  # this relay does not serve the stream
+    FENCED = "fenced"  # this relay cannot reach a quorum for the stream
+    NOT_READY = "not_ready"  # still joining the stream
+    OUT_OF_RANGE = "out_of_range"  # position older than the buffer
+    UNKNOWN_STREAM = "unknown_stream"
 
 
 # --- peer messages ------------------------------------------------------------------------
@@ -236,75 +241,3 @@ PeerMessage = (
     | RepairReply
     | Refusal
 )
-
-STREAM_MESSAGES = (TxBatch, Reports, JoinRequest)
-DIRECT_MESSAGES = (Forward, ForwardReply, JoinReply, RepairRequest, RepairReply, Refusal)
-
-CHANNEL_OF: dict[type, Channel] = {
-    TxBatch: Channel.IN,
-    Forward: Channel.IN,
-    Reports: Channel.WR,
-    ForwardReply: Channel.WR,
-    JoinRequest: Channel.AE,
-    JoinReply: Channel.AE,
-    RepairRequest: Channel.AE,
-    RepairReply: Channel.AE,
-    Heartbeat: Channel.HB,
-    Refusal: Channel.HB,
-}
-
-
-# --- between the core and its shell (never on the wire) ------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A frame to publish. Exactly one of `stream` (to the stream's members), `target`
-    (to one relay) is set, or neither (heartbeat: to every peer)."""
-
-    channel: Channel
-    frame: bytes
-    stream: str | None = None
-    target: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
-    request_id: int
-    stream: str
-    tx: Transaction
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceReply:
-    request_id: int
-    outcome: Outcome
-    seq: int = -1
-    reason: str = ""
-    redirect: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """Committed entries newly released to consumers, in order, duplicates removed."""
-
-    stream: str
-    entries: tuple[Entry, ...]
-
-
-class ReadStatus(enum.Enum):
-    OK = "ok"
-    REDIRECT = "redirect"  # this relay does not serve the stream
-    FENCED = "fenced"  # this relay cannot reach a quorum for the stream
-    NOT_READY = "not_ready"  # still joining the stream
-    OUT_OF_RANGE = "out_of_range"  # position older than the buffer
-    UNKNOWN_STREAM = "unknown_stream"
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    status: ReadStatus
-    entries: tuple[Entry, ...] = ()
-    redirect: tuple[int, ...] = ()
-    oldest: int = -1  # lowest position `after_seq` that can still be read
-    committed: int = -1  # the relay's committed point for the stream

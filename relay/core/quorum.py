@@ -1,5 +1,7 @@
-"""Digest reports per point, and the commit rule: a point commits when a quorum of the
-stream's members reported the same digest there.
+"""Quorum arithmetic (docs/protocol.md sections 2, 5.4 and 5.7): the quorum size, and the
+tally of digest reports per point that decides commits and dead points.
+
+A point commits when a quorum of the stream's members reported the same digest there.
 
 A member reports each point at most once (rule ii of the spec), so a vote is a fact: the
 first digest counted for (member, point) stays; a second, different one is a protocol
@@ -8,15 +10,22 @@ stay too: a quorum that counted them was a real quorum.
 
 A point is *dead* when no digest can reach a quorum any more: the votes already known,
 plus every member whose vote there is still unknown, fall short for every digest. A member
-may rewrite its prefix at points it reported only if all of them are dead (see relay.py).
+may rewrite its prefix at points it reported only if all of them are dead (relay/core/reset.py).
 """
 
 from __future__ import annotations
 
-from relay.core.config import quorum
+
+def quorum(member_count: int) -> int:
+    """q(S) = floor(|R(S)| / 2) + 1: any two quorums of the same set intersect."""
+    if member_count <= 0:
+        raise ValueError("a stream needs at least one member")
+    return member_count // 2 + 1
 
 
 class VoteTally:
+    """Per point above the committed point, per digest, the members that reported it."""
+
     def __init__(self, members: tuple[int, ...], max_points: int) -> None:
         self.members = members
         self.q = quorum(len(members))

@@ -68,10 +68,6 @@ def wall_ms(unix_ms: int) -> int:
     return min(max(unix_ms - EPOCH_MS, 0), MAX_MS)
 
 
-class ClockAheadError(Exception):
-    """A peer's floor is further ahead of our wall clock than the configured bound."""
-
-
 @dataclass
 class HybridClock:
     """Issues sequence numbers for one relay; pure: the caller passes the wall time in.

@@ -14,6 +14,7 @@ needed (reports, commits), and recomputed above any insertion point.
 
 from __future__ import annotations
 
+import enum
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
@@ -23,6 +24,16 @@ from relay.core.messages import DedupeKey, Entry, Transaction
 NO_DIGEST = bytes(dg.DIGEST_BYTES)  # stands for "no digest yet" on the wire
 # (seq, chain digest after the entry, transaction, duplicate: skipped by delivery)
 CommittedRecord = tuple[int, bytes, Transaction, bool]
+
+
+class Insert(enum.Enum):
+    """What became of a transaction offered to the timeline. The values name counters
+    (`tx_<value>`, `fill_<value>`, `sync_<value>`: by where the transaction came from)."""
+
+    INSERTED = "inserted"
+    DUPLICATE = "duplicate"  # this transaction is held at this seq already
+    LATE = "late"  # for the frozen region: kept aside in the late pile
+    CONFLICT = "conflict"  # a different transaction is held at this seq
 
 
 class DedupeWindow:
@@ -93,24 +104,17 @@ class Timeline:
         i = bisect_left(self.seqs, seq, self.head)
         return i < len(self.seqs) and self.seqs[i] == seq
 
-    def tx_at(self, seq: int) -> Transaction | None:
-        i = bisect_left(self.seqs, seq, self.head)
-        if i < len(self.seqs) and self.seqs[i] == seq:
-            return self.txs[i]
-        return None
-
     # --- inserting ----------------------------------------------------------------------
 
-    def insert(self, seq: int, tx: Transaction) -> str:
-        """Insert a transaction; returns 'inserted', 'duplicate', 'late' or 'conflict'."""
+    def insert(self, seq: int, tx: Transaction) -> Insert:
         if seq <= self.reported or seq <= self.base_point:
             if self.contains(seq):
-                return "duplicate"
+                return Insert.DUPLICATE
             self._keep_late(seq, tx)
-            return "late"
+            return Insert.LATE
         i = bisect_left(self.seqs, seq, self.head)
         if i < len(self.seqs) and self.seqs[i] == seq:
-            return "duplicate" if self.txs[i] == tx else "conflict"
+            return Insert.DUPLICATE if self.txs[i] == tx else Insert.CONFLICT
         self.seqs.insert(i, seq)
         self.txs.insert(i, tx)
         self.hashes.insert(i, dg.tx_hash(tx))
@@ -119,7 +123,7 @@ class Timeline:
             del self.digests[i:]
         self.digested = min(self.digested, i)
         self.held_bytes += tx.size_bytes()
-        return "inserted"
+        return Insert.INSERTED
 
     def _keep_late(self, seq: int, tx: Transaction) -> None:
         if seq <= self.committed_point:

@@ -1,5 +1,8 @@
 """Checkers: pure functions over a `History`, each returning violations (empty = ok).
 
+They map the history onto the shared invariants (relay/sim/invariants.py); the last two
+are the simulator's own: they need the whole run (its phases and final states).
+
 Safety checkers hold at every moment; `acknowledged_delivered` and `liveness` assume the run
 ended with a fault-free liveness phase and a quiet period (see `PhaseInfo`).
 """
@@ -10,16 +13,14 @@ from collections.abc import Iterator
 from itertools import pairwise
 
 from relay.core.messages import Transaction
-from relay.sim.history import COMMITTED, REJECTED, DelivEntry, History, OpKey, PhaseInfo
+from relay.sim import invariants
+from relay.sim.history import COMMITTED, REJECTED, History, PhaseInfo
+from relay.sim.invariants import LabelledLog
 
 Canonical = dict[str, dict[int, Transaction]]  # stream -> seq -> tx
 
 
-def _fmt_tx(tx: Transaction) -> str:
-    return f"{tx.producer_id.decode(errors='replace')}#{tx.producer_seq}"
-
-
-def _relay_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
+def _relay_logs(history: History) -> Iterator[LabelledLog]:
     """(label, stream, log) for every piece of a relay's delivered history, in a fixed
     order: one per incarnation, split again where the relay restarted from a base."""
     for relay, inc in sorted(history.delivered):
@@ -32,13 +33,13 @@ def _relay_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]
                 yield f"relay {relay}/{inc}{suffix}", stream, log[a:b]
 
 
-def _consumer_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
+def _consumer_logs(history: History) -> Iterator[LabelledLog]:
     for cid in sorted(history.consumers):
         log = history.consumers[cid]
         yield f"consumer {cid}", log.stream, log.received
 
 
-def _all_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
+def _all_logs(history: History) -> Iterator[LabelledLog]:
     yield from _relay_logs(history)
     yield from _consumer_logs(history)
 
@@ -46,150 +47,50 @@ def _all_logs(history: History) -> Iterator[tuple[str, str, list[DelivEntry]]]:
 def canonical(history: History) -> tuple[Canonical, list[str]]:
     """The timeline every log must be a gap-free piece of, and the conflicts found building
     it: a seq mapped to two different transactions, or one transaction at two seqs."""
-    canon: Canonical = {}
-    where: dict[OpKey, tuple[str, int]] = {}
-    problems: list[str] = []
-    seen_conflicts: set[tuple[str, int]] = set()
-    seen_moves: set[OpKey] = set()
-    for label, stream, log in _all_logs(history):
-        timeline = canon.setdefault(stream, {})
-        for seq, tx in log:
-            known = timeline.get(seq)
-            if known is None:
-                timeline[seq] = tx
-            elif known != tx and (stream, seq) not in seen_conflicts:
-                seen_conflicts.add((stream, seq))
-                problems.append(
-                    f"divergence: {stream} seq {seq} is {_fmt_tx(known)} elsewhere but "
-                    f"{_fmt_tx(tx)} at {label}"
-                )
-            key = (tx.producer_id, tx.producer_seq)
-            placed = where.get(key)
-            if placed is None:
-                where[key] = (stream, seq)
-            elif placed != (stream, seq) and key not in seen_moves:
-                seen_moves.add(key)
-                problems.append(
-                    f"divergence: {_fmt_tx(tx)} at {placed[0]} seq {placed[1]} elsewhere but "
-                    f"at {stream} seq {seq} at {label}"
-                )
-    return canon, problems
+    return invariants.one_timeline(_all_logs(history))
 
 
 def no_reorder_no_duplicate(history: History) -> list[str]:
     out: list[str] = []
     for label, stream, log in _relay_logs(history):
-        seqs: set[int] = set()
-        keys: set[OpKey] = set()
-        prev = None
-        for seq, tx in log:
-            key = (tx.producer_id, tx.producer_seq)
-            if seq in seqs:
-                out.append(f"duplicate: {label} delivered {stream} seq {seq} twice")
-            elif prev is not None and seq < prev:
-                out.append(f"reorder: {label} delivered {stream} seq {seq} after {prev}")
-            if key in keys:
-                out.append(f"duplicate: {label} delivered {stream} {_fmt_tx(tx)} twice")
-            seqs.add(seq)
-            keys.add(key)
-            prev = seq
+        out.extend(invariants.in_order(label, stream, log))
     return out
 
 
 def timelines_agree(history: History) -> list[str]:
     canon, out = canonical(history)
-    index = {stream: {seq: i for i, seq in enumerate(sorted(tl))} for stream, tl in canon.items()}
+    index = {stream: invariants.TimelineIndex(tl) for stream, tl in canon.items()}
     for label, stream, log in _relay_logs(history):
-        out.extend(_gaps(label, stream, log, index[stream] if log else {}))
+        if log:
+            out.extend(invariants.gap_free(label, stream, log, index[stream]))
     for label, stream, log in _consumer_logs(history):
-        prev = None
-        keys: set[OpKey] = set()
-        for seq, tx in log:
-            if prev is not None and seq <= prev:
-                kind = "duplicate" if seq == prev else "reorder"
-                out.append(f"{kind}: {label} received {stream} seq {seq} after {prev}")
-            key = (tx.producer_id, tx.producer_seq)
-            if key in keys:
-                out.append(f"duplicate: {label} received {stream} {_fmt_tx(tx)} twice")
-            keys.add(key)
-            prev = seq
-        out.extend(_gaps(label, stream, log, index[stream] if log else {}))
-    return out
-
-
-def _gaps(label: str, stream: str, log: list[DelivEntry], index: dict[int, int]) -> list[str]:
-    out: list[str] = []
-    order = sorted(index, key=index.__getitem__)
-    for (a, _), (b, _) in pairwise(log):
-        if b > a and index[b] - index[a] > 1:
-            missing = order[index[a] + 1 : index[b]]
-            out.append(
-                f"gap: {label} {stream} went from seq {a} to {b}, skipping {len(missing)} "
-                f"committed entr{'y' if len(missing) == 1 else 'ies'} (first {missing[0]})"
-            )
+        out.extend(invariants.in_order(label, stream, log, verb="received"))
+        if log:
+            out.extend(invariants.gap_free(label, stream, log, index[stream]))
     return out
 
 
 def nothing_invented(history: History) -> list[str]:
-    out: list[str] = []
-    reported: set[tuple[str, int]] = set()
-    for label, stream, log in _all_logs(history):
-        for seq, tx in log:
-            produced = history.produced.get((tx.producer_id, tx.producer_seq))
-            if produced == (stream, tx) or (stream, seq) in reported:
-                continue
-            reported.add((stream, seq))
-            if produced is None:
-                out.append(
-                    f"invented: {label} {stream} seq {seq} holds {_fmt_tx(tx)}, never produced"
-                )
-            else:
-                out.append(
-                    f"invented: {label} {stream} seq {seq} holds {_fmt_tx(tx)} unlike the "
-                    f"produced one (stream {produced[0]}, key {produced[1].key!r}, value "
-                    f"{produced[1].value[:40]!r} vs {tx.key!r}, {tx.value[:40]!r})"
-                )
-    return out
+    return invariants.nothing_invented(_all_logs(history), history.produced)
 
 
 def no_rejected_delivered(history: History) -> list[str]:
     rejected = {key for key, f in history.finals.items() if f.outcome == REJECTED}
-    if not rejected:
-        return []
-    out: list[str] = []
-    reported: set[OpKey] = set()
-    for label, stream, log in _all_logs(history):
-        for seq, tx in log:
-            key = (tx.producer_id, tx.producer_seq)
-            if key in rejected and key not in reported:
-                reported.add(key)
-                out.append(f"rejected delivered: {_fmt_tx(tx)} at {label} {stream} seq {seq}")
-    return out
+    return invariants.rejected_not_delivered(_all_logs(history), rejected)
 
 
 def committed_seq_matches(history: History) -> list[str]:
     canon, _ = canonical(history)
-    placed: dict[OpKey, int] = {}
-    for stream in sorted(canon):
-        for seq, tx in canon[stream].items():
-            placed.setdefault((tx.producer_id, tx.producer_seq), seq)
+    placed = invariants.placed_at(canon)
     out: list[str] = []
     for key in sorted(history.finals):
         final = history.finals[key]
         if final.outcome != COMMITTED:
             continue
-        name = _fmt_tx(final.tx)
-        if len(set(final.committed_seqs)) > 1:
-            out.append(
-                f"committed twice: {name} answered committed at seqs "
-                f"{sorted(set(final.committed_seqs))}"
-            )
-        at = canon.get(final.stream, {}).get(final.seq)
-        if at is not None and at != final.tx:
-            out.append(
-                f"wrong seq: {name} committed at {final.stream} seq {final.seq}, "
-                f"which holds {_fmt_tx(at)}"
-            )
+        name = invariants.describe(final.tx)
+        answers = final.committed_seqs or [final.seq]
+        timeline = canon.get(final.stream, {})
+        out.extend(invariants.committed_answers(name, final.tx, answers, timeline, must_hold=False))
         where = placed.get(key)
         if where is not None and where != final.seq:
             out.append(f"wrong seq: {name} committed at seq {final.seq} but delivered at {where}")
@@ -207,7 +108,7 @@ def acknowledged_delivered(history: History) -> list[str]:
         final = history.finals[key]
         if final.outcome != COMMITTED:
             continue
-        name = _fmt_tx(final.tx)
+        name = invariants.describe(final.tx)
         if canon.get(final.stream, {}).get(final.seq) is None:
             out.append(
                 f"lost: {name} committed at {final.stream} seq {final.seq} "
@@ -242,7 +143,7 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
             final.outcome != COMMITTED
         ):
             out.append(
-                f"not committed: {_fmt_tx(final.tx)} to {final.stream} issued at "
+                f"not committed: {invariants.describe(final.tx)} to {final.stream} issued at "
                 f"{final.issued_ms} ms (liveness phase) ended {final.outcome}"
             )
     bound = phase.safety_end_ms + phase.heal_bound_ms

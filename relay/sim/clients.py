@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from relay.core.messages import Outcome, ProduceReply, ReadResult, ReadStatus, Transaction
+from relay.core.messages import Outcome, ReadStatus, Transaction
+from relay.core.shell import ProduceReply, ReadResult
 from relay.sim.history import (
     COMMITTED,
     CRASHED,

@@ -60,26 +60,27 @@ order. A point (committed point, oldest readable position) prints as the number 
 committed transactions at or below it; a committed seq in a reply prints as
 `STREAM[k]=VALUE`, the k-th (1-based) committed transaction of the stream.
 
-Invariants are checked after every command; a violation is printed as a `!! ` line
-(a scenario's expected output must never contain one): every relay's delivered values are
-one contiguous run of the stream's committed timeline, no (producer id, producer seq) is
-delivered twice, two relays never deliver different transactions at one seq, and a
-`committed(seq)` reply names a committed transaction of the same producer id and seq.
+The shared invariants (relay/sim/invariants.py) are checked after every command; a
+violation is printed as a `!! ` line (a scenario's expected output must never contain
+one): every relay's delivered log (per incarnation) is in seq order and a gap-free run of
+the stream's committed timeline, no transaction is delivered at two seqs, two relays never
+deliver different transactions at one seq, and a `committed(seq)` reply names a committed
+copy of its transaction.
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
-import sys
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from relay.core import codec
 from relay.core.config import CoreConfig, Limits, Topology
+from relay.core.machine import RelayCore
 from relay.core.messages import (
+    Entry,
     Forward,
     ForwardReply,
     Heartbeat,
@@ -87,8 +88,6 @@ from relay.core.messages import (
     JoinRequest,
     Outcome,
     PeerMessage,
-    ProduceReply,
-    ProduceRequest,
     ReadStatus,
     Refusal,
     RepairReply,
@@ -97,14 +96,16 @@ from relay.core.messages import (
     Transaction,
     TxBatch,
 )
-from relay.core.relay import RelayCore
 from relay.core.seq import counter_of, ms_of, relay_of, wall_ms
+from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain, recipients
+from relay.sim import invariants
 from relay.sim.network import CLOSED
 
 START_UNIX_MS = 1_800_000_000_000
 STABILIZE_MAX_MS = 5_000
 OUTPUT_PREFIX = "> "
 VIOLATION_PREFIX = "!! "
+SEQ_PATTERN = re.compile(r"\b\d{15,}\b")  # a sequence number in a message: named by value
 
 # Counters `show` prints by default (fnmatch patterns): protocol events a scenario is about.
 # A curated list rather than every counter, so a new counter in the core does not churn
@@ -151,7 +152,6 @@ class Node:
     incarnation: int = 1
     offset_ms: int = 0
     paused: bool = False
-    delivered: dict[str, list[int]] = field(default_factory=dict)  # this incarnation
 
 
 @dataclass
@@ -162,6 +162,10 @@ class Request:
     pid: bytes
     pseq: int
     value: str
+
+    @property
+    def tx(self) -> Transaction:
+        return Transaction(self.pid, self.pseq, None, self.value.encode())
 
 
 def _link_arg(text: str) -> list[tuple[int, int]]:
@@ -186,6 +190,35 @@ def _int(text: str, what: str) -> int:
         raise ScriptError(f"{what}: expected an integer, got {text!r}") from None
 
 
+class _MeshSink:
+    """Where relay `rid`'s `Ready` goes: frames onto the links, replies to the script's
+    log, deliveries into the committed timeline it names values by."""
+
+    def __init__(self, mesh: Mesh, rid: int) -> None:
+        self.mesh = mesh
+        self.rid = rid
+
+    def publish(self, out: Outgoing) -> None:
+        self.mesh._route(self.rid, out)
+
+    def reply(self, reply: ProduceReply) -> None:
+        self.mesh.replies.append((self.rid, reply))
+        self.mesh.all_replies.append(reply)
+
+    def rebase(self, stream: str, point: int) -> None:
+        pass  # not modelled: `check` would report the gap in the delivered log
+
+    def deliver(self, delivery: Delivery) -> None:
+        mesh = self.mesh
+        node = mesh.nodes[self.rid]
+        log = mesh.logs.setdefault((self.rid, node.incarnation), {})
+        log.setdefault(delivery.stream, []).extend(delivery.entries)
+        timeline = mesh.committed.setdefault(delivery.stream, {})
+        for seq, tx in delivery.entries:
+            mesh.txs.setdefault(seq, (delivery.stream, tx))
+            timeline.setdefault(seq, tx)  # a second copy at a seq is for `check` to report
+
+
 class Mesh:
     """The relays, the links between them and what the script has observed."""
 
@@ -197,11 +230,13 @@ class Mesh:
         self.nodes = {r: Node(r, CoreConfig(r, topology, limits)) for r in self.ids}
         self.links = {(a, b): Link() for a in self.ids for b in self.ids if a != b}
         self.txs: dict[int, tuple[str, Transaction]] = {}  # every seq ever issued
-        self.committed: dict[str, dict[int, Transaction]] = {}  # stream -> seq -> tx
+        # stream -> seq -> tx: what any relay delivered, first copy (names values)
+        self.committed: dict[str, dict[int, Transaction]] = {}
+        # (relay, incarnation) -> stream -> every entry it delivered, in order
+        self.logs: dict[tuple[int, int], dict[str, list[Entry]]] = {}
         self.requests: dict[int, Request] = {}
         self.replies: list[tuple[int, ProduceReply]] = []  # (answering relay, reply)
         self.all_replies: list[ProduceReply] = []
-        self.violations: list[str] = []
         self.activity = False  # a non-background frame entered a link this ms
         for r in self.ids:
             self._start(r)
@@ -214,7 +249,6 @@ class Mesh:
     def _start(self, r: int) -> None:
         node = self.nodes[r]
         node.core = RelayCore(node.config, node.incarnation, self.clock(r))
-        node.delivered = {}
 
     def crash(self, r: int) -> None:
         node = self.nodes[r]
@@ -244,19 +278,11 @@ class Mesh:
 
     # --- the network -----------------------------------------------------------------------
 
-    def _route(self, src: int, frame: bytes, stream: str | None, target: int | None) -> None:
-        if stream is not None:
-            dsts: tuple[int, ...] = self.topology.members(stream)
-        elif target is not None:
-            dsts = (target,)
-        else:
-            dsts = self.ids
-        msg = codec.decode(frame, self.limits.max_frame_bytes)
+    def _route(self, src: int, out: Outgoing) -> None:
+        msg = codec.decode(out.frame, self.limits.max_frame_bytes)
         self._observe(msg)
         background = isinstance(msg, BACKGROUND)
-        for d in dsts:
-            if d == src:
-                continue
+        for d in recipients(out, self.topology, src):
             link = self.links[(src, d)]
             if link.cut or self.nodes[d].core is None:
                 link.lost += 1
@@ -265,7 +291,7 @@ class Mesh:
                 link.drop -= 1
                 link.lost += 1
                 continue
-            link.queue.append((self.now, frame))
+            link.queue.append((self.now, out.frame))
             if not background:
                 self.activity = True
 
@@ -292,27 +318,9 @@ class Mesh:
                     core.receive(frame, self.clock(dst), self.now)
 
     def drain(self, r: int) -> None:
-        node = self.nodes[r]
-        core = node.core
+        core = self.nodes[r].core
         assert core is not None
-        ready = core.ready()
-        for out in ready.outgoing:
-            self._route(r, out.frame, out.stream, out.target)
-        for reply in ready.replies:
-            self.replies.append((r, reply))
-            self.all_replies.append(reply)
-        for delivery in ready.deliveries:
-            log = node.delivered.setdefault(delivery.stream, [])
-            timeline = self.committed.setdefault(delivery.stream, {})
-            for seq, tx in delivery.entries:
-                log.append(seq)
-                self.txs.setdefault(seq, (delivery.stream, tx))
-                known = timeline.setdefault(seq, tx)
-                if known != tx:
-                    self.violations.append(
-                        f"relay {r} delivered {tx.value!r} at a seq where "
-                        f"{known.value!r} was delivered"
-                    )
+        drain(core, _MeshSink(self, r))
 
     def step_ms(self) -> None:
         self.now += 1
@@ -366,32 +374,25 @@ class Mesh:
 
     # --- invariants ------------------------------------------------------------------------
 
+    def delivered(self, r: int, stream: str) -> list[int]:
+        """The seqs relay `r` delivered in its current incarnation, in order."""
+        log = self.logs.get((r, self.nodes[r].incarnation), {}).get(stream, [])
+        return [seq for seq, _ in log]
+
     def check(self) -> list[str]:
-        out, self.violations = self.violations, []
-        for r in self.ids:
-            node = self.nodes[r]
-            for stream, log in sorted(node.delivered.items()):
-                if not log:
-                    continue
-                tl = self.timeline(stream)
-                i = tl.index(log[0])
-                if tl[i : i + len(log)] != log:
-                    out.append(
-                        f"relay {r} delivered {stream} "
-                        f"[{' '.join(self.value(s) for s in log)}], not a contiguous run of "
-                        f"[{' '.join(self.value(s) for s in tl)}]"
-                    )
-        for stream, timeline in sorted(self.committed.items()):
-            keys: dict[tuple[bytes, int], int] = {}
-            for seq in sorted(timeline):
-                tx = timeline[seq]
-                key = (tx.producer_id, tx.producer_seq)
-                if key in keys:
-                    out.append(
-                        f"{stream}: {key[0].decode(errors='replace')}/{key[1]} delivered "
-                        f"twice ({self.value(keys[key])}, {self.value(seq)})"
-                    )
-                keys[key] = seq
+        """The shared invariants (relay/sim/invariants.py) over every delivered log and
+        the committed replies since the last check; seqs named by their values."""
+        logs = [
+            (f"relay {r}/{inc}", stream, log)
+            for (r, inc), per_stream in sorted(self.logs.items())
+            for stream, log in sorted(per_stream.items())
+        ]
+        timelines, out = invariants.one_timeline(logs)
+        for label, stream, log in logs:
+            out += invariants.in_order(label, stream, log)
+            out += invariants.gap_free(
+                label, stream, log, invariants.TimelineIndex(timelines[stream])
+            )
         for reply in self.all_replies:
             if reply.outcome is not Outcome.COMMITTED:
                 continue
@@ -399,14 +400,15 @@ class Mesh:
             if req is None:
                 out.append(f"a reply to unknown request {reply.request_id}")
                 continue
-            copy = self.committed.get(req.stream, {}).get(reply.seq)
-            if copy is None or (copy.producer_id, copy.producer_seq) != (req.pid, req.pseq):
-                out.append(
-                    f"#{req.rid} told committed at {self.committed_seq(req.stream, reply.seq)}, "
-                    f"which is not a committed copy of {req.pid.decode()}/{req.pseq}"
-                )
+            out += invariants.committed_answers(
+                f"#{req.rid} {req.pid.decode()}/{req.pseq}",
+                req.tx,
+                [reply.seq],
+                timelines.get(req.stream, {}),
+                must_hold=True,
+            )
         self.all_replies = []
-        return out
+        return [SEQ_PATTERN.sub(lambda m: self.value(int(m.group())), line) for line in out]
 
 
 class Interpreter:
@@ -756,7 +758,7 @@ class Interpreter:
             streams = status["streams"]
             assert isinstance(streams, dict)
             for stream, st in streams.items():
-                values = " ".join(self.m.value(s) for s in node.delivered.get(stream, []))
+                values = " ".join(self.m.value(s) for s in self.m.delivered(r, stream))
                 line = (
                     f"  {stream}: "
                     f"{'joined' if core.joined(stream) else 'joining'} "
@@ -800,8 +802,7 @@ class Interpreter:
 
     def cmd_delivered(self, args: list[str]) -> list[str]:
         self.nargs(args, 2)
-        node = self.m.nodes[self.relay(args[0])]
-        values = " ".join(self.m.value(s) for s in node.delivered.get(args[1], []))
+        values = " ".join(self.m.value(s) for s in self.m.delivered(self.relay(args[0]), args[1]))
         return [f"[{values}]"]
 
     def cmd_counters(self, args: list[str]) -> list[str]:
@@ -830,24 +831,3 @@ def run_script(text: str) -> str:
             raise ScriptError(f"line {number}: {command}: {error}") from None
         out.extend((OUTPUT_PREFIX + line).rstrip() for line in printed)
     return "\n".join(out) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--rewrite", action="store_true", help="write the new output back")
-    opts = parser.parse_args(argv)
-    status = 0
-    for path in opts.files:
-        text = path.read_text()
-        result = run_script(text)
-        if opts.rewrite:
-            path.write_text(result)
-        elif result != text:
-            status = 1
-            sys.stdout.write(f"--- {path}: output differs\n{result}")
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,8 +19,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from relay.core.config import CoreConfig, Limits, Topology, quorum
-from relay.core.messages import ProduceRequest, ReadResult, Transaction
+from relay.core.config import CoreConfig, Limits, Topology
+from relay.core.machine import RelayCore
+from relay.core.messages import Transaction
+from relay.core.quorum import quorum
+from relay.core.shell import (
+    Delivery,
+    Outgoing,
+    ProduceReply,
+    ProduceRequest,
+    ReadResult,
+    Ready,
+    drain,
+    recipients,
+)
 from relay.sim.clients import Consumer, Producer
 from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
@@ -37,19 +49,13 @@ class CoreLike(Protocol):
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None: ...
     def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
     def tick(self, now_ms: int, mono_ms: int | None = None) -> None: ...
-    def ready(self) -> Any: ...  # Ready(outgoing, replies, deliveries)
+    def ready(self) -> Ready: ...
     def fenced(self, stream: str) -> bool: ...
     def joined(self, stream: str) -> bool: ...
     def committed_point(self, stream: str) -> int: ...
 
 
 CoreFactory = Callable[[CoreConfig, int, int], CoreLike]  # (config, incarnation, now_ms)
-
-
-def default_core_factory() -> CoreFactory:
-    from relay.core.relay import RelayCore  # imported late: the core may not exist yet
-
-    return RelayCore
 
 
 class SimError(Exception):
@@ -93,6 +99,48 @@ def build_topology(rng: random.Random, relay_count: int) -> Topology:
     return Topology(subs)
 
 
+class _WorldSink:
+    """Where one relay's `Ready` goes: frames into the network, replies to the producers,
+    deliveries and rebases into the history."""
+
+    def __init__(self, world: World, node: Node) -> None:
+        self.world = world
+        self.node = node
+
+    def publish(self, out: Outgoing) -> None:
+        world = self.world
+        src = self.node.rid
+        nodes = world.nodes
+        for d in recipients(out, world.topology, src):
+            world.network.send(world.now, src, d, out.frame, nodes[d].epoch)
+
+    def reply(self, reply: ProduceReply) -> None:
+        world = self.world
+        owner = world._owner.get(reply.request_id)
+        if owner is None:
+            world.history.anomalies.append(
+                f"{world.now} ms: relay {self.node.rid} answered unknown request "
+                f"{reply.request_id}"
+            )
+        else:
+            owner.on_reply(reply, world.now)
+
+    def rebase(self, stream: str, point: int) -> None:
+        world, node = self.world, self.node
+        world.history.record_rebase(node.rid, node.incarnation, stream)
+        world.events.append(f"{world.now} rebase {node.rid}/{node.incarnation} {stream} {point}")
+
+    def deliver(self, delivery: Delivery) -> None:
+        if not delivery.entries:
+            return
+        world, node = self.world, self.node
+        world.history.record_delivery(node.rid, node.incarnation, delivery.stream, delivery.entries)
+        world.events.append(
+            f"{world.now} deliver {node.rid}/{node.incarnation} {delivery.stream} "
+            f"{delivery.entries[0][0]}..{delivery.entries[-1][0]} n{len(delivery.entries)}"
+        )
+
+
 class World:
     def __init__(
         self,
@@ -120,7 +168,7 @@ class World:
         self.stop_retry = self.liveness_end + quiet_ms // 2
         self.end = self.liveness_end + quiet_ms
         self.heal_bound_ms = heal_bound_ms
-        self.core_factory = core_factory or default_core_factory()
+        self.core_factory: CoreFactory = core_factory or RelayCore
         self.now = 0
         self.history = History()
         self.events = self.history.events
@@ -401,43 +449,7 @@ class World:
     def _drain(self, node: Node) -> None:
         core = node.core
         assert core is not None
-        ready = core.ready()
-        src = node.rid
-        now = self.now
-        if ready.outgoing:
-            send = self.network.send
-            nodes = self.nodes
-            for out in ready.outgoing:
-                if out.stream is not None:
-                    dsts = self.members.get(out.stream) or self.topology.members(out.stream)
-                elif out.target is not None:
-                    dsts = (out.target,)
-                else:
-                    dsts = self.ids
-                for d in dsts:
-                    if d != src and d in nodes:
-                        send(now, src, d, out.frame, nodes[d].epoch)
-        for reply in ready.replies:
-            owner = self._owner.get(reply.request_id)
-            if owner is None:
-                self.history.anomalies.append(
-                    f"{now} ms: relay {src} answered unknown request {reply.request_id}"
-                )
-            else:
-                owner.on_reply(reply, now)
-        for stream, base in ready.rebases:
-            self.history.record_rebase(src, node.incarnation, stream)
-            self.events.append(f"{now} rebase {src}/{node.incarnation} {stream} {base}")
-        for delivery in ready.deliveries:
-            if delivery.entries:
-                self.history.record_delivery(
-                    src, node.incarnation, delivery.stream, delivery.entries
-                )
-                self.events.append(
-                    f"{now} deliver {src}/{node.incarnation} {delivery.stream} "
-                    f"{delivery.entries[0][0]}..{delivery.entries[-1][0]} "
-                    f"n{len(delivery.entries)}"
-                )
+        drain(core, _WorldSink(self, node))
 
     def _sample(self) -> None:
         for r in self.ids:

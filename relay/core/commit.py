@@ -1,0 +1,207 @@
+"""Reporting, counting votes, committing and delivering (docs/protocol.md sections 5.3, 5.4).
+
+A member reports its digest at every held entry (and, while the stream is unsettled, at
+aligned checkpoints) between the last point it reported and the watermark, each point
+once, in increasing order. A point commits when a quorum of counted reports agree there;
+a member counts its own report only once some member acknowledged having it. A relay
+delivers up to the highest known committed point whose digest equals its own there; what
+to do when it does not is repair (relay/core/repair.py).
+"""
+
+from __future__ import annotations
+
+from relay.core import coordinate
+from relay.core.links import watermark
+from relay.core.messages import Ack, Outcome, Report, Reports
+from relay.core.seq import end_of_ms, ms_of
+from relay.core.shell import Delivery
+from relay.core.state import NEVER, RelayState, StreamState
+
+# --- counting ---------------------------------------------------------------------------------
+
+
+def count_votes(st: StreamState, reporter: int, points: tuple[Report, ...]) -> None:
+    votes = st.votes
+    committed_here: tuple[int, bytes] | None = None
+    for point, digest in points:
+        if votes.add(reporter, point, digest):
+            committed_here = (point, digest)
+    if committed_here is not None:
+        learn_commit(st, *committed_here, sources=votes.reporters(*committed_here))
+
+
+def learn_commit(st: StreamState, point: int, digest: bytes, sources: list[int]) -> None:
+    """A committed point, counted here or announced by a member."""
+    if point > st.votes.max_seen:
+        st.votes.max_seen = point
+    known = st.known_commit[0]
+    if point > known:
+        st.known_commit = (point, digest)
+        st.commit_sources = set(sources)
+    elif point == known:
+        st.commit_sources.update(sources)
+
+
+def update_known_through(core: RelayState, st: StreamState, member: int) -> None:
+    """With no hole on its link, every report of `member` up to its last one is known."""
+    state = core.peers[member].links.get(st.stream)
+    if state is not None and state.hole_lo < 0:
+        last = st.votes.last_point.get(member, -1)
+        if last > st.known_through.get(member, -1):
+            st.known_through[member] = last
+
+
+def on_reports(core: RelayState, st: StreamState, msg: Reports) -> None:
+    """A member's new reports, committed point and acks (the caller then advances)."""
+    count_votes(st, msg.sender, msg.points)
+    update_known_through(core, st, msg.sender)
+    on_acks(core, st, msg.acks)
+    if msg.committed_point >= 0:
+        learn_commit(st, msg.committed_point, msg.committed_digest, [msg.sender])
+
+
+def on_acks(core: RelayState, st: StreamState, acks: tuple[Ack, ...]) -> None:
+    for relay, point in acks:
+        if relay == core.id and point > st.own_acked_through:
+            st.own_acked_through = point
+            count_acked_own(core, st)
+
+
+def count_acked_own(core: RelayState, st: StreamState) -> None:
+    acked: list[Report] = []
+    while st.own_unacked and st.own_unacked[0][0] <= st.own_acked_through:
+        acked.append(st.own_unacked.popleft())
+    if acked:
+        count_votes(st, core.id, tuple(acked))
+
+
+def acks(st: StreamState) -> tuple[Ack, ...]:
+    """What we have of each member's reports: all of them up to known_through."""
+    return tuple((m, p) for m in st.peers if (p := st.known_through.get(m, -1)) >= 0)
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+
+def unsettled(st: StreamState) -> bool:
+    tl = st.timeline
+    return (
+        tl.reported > tl.committed_point
+        or tl.delivered < len(tl.seqs)
+        or st.known_commit[0] > tl.committed_point
+        or st.votes.max_seen > max(tl.reported, st.votes_final_through)  # join in
+    )
+
+
+def checkpoints(core: RelayState, above: int, upto: int) -> list[int]:
+    """Aligned report points in (above, upto]: the end of every interval-th millisecond.
+    Relays pick the same points, so they can agree while no transaction arrives."""
+    interval = core.limits.checkpoint_interval_ms
+    lo_ms = max(ms_of(above), 0)
+    hi_ms = ms_of(upto)
+    first = lo_ms - lo_ms % interval + interval - 1
+    last = hi_ms - (hi_ms + 1) % interval
+    if last < first:
+        return []
+    count = (last - first) // interval + 1
+    skip = max(count - core.limits.max_checkpoints_per_report, 0)
+    points = [end_of_ms(first + (skip + k) * interval) for k in range(count - skip)]
+    return [p for p in points if above < p <= upto]
+
+
+def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
+    tl = st.timeline
+    if st.join is not None or st.repair is not None or st.reset is not None:
+        return
+    if st.reports_paused:
+        return
+    w = watermark(core, st, now_ms)
+    # We report only above what we reported and above our promise; transactions may
+    # still enter between the two (we never reported there).
+    above = max(tl.reported, st.votes_final_through)
+    if w <= above:
+        return
+    start = tl.index_after(above)
+    end = tl.index_after(w)
+    points: list[Report] = []
+    if end > start:
+        tl.digest_through(end - 1)
+        points.extend(zip(tl.seqs[start:end], tl.digests[start:end], strict=True))
+    if unsettled(st) or end > start:
+        aligned = checkpoints(core, above, w)
+        if aligned:
+            for p in aligned:
+                d = tl.digest_at(p)
+                if d is not None:
+                    points.append((p, d))
+            points.sort()
+    if not points:
+        return
+    tl.reported = points[-1][0]
+    st.out_reports.extend(points)
+    st.report_log.extend(points)
+    if st.peers:
+        st.own_unacked.extend(points)
+        count_acked_own(core, st)
+    else:
+        count_votes(st, core.id, tuple(points))  # a stream of one: nobody to ack
+
+
+def resume_reports(st: StreamState) -> None:
+    st.reports_paused = False  # the promise made while paused still bounds our reports
+
+
+def publish_reports(core: RelayState, st: StreamState) -> None:
+    """Publish new reports, and our committed point and acks when they moved."""
+    collect_reports(core, st, core.now_ms)
+    committed = st.timeline.committed_point
+    our_acks = acks(st)
+    acks_moved = any(st.acks_sent.get(m, -1) < p for m, p in our_acks)
+    if st.out_reports or committed > st.announced_commit or acks_moved:
+        st.link_seq_out += 1
+        st.announced_commit = committed
+        st.acks_sent = dict(our_acks)
+        core.send(
+            Reports(
+                sender=core.id,
+                incarnation=core.incarnation,
+                floor=core.clock.floor,
+                stream=st.stream,
+                link_seq=st.link_seq_out,
+                points=tuple(st.out_reports),
+                committed_point=committed,
+                committed_digest=st.timeline.committed_digest,
+                acks=our_acks,
+            ),
+            stream=st.stream,
+        )
+        st.out_reports = []
+
+
+# --- delivering ---------------------------------------------------------------------------------
+
+
+def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> None:
+    """Commit our prefix up to `point` (its digest is `digest`), hand the new entries to
+    consumers, answer the produces it settles, and evict down to the buffer bounds."""
+    tl = st.timeline
+    newly = tl.deliver_through(point, digest)
+    st.votes.settle_through(point)
+    while st.own_unacked and st.own_unacked[0][0] <= point:
+        st.own_unacked.popleft()  # settled: no need to count them any more
+    st.progress_ms = core.now_ms
+    resume_reports(st)
+    st.mismatch_since_ms = NEVER
+    if st.repair is not None and st.repair.point <= point:
+        st.end_repair()
+    fresh = tuple((seq, tx) for seq, tx, first in newly if first == seq)
+    if fresh:
+        core.outbox.deliveries.append(Delivery(st.stream, fresh))
+    core.counters["delivered"] += len(fresh)
+    core.counters["dedupe_skipped"] += len(newly) - len(fresh)
+    for seq, _, first in newly:
+        pending = st.pending.take(seq)
+        if pending is not None:
+            coordinate.answer_all(core, pending.waiters, Outcome.COMMITTED, first)
+    coordinate.resolve_excluded(core, st, point)
+    tl.evict(core.limits.buffer_max_entries, core.limits.buffer_max_bytes)

@@ -1,0 +1,210 @@
+"""Coordinating produces, and answering their producers (docs/protocol.md sections 5.1, 5.4
+and 5.9's effect on pending produces).
+
+A produce reaching a member is given the next sequence number of the member's hybrid clock,
+inserted, and published in the next `TxBatch`; its producer waits until the committed
+prefix reaches it. A produce reaching a non-member is forwarded once to a live member. Every
+produce gets exactly one answer (G3): `committed(seq)`, `rejected(reason)`, `fenced` with
+relays to try, or `unknown` when the outcome cannot be known in time.
+"""
+
+from __future__ import annotations
+
+from relay.core.fencing import redirect_for
+from relay.core.links import is_live
+from relay.core.messages import (
+    Forward,
+    ForwardReply,
+    Outcome,
+    RejectReason,
+    Transaction,
+    TxBatch,
+)
+from relay.core.shell import ProduceReply
+from relay.core.state import RelayState, StreamState, Waiter, chunks
+
+
+def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_ms: int) -> None:
+    """A produce from a client (or forwarded by a non-member): coordinate or forward."""
+    limits = core.limits
+    members = core.topology.members(stream)
+    if not members:
+        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.UNKNOWN_STREAM.value)
+    if tx.size_bytes() > limits.max_tx_bytes:
+        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)
+    if core.id not in members:
+        return forward(core, stream, tx, waiter, members, now_ms)
+    if not core.can_open(stream):
+        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+    st = core.stream(stream)
+    if st.join is not None or st.fenced:
+        core.counters["produce_fenced"] += 1
+        return answer(core, waiter, Outcome.FENCED, redirect=redirect_for(core, st))
+    tl = st.timeline
+    first = tl.dedupe.first_copy(tx.producer_id, tx.producer_seq)
+    if first is not None:
+        core.counters["produce_dedupe_committed"] += 1
+        return answer(core, waiter, Outcome.COMMITTED, seq=first)
+    key = (tx.producer_id, tx.producer_seq)
+    if st.pending.wait_on(key, waiter):
+        return None  # the same transaction is pending here: one answer for both
+    if (
+        not tl.make_room(limits.buffer_max_entries, limits.buffer_max_bytes, tx.size_bytes())
+        or len(st.pending) >= limits.max_pending_produces
+    ):
+        core.counters["produce_buffer_full"] += 1
+        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+    seq = core.clock.next_seq(core.wall_ms)
+    tl.insert(seq, tx)
+    st.out_entries.append((seq, tx))
+    st.pending.add(seq, key, waiter, now_ms + limits.produce_timeout_ms)
+    return None
+
+
+def forward(
+    core: RelayState,
+    stream: str,
+    tx: Transaction,
+    waiter: Waiter,
+    members: tuple[int, ...],
+    now_ms: int,
+) -> None:
+    if waiter.origin is not None:  # never forward twice
+        return answer(core, waiter, Outcome.FENCED, redirect=members)
+    live = [m for m in members if is_live(core, core.peers[m], now_ms)]
+    if not live:
+        return answer(core, waiter, Outcome.FENCED, redirect=members)
+    forward_id = core.request_id()
+    target = live[forward_id % len(live)]
+    core.forwards[forward_id] = waiter.request_id
+    core.forward_deadlines.append((now_ms + core.limits.produce_timeout_ms, forward_id))
+    core.send(
+        Forward(
+            sender=core.id,
+            incarnation=core.incarnation,
+            floor=core.clock.floor,
+            target=target,
+            stream=stream,
+            request_id=forward_id,
+            tx=tx,
+        )
+    )
+    return None
+
+
+def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
+    client_request = core.forwards.pop(msg.request_id, None)
+    if client_request is None:
+        core.counters["forward_reply_unmatched"] += 1
+        return
+    core.outbox.replies.append(
+        ProduceReply(client_request, msg.outcome, msg.seq, msg.reason, msg.redirect)
+    )
+
+
+def expire_forwards(core: RelayState, now_ms: int) -> None:
+    """Forwards unanswered past their deadline: their clients are told `unknown`."""
+    deadlines = core.forward_deadlines
+    while deadlines and deadlines[0][0] <= now_ms:
+        _, forward_id = deadlines.popleft()
+        client_request = core.forwards.pop(forward_id, None)
+        if client_request is not None:
+            core.outbox.replies.append(ProduceReply(client_request, Outcome.UNKNOWN))
+
+
+def answer(
+    core: RelayState,
+    waiter: Waiter,
+    outcome: Outcome,
+    *,
+    seq: int = -1,
+    reason: str = "",
+    redirect: tuple[int, ...] = (),
+) -> None:
+    if waiter.origin is None:
+        core.outbox.replies.append(ProduceReply(waiter.request_id, outcome, seq, reason, redirect))
+        return
+    core.send(
+        ForwardReply(
+            sender=core.id,
+            incarnation=core.incarnation,
+            floor=core.clock.floor,
+            target=waiter.origin,
+            request_id=waiter.request_id,
+            outcome=outcome,
+            seq=seq,
+            reason=reason,
+            redirect=redirect,
+        )
+    )
+
+
+def answer_all(
+    core: RelayState, waiters: list[Waiter], outcome: Outcome, seq: int = -1, reason: str = ""
+) -> None:
+    for waiter in waiters:
+        answer(core, waiter, outcome, seq=seq, reason=reason)
+
+
+def resolve_excluded(
+    core: RelayState, st: StreamState, point: int, prefix_seen: bool = True
+) -> None:
+    """Own transactions at or below a newly committed point that we did not deliver.
+    If we saw the committed prefix, the transaction is definitely out (rejected), unless
+    another copy of it committed. After a rebase we did not see the skipped range, so
+    all we can honestly say is unknown."""
+    while True:
+        seq = st.pending.oldest()
+        if seq is None or seq > point:
+            break
+        pending = st.pending.take(seq)
+        assert pending is not None
+        first = st.timeline.dedupe.first_copy(*pending.key)
+        if first is not None:
+            answer_all(core, pending.waiters, Outcome.COMMITTED, first)
+        elif prefix_seen:
+            core.counters["produce_rejected_late"] += 1
+            answer_all(core, pending.waiters, Outcome.REJECTED, -1, RejectReason.LATE.value)
+        else:
+            core.counters["produce_unknown"] += 1
+            answer_all(core, pending.waiters, Outcome.UNKNOWN)
+
+
+def expire_pending(core: RelayState, st: StreamState, now_ms: int) -> None:
+    """Produces past their deadline are answered `unknown` (5.4)."""
+    for seq in st.pending.expired(now_ms):
+        pending = st.pending.take(seq)
+        if pending is not None:
+            core.counters["produce_unknown"] += 1
+            answer_all(core, pending.waiters, Outcome.UNKNOWN)
+
+
+def abandon_pending(core: RelayState, st: StreamState) -> None:
+    """Fenced: what we coordinate cannot commit while we stay cut off, so tell its
+    producers `unknown` now (they retry elsewhere with the same producer sequence;
+    dedupe keeps one copy if ours commits after all) instead of at its deadline."""
+    for seq in list(st.pending.by_seq):
+        pending = st.pending.take(seq)
+        assert pending is not None
+        core.counters["produce_unknown_fenced"] += 1
+        answer_all(core, pending.waiters, Outcome.UNKNOWN)
+
+
+def publish_batches(core: RelayState, st: StreamState) -> None:
+    """Publish what we coordinated since the last call, in frames within the batch bounds."""
+    if not st.out_entries:
+        return
+    for chunk in chunks(st.out_entries, core.limits):
+        st.link_seq_out += 1
+        core.send(
+            TxBatch(
+                sender=core.id,
+                incarnation=core.incarnation,
+                floor=core.clock.floor,
+                stream=st.stream,
+                link_seq=st.link_seq_out,
+                entries=tuple(chunk),
+            ),
+            stream=st.stream,
+        )
+    st.out_entries = []

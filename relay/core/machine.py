@@ -1,0 +1,341 @@
+"""RelayCore: the protocol state machine of one relay, with no I/O of its own.
+
+Theory of operation (docs/protocol.md is the full spec; section numbers refer to it):
+
+* The shell feeds inputs (`receive`, `peer_lost`, `produce`, `tick`) with its clocks and
+  acts on `ready()` (relay/core/shell.py states the contract); `read` and the other
+  queries answer at once.
+* A member of stream S coordinates a produce by giving it the next sequence number of its
+  hybrid clock and publishing it on S's topic (coordinate.py, 5.1). Every member inserts it
+  in its timeline; links.py (5.2) tracks what each peer sent, so that once a point is
+  *stable* (at or below the watermark: the lowest floor of the live members) the member
+  reports its digest there, once (commit.py, 5.3). A point commits when a quorum reports
+  the same digest (5.4); a member delivers the committed prefix when its own digest
+  matches, and otherwise repairs from members that reported it (repair.py, 5.5). Splits
+  are resolved by reset.py (5.7), empty relays join by join.py (5.8), fencing.py (5.9)
+  and heartbeat.py (5.11) keep liveness visible.
+* Safety rests only on the rules of section 6: commit = a quorum of identical counted
+  reports at one point; one counted report per relay per point, across restarts; a
+  reported prefix changes only by adopting a committed digest, or by rebuilding a zone
+  whose every point is dead; quorums intersect. Clocks and timeouts only decide when.
+
+This module is the dispatch: it validates what arrives, hands each message and each timer
+to the rule that owns it, and composes the rules where one event concerns several.
+"""
+
+from __future__ import annotations
+
+from relay.core import codec, commit, coordinate, fencing, heartbeat, join, links, repair, reset
+from relay.core.config import CoreConfig
+from relay.core.messages import (
+    Forward,
+    ForwardReply,
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    PeerMessage,
+    ReadStatus,
+    Refusal,
+    RepairReply,
+    RepairRequest,
+    RepairStatus,
+    Reports,
+    TxBatch,
+)
+from relay.core.seq import relay_of
+from relay.core.shell import ProduceRequest, ReadResult, Ready
+from relay.core.state import (
+    GENESIS_POINT,
+    PeerState,
+    Purpose,
+    RelayState,
+    StreamState,
+    Waiter,
+)
+from relay.core.timeline import NO_DIGEST, CommittedRecord
+from relay.errors import FieldError, FrameError
+
+
+class RelayCore(RelayState):
+    """One relay's protocol decisions. Pure: time and events come in, `ready()` says what
+    to send, answer and deliver."""
+
+    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
+        super().__init__(config, incarnation, now_ms)
+        topology = self.topology
+        named = [p for p in topology.subscriptions[self.id] if not any(c in p for c in "*?[")]
+        for stream in named + [s for s in config.declared_streams if topology.serves(self.id, s)]:
+            self.stream(stream)  # named and declared streams join at start; others on first use
+
+    # === inputs ==========================================================================
+
+    def _set_time(self, wall_ms: int, mono_ms: int | None) -> int:
+        """Two clocks come in: the wall clock (Unix ms) only feeds sequence numbers and the
+        skew check; every timer runs on the monotonic clock, so a wall clock stepping back
+        does not silence heartbeats or hide dead peers. Returns the monotonic time."""
+        self.wall_ms = wall_ms
+        self.now_ms = wall_ms if mono_ms is None else mono_ms
+        return self.now_ms
+
+    def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None:
+        """A frame from a peer. Never raises; a bad frame is counted and changes nothing.
+        `now_ms`: wall clock (Unix ms); `mono_ms`: monotonic clock (defaults to now_ms)."""
+        now_ms = self._set_time(now_ms, mono_ms)
+        try:
+            msg = codec.decode(frame, self.limits.max_frame_bytes)
+            self._check(msg)
+        except FrameError as error:
+            self.counters[error.counter] += 1
+            return
+        peer = self.peers[msg.sender]
+        if links.admit(self, msg, peer, now_ms):
+            self._dispatch(msg, peer, now_ms)
+
+    def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
+        """A client's transaction; its ProduceReply comes out of a later `ready()`."""
+        now_ms = self._set_time(now_ms, mono_ms)
+        coordinate.accept(
+            self, request.stream, request.tx, Waiter(request.request_id, None), now_ms
+        )
+
+    def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None:
+        """The shell saw its connection to a peer close (the process died, the host went
+        away): suspect it now rather than after suspect_timeout_ms of silence. Hearing from
+        it again makes it live again. A hint for liveness only; safety never rests on it."""
+        now_ms = self._set_time(now_ms, mono_ms)
+        links.peer_lost(self, relay_id, now_ms)
+
+    def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
+        """Time passed: heartbeats, retries, deadlines, fencing."""
+        now_ms = self._set_time(now_ms, mono_ms)
+        self.clock.follow_wall(self.wall_ms)
+        if now_ms - self.last_heartbeat_ms >= self.limits.heartbeat_interval_ms:
+            heartbeat.send_heartbeat(self, now_ms)
+        for st in self.streams.values():
+            self._tick_stream(st, now_ms)
+        coordinate.expire_forwards(self, now_ms)
+
+    def ready(self) -> Ready:
+        """Drain what the shell must do now: publish, answer, deliver (see `Ready`)."""
+        for st in self.streams.values():
+            coordinate.publish_batches(self, st)
+            commit.publish_reports(self, st)
+        if self.announce_floor and self.clock.floor > self.floor_sent:
+            heartbeat.send_heartbeat(self, self.now_ms)
+        self.announce_floor = False
+        out, self.outbox = self.outbox, Ready()
+        return out
+
+    # === queries =========================================================================
+
+    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult:
+        """Committed entries of `stream` after `after_seq` (-1: from the oldest held)."""
+        members = self.topology.members(stream)
+        if not members:
+            return ReadResult(ReadStatus.UNKNOWN_STREAM)
+        if self.id not in members:
+            return ReadResult(ReadStatus.REDIRECT, redirect=members)
+        if not self.can_open(stream):
+            return ReadResult(
+                ReadStatus.NOT_READY, redirect=tuple(m for m in members if m != self.id)
+            )
+        st = self.stream(stream)
+        redirect = fencing.redirect_for(self, st)
+        if st.join is not None and st.join.amnesiac:
+            return ReadResult(ReadStatus.NOT_READY, redirect=redirect)
+        if st.fenced:
+            return ReadResult(ReadStatus.FENCED, redirect=redirect)
+        tl = st.timeline
+        if after_seq >= 0 and after_seq < tl.base_point and tl.base_point != GENESIS_POINT:
+            return ReadResult(
+                ReadStatus.OUT_OF_RANGE, oldest=tl.base_point, committed=tl.committed_point
+            )
+        entries = tl.committed_after(after_seq, max_entries)
+        return ReadResult(
+            ReadStatus.OK, tuple(entries), oldest=tl.base_point, committed=tl.committed_point
+        )
+
+    def seed(self, stream: str, point: int, digest: bytes) -> bool:
+        """Before the stream joins: its last committed point and digest as durable history
+        (the store, this relay's spool) knows them. Should no member hold any history of
+        the stream when it joins, the highest seed any member offers becomes the base
+        instead of the genesis, so the chain and the sequence numbers carry on from the
+        stored history. False (and nothing changes) if the stream is not served here or
+        has begun joining. ValueError if the point or digest cannot be one."""
+        return join.seed(self, stream, point, digest)
+
+    def committed_records(
+        self, stream: str, after_seq: int, max_entries: int
+    ) -> tuple[int, bytes, list[CommittedRecord]]:
+        """For a spool: (base point, base digest, committed records after `after_seq`).
+        Records below the base were evicted (or never held: the relay joined above them);
+        a spool behind the base has a gap that other relays' spools must cover."""
+        st = self.streams.get(stream)
+        if st is None:
+            return -1, NO_DIGEST, []
+        tl = st.timeline
+        return tl.base_point, tl.base_digest, tl.records_after(after_seq, max_entries)
+
+    def stream_names(self) -> list[str]:
+        """The streams this relay tracks (served, and opened)."""
+        return list(self.streams)
+
+    def fenced(self, stream: str) -> bool:
+        st = self.streams.get(stream)
+        return st is None or st.fenced
+
+    def joined(self, stream: str) -> bool:
+        st = self.streams.get(stream)
+        return st is not None and (st.join is None or not st.join.amnesiac)
+
+    def committed_point(self, stream: str) -> int:
+        st = self.streams.get(stream)
+        return st.timeline.committed_point if st else -1
+
+    def status(self) -> dict[str, object]:
+        return {
+            "relay": self.id,
+            "incarnation": self.incarnation,
+            "floor": self.clock.floor,
+            "streams": {
+                name: {
+                    "joined": st.join is None,
+                    "fenced": st.fenced,
+                    "committed": st.timeline.committed_point,
+                    "reported": st.timeline.reported,
+                    "held": len(st.timeline),
+                    "held_bytes": st.timeline.held_bytes,
+                    "late": len(st.timeline.late),
+                    "pending": len(st.pending),
+                    "repairing": st.repair is not None,
+                    # A split seen (5.7): reports held back, then the zone rebuilt.
+                    "reports_paused": st.reports_paused,
+                    "rebuilding": st.reset is not None,
+                    # Suspected members whose transactions are still being fetched (5.2).
+                    "syncing": sorted(m for m, sync in st.syncs.items() if not sync.done),
+                    # Reports that contradict the same member's earlier one at a point: a
+                    # member breaking rule 2 of section 6 (counted, never used).
+                    "vote_conflicts": st.votes.conflicts,
+                }
+                for name, st in sorted(self.streams.items())
+            },
+            "peers_heard": sorted(
+                r for r, p in self.peers.items() if links.is_live(self, p, self.now_ms)
+            ),
+            "counters": dict(self.counters),
+        }
+
+    # === validation of what a peer sent ================================================
+
+    def _check(self, msg: PeerMessage) -> None:
+        """Semantic checks the codec cannot make; raise FrameError before any state change."""
+        if msg.sender == self.id or msg.sender not in self.peers:
+            raise FieldError(f"sender {msg.sender} is not a peer of relay {self.id}")
+        target = getattr(msg, "target", None)
+        if target is not None and target != self.id:
+            raise FieldError(f"message for relay {target} reached relay {self.id}")
+        stream = getattr(msg, "stream", None)
+        if stream is not None and not self.can_open(stream):
+            raise FieldError(f"relay {self.id} already tracks max_streams streams")
+        if stream is not None and not isinstance(msg, Forward):
+            if not self.topology.serves(self.id, stream):
+                raise FieldError(f"relay {self.id} does not serve stream {stream!r}")
+            if not isinstance(
+                msg, (ForwardReply, RepairReply, JoinReply)
+            ) and not self.topology.serves(msg.sender, stream):
+                raise FieldError(f"relay {msg.sender} does not serve stream {stream!r}")
+        if isinstance(msg, TxBatch):
+            previous = -1
+            for seq, tx in msg.entries:
+                if relay_of(seq) != msg.sender or seq > msg.floor or seq <= previous:
+                    raise FieldError(f"transaction {seq} not issued in order by {msg.sender}")
+                if tx.size_bytes() > self.limits.max_tx_bytes:
+                    raise FieldError(f"transaction {seq} exceeds max_tx_bytes")
+                previous = seq
+        elif isinstance(msg, Reports):
+            previous = -1
+            for point, _ in msg.points:
+                if point <= previous or point > msg.floor:
+                    raise FieldError("report points must increase and not pass the floor")
+                previous = point
+        elif isinstance(msg, RepairReply):
+            previous = msg.lo
+            for seq, _ in msg.entries:
+                if seq <= previous or seq > msg.hi:
+                    raise FieldError("repair entries out of order or outside their range")
+                previous = seq
+        elif isinstance(msg, Forward) and not self.topology.serves(self.id, msg.stream):
+            raise FieldError(f"forward of stream {msg.stream!r} to a relay that does not serve it")
+
+    # === dispatch ========================================================================
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        if isinstance(msg, TxBatch):
+            st = self.stream(msg.stream)
+            if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                links.on_tx_batch(self, st, msg)
+        elif isinstance(msg, Reports):
+            st = self.stream(msg.stream)
+            if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                commit.on_reports(self, st, msg)
+                repair.advance(self, st, now_ms)
+        elif isinstance(msg, Heartbeat):
+            heartbeat.on_heartbeat(self, msg, peer, now_ms)
+        elif isinstance(msg, JoinRequest):
+            st = self.stream(msg.stream)
+            if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+                join.on_join_request(self, st, msg)
+        elif isinstance(msg, JoinReply):
+            st = self.stream(msg.stream)
+            if join.on_join_reply(self, st, msg, now_ms):
+                repair.advance(self, st, now_ms)
+        elif isinstance(msg, Forward):
+            coordinate.accept(self, msg.stream, msg.tx, Waiter(msg.request_id, msg.sender), now_ms)
+        elif isinstance(msg, ForwardReply):
+            coordinate.on_forward_reply(self, msg)
+        elif isinstance(msg, RepairRequest):
+            repair.on_repair_request(self, self.stream(msg.stream), msg)
+        elif isinstance(msg, RepairReply):
+            self._on_repair_reply(self.stream(msg.stream), msg, now_ms)
+        elif isinstance(msg, Refusal):
+            peer.refused_us_ms = now_ms
+            self.counters["refused_by_peer"] += 1
+
+    def _on_repair_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
+        """Hand a reply to the rule that asked for it (the table of requests says which)."""
+        asked = st.requests.take(msg.request_id, msg.sender)
+        if asked is None:
+            self.counters["repair_reply_unmatched"] += 1
+        elif asked.purpose is Purpose.GAP_FILL:
+            # The entries fill the hole; the reports in the reply are the sender's votes.
+            state = self.peers[msg.sender].links[st.stream]
+            closed = links.on_fill_reply(self, st, state, msg, now_ms)
+            if msg.status is RepairStatus.OK:
+                commit.count_votes(st, msg.sender, msg.reports)
+            if closed:
+                commit.update_known_through(self, st, msg.sender)
+        elif asked.purpose is Purpose.SUSPECT_SYNC:
+            links.on_sync_reply(self, st, asked.about, msg)
+        elif asked.purpose is Purpose.RESET:
+            reset.on_reset_reply(self, st, msg, now_ms)
+        else:
+            repair.on_repair_reply(self, st, msg, now_ms)
+
+    def _tick_stream(self, st: StreamState, now_ms: int) -> None:
+        if fencing.update_fence(self, st, now_ms) and st.join is None:
+            coordinate.abandon_pending(self, st)
+        joining = st.join
+        if joining is not None and not st.peers and joining.amnesiac:
+            # A stream of one: nobody to ask.
+            if join.on_join_round(self, st, now_ms):
+                repair.advance(self, st, now_ms)
+            return
+        if joining is not None and now_ms - joining.sent_ms >= self.limits.repair_retry_ms:
+            join.send_join_request(self, st, now_ms)
+        coordinate.expire_pending(self, st, now_ms)
+        repair.tick_repair(self, st, now_ms)
+        reset.tick_reset(self, st, now_ms)
+        reset.maybe_reset(self, st, now_ms)
+        links.tick_syncs(self, st, now_ms)
+        links.retry_fills(self, st, now_ms)
+        repair.advance(self, st, now_ms)

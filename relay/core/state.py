@@ -1,0 +1,369 @@
+"""What one relay remembers (docs/protocol.md section 4), and the few primitives every rule
+uses to act on it: publish a message, allocate a request id, open a stream.
+
+The rules themselves live in one module per spec section (coordinate, links, commit,
+repair, reset, join, fencing, heartbeat); they read and change this state and nothing else.
+Keeping the state in one place lets a reader see at once what a relay knows, and lets the
+explorer copy a relay by pickling it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from relay.core import codec
+from relay.core.config import CoreConfig, Limits
+from relay.core.messages import (
+    Entry,
+    JoinReply,
+    PeerMessage,
+    Report,
+    Transaction,
+)
+from relay.core.quorum import VoteTally, quorum
+from relay.core.seq import HybridClock
+from relay.core.shell import Outgoing, Ready
+from relay.core.timeline import NO_DIGEST, Timeline
+
+GENESIS_POINT = 0
+NEVER = -(1 << 62)  # a time long before anything happened
+REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across restarts
+
+ProducerKey = tuple[bytes, int]  # (producer id, producer seq)
+
+
+# --- what we know of each peer (5.2) ------------------------------------------------------
+
+
+@dataclass
+class LinkState:
+    """What this relay has received of one peer's messages about one stream."""
+
+    expected: int = 1  # next link_seq we expect; 0: not yet synchronised (first contact)
+    contig_floor: int = 0  # peer floor as of its last message with nothing missing before it
+    latest_floor: int = 0  # peer floor as of its latest message on this link
+    hole_lo: int = -1  # -1: no hole. Else transactions lo < seq <= hole_hi may be missing
+    hole_hi: int = -1
+    fill_sent_ms: int = NEVER  # when the gap fill in flight was asked for
+    fill_lo: int = -1  # where it started (a retry asks again from there)
+
+
+@dataclass
+class PeerState:
+    incarnation: int = -1
+    last_heard_ms: int = NEVER
+    refused_us_ms: int = NEVER
+    refusal_sent_ms: int = NEVER
+    links: dict[str, LinkState] = field(default_factory=dict)
+    joined: dict[str, bool] = field(default_factory=dict)
+    sync_links: bool = True  # a new link takes the first link_seq it sees as its start
+
+
+# --- requests we sent and still want an answer to -----------------------------------------
+
+
+class Purpose(enum.Enum):
+    """Why a RepairRequest was sent: decides what its reply is used for."""
+
+    GAP_FILL = "gap_fill"  # 5.2: a peer's own transactions lost on its link to us
+    SUSPECT_SYNC = "suspect_sync"  # 5.2: what a suspected member sent the others
+    REPAIR = "repair"  # 5.5: the committed prefix we failed to match
+    RESET = "reset"  # 5.7: what a member holds in a zone being rebuilt
+
+
+@dataclass(frozen=True, slots=True)
+class Outstanding:
+    purpose: Purpose
+    peer: int  # the relay asked; only its reply counts
+    about: int = -1  # SUSPECT_SYNC: the suspected member whose transactions were asked for
+
+
+class Requests:
+    """One stream's RepairRequests still awaiting their reply, by request id. A request
+    leaves the table when its reply comes, or when whatever it served ended or asked again
+    (a reply to it is then ignored and counted as unmatched)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, Outstanding] = {}  # in request order (ids only grow)
+
+    def open(self, request_id: int, purpose: Purpose, peer: int, about: int = -1) -> None:
+        self._open[request_id] = Outstanding(purpose, peer, about)
+
+    def take(self, request_id: int, sender: int) -> Outstanding | None:
+        """The request `sender` answered, now closed; None if it is not one we await."""
+        found = self._open.get(request_id)
+        if found is None or found.peer != sender:
+            return None
+        del self._open[request_id]
+        return found
+
+    def asked(self, purpose: Purpose, about: int = -1) -> list[int]:
+        """The peers with a request of `purpose` (about `about`) open, in request order."""
+        return [o.peer for o in self._open.values() if o.purpose is purpose and o.about == about]
+
+    def close(self, purpose: Purpose, *, peer: int = -1, about: int = -1) -> None:
+        """Close every request of `purpose` (to `peer`, about `about`, when given)."""
+        for request_id, o in list(self._open.items()):
+            if (
+                o.purpose is purpose
+                and (peer < 0 or o.peer == peer)
+                and (about < 0 or o.about == about)
+            ):
+                del self._open[request_id]
+
+
+# --- per-stream state of the rules ---------------------------------------------------------
+
+
+@dataclass
+class Waiter:
+    """Who waits for a produce's outcome."""
+
+    request_id: int
+    origin: int | None  # None: a local client; else the relay that forwarded it
+
+
+@dataclass(slots=True)
+class Pending:
+    key: ProducerKey
+    waiters: list[Waiter]
+
+
+class PendingProduces:
+    """The produces this relay coordinates and has not answered yet (5.1, 5.4)."""
+
+    def __init__(self) -> None:
+        self.by_seq: dict[int, Pending] = {}  # own seq -> pending; in seq order
+        self.by_key: dict[ProducerKey, int] = {}  # -> own seq
+        # (deadline_ms, seq), in deadline order; entries outlive early answers
+        self.deadlines: deque[tuple[int, int]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.by_seq)
+
+    def add(self, seq: int, key: ProducerKey, waiter: Waiter, deadline_ms: int) -> None:
+        self.by_seq[seq] = Pending(key, [waiter])
+        self.by_key[key] = seq
+        self.deadlines.append((deadline_ms, seq))
+
+    def wait_on(self, key: ProducerKey, waiter: Waiter) -> bool:
+        """Add a waiter to the pending produce of `key`; False if there is none."""
+        seq = self.by_key.get(key)
+        if seq is None:
+            return False
+        self.by_seq[seq].waiters.append(waiter)
+        return True
+
+    def take(self, seq: int) -> Pending | None:
+        """Remove the pending produce at `seq` (to answer it)."""
+        pending = self.by_seq.pop(seq, None)
+        if pending is not None:
+            self.by_key.pop(pending.key, None)
+        return pending
+
+    def oldest(self) -> int | None:
+        return next(iter(self.by_seq), None)
+
+    def expired(self, now_ms: int) -> Iterator[int]:
+        """The seqs whose deadline passed (some may be answered already)."""
+        deadlines = self.deadlines
+        while deadlines and deadlines[0][0] <= now_ms:
+            yield deadlines.popleft()[1]
+
+
+@dataclass
+class RepairState:
+    """Fetching the committed prefix (lo, point] from members (5.5)."""
+
+    point: int
+    digest: bytes
+    lo: int
+    candidates: list[int]
+    attempt: int = 0
+    sent_ms: int = NEVER
+    entries: list[Entry] = field(default_factory=list)
+    too_old: set[int] = field(default_factory=set)  # candidates whose buffer starts later
+
+
+@dataclass
+class ResetState:
+    """Rebuilding our uncommitted zone (lo, hi] as the union of what the members hold,
+    after every point we reported there turned out dead (5.7)."""
+
+    lo: int
+    hi: int
+    started_ms: int
+    entries: dict[int, Transaction] = field(default_factory=dict)
+
+
+@dataclass
+class SuspectSync:
+    """Before the watermark leaves out a suspected member, fetch from the live members the
+    transactions it coordinated above the floor we last had from it (5.2): a frame it sent
+    to only some members before it died then reaches all of them, and they agree."""
+
+    heard_ms: int  # the member's last_heard_ms at the start: hearing it again ends the sync
+    lo: int
+    started_ms: int
+    sent_ms: int
+    done: bool = False
+
+
+@dataclass
+class JoinState:
+    """Joining (no history) or rebasing (history too old to repair) (5.5, 5.8)."""
+
+    amnesiac: bool  # joining after a start: must hear every other member first
+    need_point: int = -1
+    replies: dict[int, JoinReply] = field(default_factory=dict)
+    first_round_done: bool = False
+    sent_ms: int = NEVER
+    asked_after_commit: int = -1  # highest known commit we already asked a base for
+
+
+class StreamState:
+    """Everything one relay knows about one stream it serves (section 4)."""
+
+    def __init__(self, stream: str, members: tuple[int, ...], me: int, cfg: CoreConfig) -> None:
+        limits = cfg.limits
+        self.stream = stream
+        self.members = members
+        self.peers = tuple(m for m in members if m != me)
+        self.q = quorum(len(members))
+        self.timeline = Timeline(stream, limits.dedupe_window_entries, limits.late_max_entries)
+        self.requests = Requests()
+        self.fenced = True  # 5.9
+        # 5.1 coordinating: what we issued and not yet published, and who waits for it
+        self.link_seq_out = 0  # our messages on this stream's topic (5.2)
+        self.out_entries: list[Entry] = []
+        self.pending = PendingProduces()
+        # 5.3-5.4 reporting and counting votes
+        self.votes = VoteTally(members, limits.max_pending_vote_points)
+        self.out_reports: list[Report] = []
+        self.report_log: deque[Report] = deque(maxlen=limits.report_log_entries)
+        self.known_commit: tuple[int, bytes] = (-1, NO_DIGEST)
+        self.commit_sources: set[int] = set()
+        self.announced_commit = -1
+        self.progress_ms = NEVER  # last time the committed point moved
+        # Votes of member m are all known at points <= known_through[m] (its report
+        # stream arrived with nothing missing); a restart of m leaves its earlier
+        # incarnation's later votes unknowable (votes_unknowable_above).
+        self.known_through: dict[int, int] = {}
+        self.votes_unknowable_above: dict[int, int] = {}
+        # Our own reports count towards a commit we recognise only once some member has
+        # acknowledged receiving them: then every vote that ever helped a commit is known
+        # to a member that survives us, which is what lets our next incarnation inherit.
+        self.own_unacked: deque[Report] = deque()
+        self.own_acked_through = -1
+        self.acks_sent: dict[int, int] = {}
+        # 5.2 suspicion sync: suspected member -> its sync
+        self.syncs: dict[int, SuspectSync] = {}
+        # 5.5 repair
+        self.repair: RepairState | None = None
+        self.mismatch_since_ms = NEVER
+        # 5.7 reset
+        self.reset: ResetState | None = None
+        self.reports_paused = False  # a split was seen: add no points until it is rebuilt
+        self.rebuilt_through = -1  # the highest point of a zone we rebuilt
+        self.dead_check_ms = NEVER
+        # 5.8 joining. Our promise (see StreamStatus): at or below votes_final_through, our
+        # votes are those members got from us or `inherited` (our earlier incarnations'
+        # reports that members saw); we never report there again.
+        self.join: JoinState | None = JoinState(amnesiac=True)
+        self.inherited: tuple[Report, ...] = ()
+        self.votes_final_through = -1
+        # The last committed (point, digest) known from durable history (the store, a
+        # spool) when this relay started without any (see RelayCore.seed).
+        self.seed: tuple[int, bytes] | None = None
+
+    def end_repair(self) -> None:
+        self.repair = None
+        self.requests.close(Purpose.REPAIR)
+
+    def end_reset(self) -> None:
+        self.reset = None
+        self.requests.close(Purpose.RESET)
+
+    def end_sync(self, suspect: int) -> None:
+        del self.syncs[suspect]
+        self.requests.close(Purpose.SUSPECT_SYNC, about=suspect)
+
+
+# --- the relay ------------------------------------------------------------------------------
+
+
+class RelayState:
+    """One relay: its clocks, peers and streams, and what it has to say to the shell."""
+
+    def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
+        self.config = config
+        self.limits: Limits = config.limits
+        self.topology = config.topology
+        self.id = config.relay_id
+        self.incarnation = incarnation
+        self.clock = HybridClock(self.id)
+        self.clock.follow_wall(now_ms)
+        self.wall_ms = now_ms
+        self.now_ms = now_ms  # monotonic time; the first input with mono_ms replaces it
+        self.counters: Counter[str] = Counter()
+        self.peers: dict[int, PeerState] = {
+            r: PeerState() for r in self.topology.relay_ids if r != self.id
+        }
+        self.streams: dict[str, StreamState] = {}
+        self.outbox = Ready()  # drained by ready()
+        self.last_request_id = incarnation << REQUEST_ID_BITS
+        # 5.1 forwarding: our forward id -> the client's request id, and deadlines
+        self.forwards: dict[int, int] = {}
+        self.forward_deadlines: deque[tuple[int, int]] = deque()
+        # 5.9 heartbeats
+        self.last_heartbeat_ms = NEVER
+        self.floor_sent = -1  # the highest floor any message carried
+        self.announce_floor = False  # transactions arrived: tell the floor promptly
+
+    def send(self, msg: PeerMessage, stream: str | None = None) -> None:
+        """Publish `msg`: to the stream's members when `stream` is set, else to its target,
+        else to every peer (see Outgoing)."""
+        target = getattr(msg, "target", None)
+        self.floor_sent = max(self.floor_sent, msg.floor)
+        self.outbox.outgoing.append(
+            Outgoing(codec.encode(msg), stream=stream, target=target)
+        )
+
+    def request_id(self) -> int:
+        self.last_request_id += 1
+        return self.last_request_id
+
+    def stream(self, stream: str) -> StreamState:
+        """The stream's state, opened on first use (the caller checked `can_open`)."""
+        st = self.streams.get(stream)
+        if st is None:
+            members = self.topology.members(stream)
+            st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
+        return st
+
+    def can_open(self, stream: str) -> bool:
+        """Bound the number of streams a relay tracks (patterns admit any name)."""
+        return stream in self.streams or len(self.streams) < self.limits.max_streams
+
+    def served_streams(self) -> list[StreamState]:
+        return [self.streams[s] for s in sorted(self.streams)]
+
+
+def chunks(entries: list[Entry], limits: Limits) -> Iterator[list[Entry]]:
+    """Split entries into frames of at most max_batch_entries and max_batch_bytes (5.10)."""
+    chunk: list[Entry] = []
+    size = 0
+    for entry in entries:
+        entry_bytes = entry[1].size_bytes()
+        if chunk and (
+            len(chunk) >= limits.max_batch_entries or size + entry_bytes > limits.max_batch_bytes
+        ):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += entry_bytes
+    if chunk:
+        yield chunk

@@ -1,0 +1,319 @@
+"""The explorer's transitions: which actions a state enables, what each does to a copy of
+the world (through the shared drain loop of relay/core/shell.py), and the start state."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from relay.core import codec
+from relay.core.machine import RelayCore
+from relay.core.messages import Heartbeat, JoinRequest, Reports, TxBatch
+from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain, recipients
+from relay.core.state import GENESIS_POINT
+from relay.sim.explore.checks import chain_at, check_transition, inspect_core
+from relay.sim.explore.model import (
+    LINK_INDEX,
+    LINKS,
+    RELAYS,
+    REQUEST_BASE,
+    START_UNIX_MS,
+    STREAM,
+    TXS,
+    Action,
+    Bounds,
+    Context,
+    World,
+)
+
+PREFIX_MAX_STEPS = 100  # clock steps the start state may take to join and settle
+
+
+def enabled(w: World, n_tx: int, a: Bounds) -> list[Action]:
+    acts: list[Action] = []
+    k = sum(1 for x in w.produced if x is not None)
+    if k < n_tx:
+        acts += [("produce", k, r) for r in RELAYS]
+    live = [i for i, q in enumerate(w.links) if q]
+    acts += [("deliver", i) for i in live]
+    low = min(w.ticks)
+    acts += [
+        ("tick", r)
+        for r in RELAYS
+        if w.ticks[r] < a.max_ticks and w.ticks[r] - low < a.max_skew_ticks
+    ]
+    if w.drops < a.max_drops:
+        acts += [("drop", i) for i in live]
+    if w.dups < a.max_dups:
+        acts += [("dup", i) for i in live]
+    if w.steps < a.max_clock_steps:
+        acts += [("step", r, sign) for r in RELAYS for sign in (-1, 1)]
+    return acts
+
+
+class _Observer:
+    """Where the `Ready` of the core an action touched goes: each frame is checked and
+    queued on its links, replies go to the producers' bookkeeping, deliveries to the
+    relay's consumer log."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        w: World,
+        rid: int,
+        core: RelayCore,
+        links: list[tuple[bytes, ...]],
+        replies: list[tuple[tuple[str, int], ...]],
+    ) -> None:
+        self.ctx = ctx
+        self.rid = rid
+        self.links = links
+        self.replies = replies
+        self.delivered = list(w.delivered)
+        self.problems: list[str] = []
+        self.last_report = w.last_report[rid]
+        self.floor_sent = w.floor_sent[rid]
+        self.final_sent = w.final_sent[rid]
+        self.rebases = 0
+        self.timeline = core.streams[STREAM].timeline
+
+    def publish(self, o: Outgoing) -> None:
+        p, rid, tl = self.problems, self.rid, self.timeline
+        try:
+            msg = codec.decode(o.frame, self.ctx.max_frame)
+        except Exception as e:
+            p.append(f"relay {rid} sent an undecodable frame: {e}")
+            return
+        if msg.sender != rid:
+            p.append(f"relay {rid} sent a frame with sender {msg.sender}")
+        target = getattr(msg, "target", None)
+        if isinstance(msg, TxBatch | Reports | JoinRequest):
+            if o.stream != STREAM or o.target is not None:
+                p.append(f"relay {rid}: {type(msg).__name__} not routed to the stream")
+        elif target is not None:
+            if o.target != target or target == rid or o.stream is not None:
+                p.append(f"relay {rid}: {type(msg).__name__} routed to {o.target}, not {target}")
+        elif o.target is not None or o.stream is not None:
+            p.append(f"relay {rid}: {type(msg).__name__} should go to every peer")
+        if isinstance(msg, TxBatch):
+            for seq, _ in msg.entries:
+                if seq <= self.floor_sent:
+                    p.append(
+                        f"relay {rid} issued {seq} at or below its announced floor "
+                        f"{self.floor_sent}"
+                    )
+        if isinstance(msg, Reports):
+            for point, d in msg.points:
+                if point <= self.last_report:
+                    p.append(f"relay {rid} reported {point} after {self.last_report}")
+                if point <= self.final_sent:
+                    p.append(
+                        f"relay {rid} reported {point}, promised none through {self.final_sent}"
+                    )
+                self.last_report = point
+                if d != chain_at(tl, point):
+                    p.append(f"relay {rid} reported at {point} a digest not of its own prefix")
+                else:
+                    self.ctx.remember_prefix(tl, point, d)
+            if (msg.committed_point, msg.committed_digest) != (
+                tl.committed_point,
+                tl.committed_digest,
+            ):
+                p.append(f"relay {rid}: Reports announce a commit it does not hold")
+        if isinstance(msg, Heartbeat):
+            for status in msg.streams:
+                self.final_sent = max(self.final_sent, status.votes_final_through)
+        if msg.floor < self.floor_sent:
+            p.append(
+                f"relay {rid}: floor went back from {self.floor_sent} to {msg.floor} on the wire"
+            )
+        self.floor_sent = max(self.floor_sent, msg.floor)
+        for dst in recipients(o, self.ctx.topology, rid):
+            i = LINK_INDEX[(rid, dst)]
+            self.links[i] = (*self.links[i], o.frame)
+
+    def reply(self, reply: ProduceReply) -> None:
+        k = reply.request_id - REQUEST_BASE
+        if not 0 <= k < len(TXS):
+            self.problems.append(f"relay {self.rid} answered unknown request {reply.request_id}")
+            return
+        self.replies[k] = (*self.replies[k], (reply.outcome.value, reply.seq))
+
+    def rebase(self, stream: str, point: int) -> None:
+        self.rebases += 1
+
+    def deliver(self, dl: Delivery) -> None:
+        rid = self.rid
+        if dl.stream != STREAM:
+            self.problems.append(f"relay {rid} delivered stream {dl.stream!r}")
+            return
+        log = self.delivered[rid]
+        for seq, _ in dl.entries:
+            if log and seq <= log[-1][0]:
+                self.problems.append(f"relay {rid} delivered {seq} after {log[-1][0]}")
+        self.delivered[rid] = log + tuple(dl.entries)
+
+
+def _settle(
+    ctx: Context,
+    w: World,
+    rid: int,
+    core: RelayCore,
+    links: list[tuple[bytes, ...]],
+    replies: list[tuple[tuple[str, int], ...]],
+) -> tuple[World, list[str]]:
+    """Drain the core an action touched, check it, and snapshot it into the next world."""
+    seen = _Observer(ctx, w, rid, core, links, replies)
+    drain(core, seen)
+    p = seen.problems
+    info, more = inspect_core(core, rid)
+    info = info._replace(counters=info.counters | w.cores[rid].info.counters)
+    p += more
+    p += check_transition(rid, w.cores[rid].info, info)
+    snap = ctx.freeze(core, info)
+    cores = list(w.cores)
+    cores[rid] = snap
+    lr = list(w.last_report)
+    lr[rid] = seen.last_report
+    fs = list(w.floor_sent)
+    fs[rid] = seen.floor_sent
+    fin = list(w.final_sent)
+    fin[rid] = seen.final_sent
+    return (
+        w._replace(
+            cores=tuple(cores),
+            links=tuple(links),
+            replies=tuple(replies),
+            delivered=tuple(seen.delivered),
+            last_report=tuple(lr),
+            floor_sent=tuple(fs),
+            final_sent=tuple(fin),
+            rebases=w.rebases + seen.rebases,
+        ),
+        p,
+    )
+
+
+def apply(ctx: Context, w: World, act: Action, a: Bounds) -> tuple[World, list[str]]:
+    """The successor of `w` by `act`, and the problems found on the way."""
+    kind = act[0]
+    links = list(w.links)
+    replies = list(w.replies)
+    if kind == "drop":
+        links[act[1]] = links[act[1]][1:]
+        return w._replace(links=tuple(links), drops=w.drops + 1), []
+    if kind == "dup":
+        q = links[act[1]]
+        links[act[1]] = (q[0], *q)
+        return w._replace(links=tuple(links), dups=w.dups + 1), []
+    if kind == "step":
+        skew = list(w.skew)
+        skew[act[1]] += act[2] * a.clock_step_ms
+        return w._replace(skew=tuple(skew), steps=w.steps + 1), []
+    if kind == "deliver":
+        frame = links[act[1]][0]
+        links[act[1]] = links[act[1]][1:]
+        rid = LINKS[act[1]][1]
+        core = ctx.thaw(w.cores[rid], rid)
+        core.receive(frame, w.now[rid] + w.skew[rid], w.now[rid])
+        return _settle(ctx, w, rid, core, links, replies)
+    if kind == "tick":
+        rid = act[1]
+        now = list(w.now)
+        ticks = list(w.ticks)
+        now[rid] += a.tick_ms
+        ticks[rid] += 1
+        core = ctx.thaw(w.cores[rid], rid)
+        core.tick(now[rid] + w.skew[rid], now[rid])
+        w = w._replace(now=tuple(now), ticks=tuple(ticks))
+        return _settle(ctx, w, rid, core, links, replies)
+    if kind == "produce":
+        k, rid = act[1], act[2]
+        core = ctx.thaw(w.cores[rid], rid)
+        request_id = REQUEST_BASE + k
+        request = ProduceRequest(request_id, STREAM, TXS[k])
+        core.produce(request, w.now[rid] + w.skew[rid], w.now[rid])
+        st = core.streams[STREAM]
+        copy = -1
+        for seq, pending in st.pending.by_seq.items():
+            if any(x.request_id == request_id and x.origin is None for x in pending.waiters):
+                copy = seq
+        produced = list(w.produced)
+        produced[k] = (rid, copy)
+        w = w._replace(produced=tuple(produced))
+        return _settle(ctx, w, rid, core, links, replies)
+    raise ValueError(f"unknown action {act!r}")
+
+
+class _Prefix:
+    """The start state's sink: every frame delivered at once, nothing else expected."""
+
+    def __init__(self, ctx: Context, rid: int, queue: deque[tuple[int, bytes]]) -> None:
+        self.ctx = ctx
+        self.rid = rid
+        self.queue = queue
+        self.floor_sent = -1
+        self.last_report = -1
+        self.final_sent = -1
+
+    def publish(self, o: Outgoing) -> None:
+        msg = codec.decode(o.frame, self.ctx.max_frame)
+        self.floor_sent = max(self.floor_sent, msg.floor)
+        if isinstance(msg, Reports) and msg.points:
+            self.last_report = msg.points[-1][0]
+        if isinstance(msg, Heartbeat):
+            for status in msg.streams:
+                self.final_sent = max(self.final_sent, status.votes_final_through)
+        for d in recipients(o, self.ctx.topology, self.rid):
+            self.queue.append((d, o.frame))
+
+    def reply(self, reply: ProduceReply) -> None:
+        raise RuntimeError("the start state's prefix produced a reply")
+
+    def rebase(self, stream: str, point: int) -> None:
+        pass  # taking the base at genesis while joining
+
+    def deliver(self, delivery: Delivery) -> None:
+        raise RuntimeError("the start state's prefix produced a delivery")
+
+
+def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
+    """Tick everyone with immediate delivery until all joined, unfenced and quiet."""
+    now = START_UNIX_MS
+    cores = [ctx.core_class(ctx.configs[r], 1, now) for r in RELAYS]
+    queue: deque[tuple[int, bytes]] = deque()
+    sinks = [_Prefix(ctx, r, queue) for r in RELAYS]
+    for _ in range(PREFIX_MAX_STEPS):
+        for r in RELAYS:
+            cores[r].tick(now)
+            drain(cores[r], sinks[r])
+        while queue:
+            d, frame = queue.popleft()
+            cores[d].receive(frame, now)
+            drain(cores[d], sinks[d])
+        if all(c.joined(STREAM) and not c.fenced(STREAM) for c in cores) and all(
+            c.committed_point(STREAM) == GENESIS_POINT for c in cores
+        ):
+            break
+        now += tick_ms
+    else:
+        raise RuntimeError(f"the relays did not join the stream within {PREFIX_MAX_STEPS} steps")
+    snaps = []
+    for r in RELAYS:
+        info, problems = inspect_core(cores[r], r)
+        if problems:
+            raise RuntimeError(f"initial state broken: {problems}")
+        snaps.append(ctx.freeze(cores[r], info))
+    return World(
+        cores=tuple(snaps),
+        links=tuple(() for _ in LINKS),
+        now=(now,) * len(RELAYS),
+        ticks=(0,) * len(RELAYS),
+        drops=0,
+        dups=0,
+        produced=(None,) * n_tx,
+        replies=((),) * n_tx,
+        delivered=((),) * len(RELAYS),
+        last_report=tuple(s.last_report for s in sinks),
+        floor_sent=tuple(s.floor_sent for s in sinks),
+        final_sent=tuple(s.final_sent for s in sinks),
+    )
