@@ -94,7 +94,6 @@ class RawClient:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
-        self.fenced_reads = 0
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -135,7 +134,7 @@ class RawClient:
     def read_all(self, stream: str) -> list[tuple[Any, ...]]:
         """Every entry the relay holds of `stream`. A relay starved of CPU for longer than
         the suspect timeout fences for a moment (it cannot tell a slow quorum from a lost
-        one): such answers are retried, and counted in `self.fenced_reads`."""
+        one): such answers are retried."""
         entries: list[tuple[Any, ...]] = []
         after = -1
         deadline = time.monotonic() + 15.0
@@ -143,7 +142,6 @@ class RawClient:
             answer = self.ask(wire.ReadReq(self.next_id(), stream, after, 65_536, 0))
             assert isinstance(answer, wire.ReadResp), answer
             if answer.status in (ReadStatus.FENCED, ReadStatus.NOT_READY):
-                self.fenced_reads += 1
                 assert time.monotonic() < deadline, (self.endpoint, stream, answer.status)
                 time.sleep(0.02)
                 continue
