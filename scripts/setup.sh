@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine with python3 (3.11+):
 #   - creates .venv if missing, upgrades pip, installs the project with `pip install -e '.[dev,store]'`
-#     (skipped when pyproject.toml is unchanged since the last successful install;
+#     (skipped when pyproject.toml and the version in relay/__init__.py are unchanged since
+#     the last successful install, so the installed metadata keeps the version;
 #     RELAY_SETUP_FORCE=1 forces it);
 #   - checks for Java 17+ (the store's Spark jobs and their tests need it) and, if missing, installs
 #     openjdk-17-jre-headless with apt-get when running as root. Java problems only warn.
@@ -30,7 +31,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-want=$( (cat pyproject.toml; echo 'extras=dev,store') | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml; grep '^__version__' relay/__init__.py; echo 'extras=dev,store') \
+    | sha256sum | cut -d' ' -f1)
 have=$(cat "$STAMP" 2>/dev/null || true)
 if [ "${RELAY_SETUP_FORCE:-0}" = 1 ] || [ "$want" != "$have" ] || [ ! -x "$VENV/bin/relay" ]; then
     say "installing relay[dev,store] into $VENV (log: $LOG)"
