@@ -446,7 +446,6 @@ def hostile_client_case(live: Live, relay_id: int, messages: list[list[bytes]]) 
 def client_test(examples: int) -> Callable[..., None]:
     @settings(
         max_examples=examples,
-        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(relay_id=st.sampled_from(RELAYS), messages=client_messages)
@@ -484,7 +483,6 @@ def hostile_peer_case(live: Live, messages: list[tuple[bytes, bytes, int]]) -> N
 def peer_test(examples: int) -> Callable[..., None]:
     @settings(
         max_examples=examples,
-        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     @given(messages=peer_messages)
