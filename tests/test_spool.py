@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,6 +16,7 @@ import relay.spool as spool_module
 from relay.spool import Spool
 from relay.store.layout import find_segments, stream_dir_name, to_unsigned64
 from relay.store.synthetic import generate
+from waiting import wait_until
 
 STREAM = "orders.eu"
 
@@ -79,14 +79,15 @@ def test_tick_writes_segments_older_than_the_age_limit(tmp_path: Path) -> None:
     records = generate(STREAM, 20)
     spool = Spool(tmp_path, 1, segment_max_age_ms=1_000)
     try:
+        # One writer thread takes these in order, so no waiting is needed in between.
         spool.tick(10_000)
         spool.append(STREAM, records.records(0, 10))
-        spool.tick(10_500)
-        time.sleep(0.2)
-        assert spool.status().segments_written == 0  # younger than the limit
+        spool.tick(10_500)  # younger than the limit: nothing is written...
+        spool.append(STREAM, records.records(10, 20))  # ...so these join the same segment
         spool.tick(11_000)
-        _wait_for(lambda: spool.status().segments_written == 1)
-        assert _read_all(tmp_path) == records.records(0, 10)
+        wait_until(lambda: spool.status().records_written == 20, "the aged segment")
+        assert spool.status().segments_written == 1
+        assert _read_all(tmp_path) == records.records(0, 20)
     finally:
         spool.close()
 
@@ -98,16 +99,16 @@ def test_full_queue_stops_the_stream_without_blocking(
     real_write = spool_module.write_segment_file
 
     def slow_write(table: object, path: object) -> None:
-        release.wait(10)
+        release.wait(60)  # the disk is stuck until the test releases it
         real_write(table, path)
 
     monkeypatch.setattr(spool_module, "write_segment_file", slow_write)
     records = generate(STREAM, 200)
     spool = Spool(tmp_path, 2, segment_max_bytes=1, queue_max_batches=2)
     try:
-        started = time.monotonic()
         accepted = [spool.append(STREAM, records.records(i, i + 10)) for i in range(0, 200, 10)]
-        assert time.monotonic() - started < 1.0  # never waits for the disk
+        # Never waits for the disk: with the writer stuck, the queue fills and later
+        # batches are refused (an append that waited would be accepted once released).
         assert accepted[0] and not accepted[-1]
         status = spool.status()
         assert status.errors == 1
@@ -116,7 +117,7 @@ def test_full_queue_stops_the_stream_without_blocking(
         assert "stops spooling stream 'orders.eu'" in caplog.text
         release.set()
         # Once the disk catches up, other streams go on; the stopped one stays stopped.
-        _wait_for(lambda: spool.status().queue_depth == 0)
+        wait_until(lambda: spool.status().queue_depth == 0, "the writer to drain its queue")
         assert spool.append("other", generate("other", 5).records())
         assert not spool.append(STREAM, generate(STREAM, 1, first_seq=2**50).records())
     finally:
@@ -157,13 +158,6 @@ def test_limits_must_be_positive(tmp_path: Path) -> None:
         Spool(tmp_path, 0, segment_max_bytes=0)
 
 
-def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> None:
     from relay.store.baseline import ingest_baseline
 
@@ -180,7 +174,7 @@ def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> N
     try:
         spool.append(STREAM, later)
         spool.tick(1)  # the first tick reclaims
-        _wait_for(lambda: spool.status().segments_reclaimed > 0)
+        wait_until(lambda: spool.status().segments_reclaimed > 0, "the ingested segments reclaimed")
     finally:
         spool.close()
     left = find_segments(spool_dir)
