@@ -245,14 +245,14 @@ def test_wire_round_trip_and_garbage() -> None:
     rng = random.Random(7)
     valid = [wire.encode(m) for m in messages]
     for _ in range(3_000):
-        frame = bytearray(rng.choice(valid))
+        mutated = bytearray(rng.choice(valid))
         for _ in range(rng.randint(1, 4)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
         if rng.random() < 0.3:
-            frame = frame[: rng.randrange(len(frame) + 1)]
+            mutated = mutated[: rng.randrange(len(mutated) + 1)]
         with contextlib.suppress(FrameError):
-            wire.decode(bytes(frame), 1 << 20)
-        wire.peek_request_id(bytes(frame))
+            wire.decode(bytes(mutated), 1 << 20)
+        wire.peek_request_id(bytes(mutated))
 
 
 def test_wire_produce_batches() -> None:
