@@ -5,4 +5,5 @@ digests, repair gaps by anti-entropy and fence themselves when they lose their q
 `relay.core` is the pure protocol; `relay.sim` runs it deterministically under faults.
 """
 
+# The one place for the version: pyproject.toml reads it (tool.setuptools.dynamic).
 __version__ = "0.1.0"

@@ -83,12 +83,6 @@ class Fenced(ClientError):
     retriable = True
 
 
-class Redirect(ClientError):
-    """The relay does not serve the stream; `redirect_to` lists relays that do."""
-
-    retriable = True
-
-
 class UnknownStream(ClientError):
     """No relay of the topology serves this stream."""
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian machine with python3 (3.11+):
 #   - creates .venv if missing, upgrades pip, installs the project with `pip install -e '.[dev,store]'`
-#     (skipped when pyproject.toml is unchanged since the last successful install;
+#     (skipped when pyproject.toml and the version in relay/__init__.py are unchanged since
+#     the last successful install, so the installed metadata keeps the version;
 #     RELAY_SETUP_FORCE=1 forces it);
-#   - checks for Java 17+ (needed later by the Spark-built store) and, if missing, installs
+#   - checks for Java 17+ (the store's Spark jobs and their tests need it) and, if missing, installs
 #     openjdk-17-jre-headless with apt-get when running as root. Java problems only warn.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,7 +31,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-want=$( (cat pyproject.toml; echo 'extras=dev,store') | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml; grep '^__version__' relay/__init__.py; echo 'extras=dev,store') \
+    | sha256sum | cut -d' ' -f1)
 have=$(cat "$STAMP" 2>/dev/null || true)
 if [ "${RELAY_SETUP_FORCE:-0}" = 1 ] || [ "$want" != "$have" ] || [ ! -x "$VENV/bin/relay" ]; then
     say "installing relay[dev,store] into $VENV (log: $LOG)"
@@ -46,7 +48,8 @@ else
     say "$VENV up to date"
 fi
 
-# Java 17+ (for the Spark store of a later issue): never fails the set-up.
+# Java 17+ (for the store's Spark jobs, `relay store ...`, and their tests, which skip
+# without it): never fails the set-up.
 java_major() {
     local v
     v=$(java -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n 1)
@@ -62,7 +65,7 @@ fi
 if [ -n "$major" ] && [ "$major" -ge 17 ] 2>/dev/null; then
     say "java $major ok"
 elif [ "$(id -u)" != 0 ]; then
-    warn "Java 17+ not found (needed later for Spark); as root run: apt-get install openjdk-17-jre-headless"
+    warn "Java 17+ not found (needed by the store's Spark jobs); as root run: apt-get install openjdk-17-jre-headless"
 elif ! command -v apt-get >/dev/null 2>&1; then
     warn "Java 17+ not found and apt-get is unavailable; install a Java 17+ runtime by hand"
 else

@@ -18,7 +18,7 @@ bash scripts/setup.sh
 echo "== ruff"
 .venv/bin/ruff check relay tests scripts
 echo "== mypy"
-.venv/bin/mypy relay
+.venv/bin/mypy relay tests scripts
 echo "== pytest"
 slow=()
 if [ "${RELAY_SLOW:-0}" = 1 ]; then

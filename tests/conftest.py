@@ -6,6 +6,14 @@
 
 Fixture `spark`: the one local Spark session of the test session (`local[2]`), for the
 store's jobs; skips where Java is missing.
+
+Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (default `ci`):
+  ci   the same examples on every run (derandomized, no example database), so a failure in
+       CI fails the same way on a developer's machine; `print_blob` prints the replay line.
+  dev  fresh examples on every run, failures kept in the local `.hypothesis` database and
+       replayed first next time: for hunting bugs, `HYPOTHESIS_PROFILE=dev pytest ...`.
+Neither has a per-example deadline nor fails on slow data generation: the suite must hold on
+a loaded machine, where a property test once failed on the default 200 ms deadline.
 """
 
 from __future__ import annotations
@@ -16,6 +24,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# Loaded here, before pytest imports any test module: a test's @settings takes its
+# defaults from the profile loaded when the decorator runs.
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from relay.cli import main
 from relay.launcher import Mesh, MeshError, write_loopback_topology
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -180,10 +181,11 @@ def test_up_status_and_sigint_stops_every_relay(tmp_path: Path) -> None:
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0, (tmp_path / "up.err").read_text()
-        deadline = time.monotonic() + 5
-        while any(running(pid) for pid in children) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in children if running(pid)], "a relay outlived `relay up`"
+        wait_until(
+            lambda: not any(running(pid) for pid in children),
+            lambda: "every relay to exit with `relay up`; still running: "
+            f"{[pid for pid in children if running(pid)]}",
+        )
 
         code, doc = status_json(topology, timeout=0.3)
         assert code == 1

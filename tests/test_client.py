@@ -34,6 +34,7 @@ from relay.errors import Fenced, OutOfRange, Rejected, Unknown, UnknownStream
 from relay.launcher import free_ports, write_loopback_topology
 from relay.node import RelayNode
 from relay.topology import MeshConfig, loads
+from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,12 +71,9 @@ class Mesh:
     def start(self, relay_id: int) -> None:
         node = RelayNode(self.config, relay_id, handle_signals=False)
         self.nodes[relay_id] = node
-        self.runs[relay_id] = asyncio.run_coroutine_threadsafe(node.run(), self.loop)
-        deadline = time.monotonic() + 5
-        while not node.running:
-            assert not self.runs[relay_id].done(), self.runs[relay_id].exception()
-            assert time.monotonic() < deadline, f"relay {relay_id} did not start"
-            time.sleep(0.005)
+        run = self.runs[relay_id] = asyncio.run_coroutine_threadsafe(node.run(), self.loop)
+        wait_until(lambda: node.running or run.done(), f"relay {relay_id} to start")
+        assert node.running, run.exception()
 
     def stop(self, relay_id: int) -> None:
         node = self.nodes.pop(relay_id)
@@ -107,15 +105,26 @@ class Mesh:
         finally:
             ctx.destroy(linger=0)
 
-    def wait_joined(self, stream: str, relays: Any = None, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_joined(self, stream: str, relays: Any = None) -> None:
         for relay_id in relays or self.nodes:
-            while True:
-                info = self.status(relay_id)["streams"].get(stream, {})
-                if info.get("joined") and not info.get("fenced"):
-                    break
-                assert time.monotonic() < deadline, f"{stream} not joined on {relay_id}: {info}"
-                time.sleep(0.02)
+            self.wait_serving(relay_id, stream)
+
+    def wait_serving(self, relay_id: int, stream: str) -> None:
+        """Wait until the relay has joined `stream` and is not fenced."""
+
+        def info() -> dict[str, Any]:
+            found: dict[str, Any] = self.status(relay_id)["streams"].get(stream, {})
+            return found
+
+        def serving() -> bool:
+            now = info()
+            return bool(now.get("joined") and not now.get("fenced"))
+
+        wait_until(
+            serving,
+            lambda: f"{stream} joined and unfenced on relay {relay_id} (now: {info()})",
+            poll_s=0.02,
+        )
 
 
 @contextlib.contextmanager
@@ -228,7 +237,9 @@ def read_answer(status: ReadStatus, *, oldest: int = -1, entries: Any = ()) -> H
         assert isinstance(msg, wire.ReadReq)
         found = tuple(e for e in entries if e[0] > msg.after_seq)[: msg.max_entries]
         if status is ReadStatus.OK and not found:
-            time.sleep(min(msg.wait_ms, 50) / 1000)  # a (short) long poll
+            # Not a synchronisation: the fake relay's long poll (an empty read waits up
+            # to wait_ms before it answers), cut to 50 ms.
+            time.sleep(min(msg.wait_ms, 50) / 1000)
         return wire.ReadResp(msg.request_id, status, found, (), oldest, 1_000)
 
     return handle
@@ -481,9 +492,12 @@ def test_async_flavours(mesh3: Mesh) -> None:
                     return [r async for r in c]
 
                 task = asyncio.create_task(consume())
-                while c.position is None:  # the first read learns the committed point
-                    await asyncio.sleep(0.01)
-                    assert not task.done(), task
+                # The first read learns the committed point; only then is "latest" fixed.
+                await wait_until_async(
+                    lambda: c.position is not None or task.done(),
+                    "the consumer's first read",
+                )
+                assert not task.done(), task
                 new = await p.send_many("orders", [b"n0", b"n1", b"n2"])
                 tail = await task
             assert [r.seq for r in tail] == new

@@ -35,6 +35,7 @@ from relay.store.changes import Op, changes_of
 from relay.store.reader import StoreReader
 from relay.store.synthetic import FIRST_SEQ, StreamRecords, generate, write_spools
 from relay.topology import MeshConfig, load
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +47,6 @@ LIVE_SEQ_STEP = 1_000  # between the fake relays' live entries
 LIVE_ENTRIES = 5
 GENESIS = 0  # a relay's `oldest` when its history starts at the genesis
 FAKE_LONG_POLL_MAX_S = 0.05  # how long a fake relay holds an empty answer
-RELAY_START_TIMEOUT_S = 5.0
 RELAY_JOIN_TIMEOUT_S = 15.0
 GIVE_UP_S = 5.0  # a consumer's timeout_s where records are due
 QUIET_S = 0.3  # a consumer's timeout_s once every record was read
@@ -159,6 +159,8 @@ class FakeRelay:
         after = max(req.after_seq, base)
         found = tuple(e for e in self.entries if e[0] > after)[: req.max_entries]
         if not found:
+            # Not a synchronisation: the fake relay's long poll (an empty read waits up to
+            # wait_ms before it answers), capped.
             time.sleep(min(req.wait_ms / 1000, FAKE_LONG_POLL_MAX_S))
         return wire.ReadResp(req.request_id, ReadStatus.OK, found, (), base, committed)
 
@@ -465,18 +467,18 @@ class Mesh:
         self.thread.start()
         try:
             for relay_id in self.config.relays:
-                node = RelayNode(self.config, relay_id, handle_signals=False)
-                self.nodes[relay_id] = node
-                self.runs[relay_id] = asyncio.run_coroutine_threadsafe(node.run(), self.loop)
-                deadline = time.monotonic() + RELAY_START_TIMEOUT_S
-                while not node.running:
-                    assert not self.runs[relay_id].done(), self.runs[relay_id].exception()
-                    assert time.monotonic() < deadline, f"relay {relay_id} did not start"
-                    time.sleep(0.005)
+                self._start(relay_id)
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _start(self, relay_id: int) -> None:
+        node = RelayNode(self.config, relay_id, handle_signals=False)
+        self.nodes[relay_id] = node
+        run = self.runs[relay_id] = asyncio.run_coroutine_threadsafe(node.run(), self.loop)
+        wait_until(lambda: node.running or run.done(), f"relay {relay_id} to start")
+        assert node.running, run.exception()
 
     def __exit__(self, *exc: object) -> None:
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from relay.core.codec import TYPE_CODES, decode, encode
@@ -333,7 +333,7 @@ def test_arbitrary_bytes_raise_only_frame_errors(frame: bytes) -> None:
         assert type(result) in TYPE_CODES
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(any_message, st.data())
 def test_truncated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
     frame = encode(m)
@@ -341,7 +341,7 @@ def test_truncated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -
     assert isinstance(outcome_of(frame[:cut]), MalformedFrame)
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500)
 @given(any_message, st.data())
 def test_mutated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
     frame = bytearray(encode(m))
@@ -355,7 +355,7 @@ def test_mutated_frames_raise_only_frame_errors(m: Any, data: st.DataObject) -> 
         assert decode(encode(result), MAX) == result  # type: ignore[arg-type]
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500)
 @given(any_message, st.data())
 def test_fields_replaced_by_any_value_raise_only_frame_errors(m: Any, data: st.DataObject) -> None:
     items = wire(encode(m))

@@ -20,6 +20,7 @@ from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, Op, changes_of
 from relay.store.ingest import ingest
 from relay.store.snapshot import snapshot
 from relay.topology import MeshConfig, load
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,7 +70,7 @@ class Writer(threading.Thread):
                         while not (self.resume.wait(0.1) or self.stop_writing.is_set()):
                             pass
                     if n >= BEFORE_INGEST:
-                        time.sleep(SEND_INTERVAL_S)
+                        time.sleep(SEND_INTERVAL_S)  # pacing the load, not a synchronisation
                     key = b"k%d" % (n % KEYS)
                     if n % 7 == 6:
                         changes = [Change("", key, Op.PUT, b"c%d" % n)]
@@ -89,13 +90,6 @@ class Writer(threading.Thread):
                     n += 1
         except BaseException as error:  # surfaced by the test
             self.error = error
-
-
-def wait_for(what: str, done: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def read_while_writing(consumer: Consumer, writer: Writer) -> list[Record]:
@@ -141,16 +135,17 @@ def test_consumers_read_the_store_then_the_live_mesh(tmp_path: Path, spark: Any)
         writer = Writer(config)
         writer.start()
         try:
-            wait_for("the first commits", lambda: writer.count() >= BEFORE_INGEST, 60)
+            wait_until(lambda: writer.count() >= BEFORE_INGEST, "the first commits", timeout_s=60)
             # The writer waits; every relay closes its segment when it passes its max age.
             last = max(writer.committed)
-            wait_for(
-                "the spools",
+            wait_until(
                 lambda: all(
                     last_spooled_points(config.spool_dir, r).get(STREAM, (0,))[0] == last
                     for r in RELAYS
                 ),
-                60,
+                "every relay to spool the first commits",
+                timeout_s=60,
+                poll_s=0.05,
             )
             ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
             assert ingested.records_added == BEFORE_INGEST and not ingested.problems

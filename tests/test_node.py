@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
 from relay.core.messages import Outcome, ReadStatus
@@ -32,12 +32,15 @@ from relay.errors import FrameError
 from relay.launcher import write_loopback_topology
 from relay.node import GC_FULL_COLLECT_MS, RelayNode, mono_ms, subscription_prefix
 from relay.topology import MeshConfig, load
+from waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_TX = 4_096
 MAX_FRAME = 1 << 20
+ANSWER_TIMEOUT_S = 30.0  # for an answer that is due now; a failure bound, not a speed check
+PARKED_WAIT_MS = 120_000  # a parked read's wait: far beyond ANSWER_TIMEOUT_S
 
 
 def write_topology(
@@ -127,40 +130,60 @@ async def mesh(
         ctx.destroy(linger=0)
 
 
-async def wait_joined(clients: dict[int, Client], stream: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_joined(clients: dict[int, Client], stream: str) -> None:
     for client in clients.values():
-        while True:
-            info = (await client.status())["streams"].get(stream, {})
-            if info.get("joined") and not info.get("fenced"):
-                break
-            assert time.monotonic() < deadline, f"{stream} not joined: {info}"
-            await asyncio.sleep(0.02)
+        await wait_serving(client, stream)
+
+
+async def wait_serving(client: Client, stream: str) -> None:
+    """Wait until the client's relay has joined `stream` and is not fenced."""
+    info: dict[str, Any] = {}
+
+    async def serving() -> bool:
+        nonlocal info
+        info = (await client.status())["streams"].get(stream, {})
+        return bool(info.get("joined") and not info.get("fenced"))
+
+    await wait_until_async(
+        serving,
+        lambda: f"{stream} joined and unfenced on {client.endpoint} (last: {info})",
+        poll_s=0.02,
+    )
 
 
 async def produce_until_definite(
-    client: Client, stream: str, pid: bytes, pseq: int, value: bytes, timeout: float = 10.0
+    client: Client, stream: str, pid: bytes, pseq: int, value: bytes
 ) -> Any:
     """Retry fenced/unknown with the same producer seq (always safe) until definite."""
-    deadline = time.monotonic() + timeout
-    while True:
-        resp = await client.produce(stream, pid, pseq, value)
-        if resp.outcome in (Outcome.COMMITTED, Outcome.REJECTED):
-            return resp
-        assert time.monotonic() < deadline, resp
-        await asyncio.sleep(0.05)
+    last: Any = None
+
+    async def definite() -> Any:
+        nonlocal last
+        last = await client.produce(stream, pid, pseq, value)
+        return last if last.outcome in (Outcome.COMMITTED, Outcome.REJECTED) else None
+
+    return await wait_until_async(
+        definite, lambda: f"a definite answer to {stream}/{pseq} (last: {last})", poll_s=0.05
+    )
 
 
-async def read_all(client: Client, stream: str, count: int, timeout: float = 10.0) -> list[Any]:
+async def read_all(client: Client, stream: str, count: int) -> list[Any]:
     entries: list[Any] = []
-    deadline = time.monotonic() + timeout
-    after = -1
-    while len(entries) < count:
+    resp: Any = None
+
+    async def got_all() -> bool:
+        nonlocal resp
+        after = entries[-1][0] if entries else -1
         resp = await client.read(stream, after, 1_000, wait_ms=200)
         if resp.status is ReadStatus.OK:
-            entries += resp.entries
-            after = entries[-1][0] if entries else after
-        assert time.monotonic() < deadline, (resp, entries)
+            entries.extend(resp.entries)
+        return len(entries) >= count
+
+    await wait_until_async(
+        got_all,
+        lambda: f"{count} entries of {stream} (got {len(entries)}; last answer {resp})",
+        poll_s=0,
+    )
     return entries
 
 
@@ -222,14 +245,14 @@ def test_wire_round_trip_and_garbage() -> None:
     rng = random.Random(7)
     valid = [wire.encode(m) for m in messages]
     for _ in range(3_000):
-        frame = bytearray(rng.choice(valid))
+        mutated = bytearray(rng.choice(valid))
         for _ in range(rng.randint(1, 4)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
         if rng.random() < 0.3:
-            frame = frame[: rng.randrange(len(frame) + 1)]
+            mutated = mutated[: rng.randrange(len(mutated) + 1)]
         with contextlib.suppress(FrameError):
-            wire.decode(bytes(frame), 1 << 20)
-        wire.peek_request_id(bytes(frame))
+            wire.decode(bytes(mutated), 1 << 20)
+        wire.peek_request_id(bytes(mutated))
 
 
 def test_wire_produce_batches() -> None:
@@ -345,15 +368,18 @@ def test_produce_everywhere_read_anywhere(tmp_path: Path) -> None:
             waiter = clients[2].another()
             try:
                 read_id = waiter.next_id()
-                parked = wire.ReadReq(read_id, "orders", last, 10, 5_000)
+                # Waits far longer than the answer may take, so only the commit answers it.
+                parked = wire.ReadReq(read_id, "orders", last, 10, PARKED_WAIT_MS)
                 await waiter.send_raw(wire.encode(parked))
-                await asyncio.sleep(0.2)
+
+                async def parked_on_relay_2() -> bool:
+                    return bool((await clients[2].status())["node"]["parked_reads"] >= 1)
+
+                await wait_until_async(parked_on_relay_2, "relay 2 to park the read")
                 assert not await waiter.sock.poll(0), "the read should be parked"
                 new = await clients[1].produce("orders", b"prod", 100, b"late-comer")
                 assert new.outcome is Outcome.COMMITTED
-                t0 = time.monotonic()
-                resp = await waiter.recv(5)
-                assert time.monotonic() - t0 < 2.0
+                resp = await waiter.recv(ANSWER_TIMEOUT_S)
                 assert isinstance(resp, wire.ReadResp) and resp.request_id == read_id
                 assert resp.status is ReadStatus.OK
                 assert [e[0] for e in resp.entries] == [new.seq]
@@ -406,10 +432,14 @@ def test_bad_client_frames_redirect_and_limits(tmp_path: Path) -> None:
 
             # Above max_frame_bytes the transport drops the connection; the relay lives on.
             rogue = c.another()
+            monitor = rogue.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
                 await rogue.send_raw(b"\x00" * (MAX_FRAME + 10))
-                await asyncio.sleep(0.1)
+                event = await asyncio.wait_for(monitor.recv_multipart(), ANSWER_TIMEOUT_S)
+                assert parse_monitor_message(event)["event"] == zmq.EVENT_DISCONNECTED, event
             finally:
+                rogue.sock.disable_monitor()
+                monitor.close(linger=0)
                 rogue.close()
 
             # The relay still works after all that.
@@ -535,12 +565,19 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                     [b"S|orders|", b"\x00" * 100],
                     [b"H|", b"a", b"b"],  # three parts
                 ]
-                deadline = time.monotonic() + 5
-                while min(n.counters["peer_bad_parts"] for n in nodes.values()) < 10:
+
+                async def junk_counted() -> bool:
+                    # Sent again each round: the relays' SUBs may not have joined yet.
                     for parts in junk:
                         await rogue.send_multipart(parts)
-                    await asyncio.sleep(0.02)
-                    assert time.monotonic() < deadline, [n.core.counters for n in nodes.values()]
+                    return min(n.counters["peer_bad_parts"] for n in nodes.values()) >= 10
+
+                await wait_until_async(
+                    junk_counted,
+                    lambda: "every relay to count 10 bad peer frames: "
+                    f"{[n.counters['peer_bad_parts'] for n in nodes.values()]}",
+                    poll_s=0.02,
+                )
                 # Above MAXMSGSIZE: the transport drops that link (and reconnects).
                 await rogue.send_multipart([b"H|", b"\xc1" * (MAX_FRAME + 1)])
                 resp = await produce_until_definite(clients[1], "duo", b"p", 1, b"still here")
@@ -575,7 +612,7 @@ def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
             ctx = zmq.asyncio.Context()
             try:
                 client = Client(ctx, config.relays[1].client_endpoint)
-                await wait_joined({1: client}, "solo", timeout=15)
+                await wait_joined({1: client}, "solo")
                 resp = await client.produce("solo", b"p", 1, b"alone")
                 assert resp.outcome is Outcome.COMMITTED, resp
             finally:

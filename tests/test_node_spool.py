@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from relay.client import AsyncProducer
@@ -19,6 +19,7 @@ from relay.store.baseline import ingest_baseline, verify_baseline
 from relay.store.layout import find_segments, to_unsigned64
 from relay.store.reader import StoreReader
 from relay.topology import MeshConfig, load
+from waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,13 +46,26 @@ async def run_mesh(config: MeshConfig, values: list[bytes]) -> tuple[list[int], 
     try:
         async with AsyncProducer(topology=config, send_timeout_s=JOIN_TIMEOUT_S) as producer:
             seqs = await producer.send_many(STREAM, values)
-        # Let the segments age past segment_max_age_ms once, so rotation by age happens.
-        await asyncio.sleep(0.3)
+        # Rotation by age, while the relays run: every relay writes what it committed once
+        # its segment is older than segment_max_age_ms (closing would write it anyway).
+        await wait_until_async(
+            lambda: all(spooled_records(node) >= len(values) for node in nodes),
+            lambda: f"every relay to spool {len(values)} records by age: "
+            f"{[spooled_records(node) for node in nodes]}",
+            poll_s=0.02,
+        )
     finally:
         for node in nodes:
             node.stop()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
     return seqs, nodes
+
+
+def spooled_records(node: RelayNode) -> int:
+    """How many records the relay's spool has written to segments."""
+    spool = node.status()["spool"]
+    assert isinstance(spool, dict), spool
+    return int(spool["records_written"])
 
 
 def spooled(config: MeshConfig, relay: int) -> list[tuple[int, bytes, Transaction]]:

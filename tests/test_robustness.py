@@ -20,6 +20,7 @@ the `slow` variants run ten times as many.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ from relay.core.messages import (
 )
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,7 +96,6 @@ class RawClient:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
-        self.fenced_reads = 0
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -135,23 +136,29 @@ class RawClient:
     def read_all(self, stream: str) -> list[tuple[Any, ...]]:
         """Every entry the relay holds of `stream`. A relay starved of CPU for longer than
         the suspect timeout fences for a moment (it cannot tell a slow quorum from a lost
-        one): such answers are retried, and counted in `self.fenced_reads`."""
+        one): such answers are retried."""
         entries: list[tuple[Any, ...]] = []
         after = -1
-        deadline = time.monotonic() + 15.0
         while True:
-            answer = self.ask(wire.ReadReq(self.next_id(), stream, after, 65_536, 0))
-            assert isinstance(answer, wire.ReadResp), answer
-            if answer.status in (ReadStatus.FENCED, ReadStatus.NOT_READY):
-                self.fenced_reads += 1
-                assert time.monotonic() < deadline, (self.endpoint, stream, answer.status)
-                time.sleep(0.02)
-                continue
-            assert answer.status is ReadStatus.OK, (self.endpoint, stream, answer.status)
+            answer = wait_until(
+                functools.partial(self.read_page, stream, after),
+                f"{self.endpoint} to serve {stream} unfenced",
+                poll_s=0.02,
+            )
             if not answer.entries:
                 return entries
             entries.extend(tuple(e) for e in answer.entries)
             after = answer.entries[-1][0]
+
+    def read_page(self, stream: str, after: int) -> wire.ReadResp | None:
+        """The entries of `stream` after `after`; None while the relay is fenced or not
+        ready."""
+        answer = self.ask(wire.ReadReq(self.next_id(), stream, after, 65_536, 0))
+        assert isinstance(answer, wire.ReadResp), answer
+        if answer.status in (ReadStatus.FENCED, ReadStatus.NOT_READY):
+            return None
+        assert answer.status is ReadStatus.OK, (self.endpoint, stream, answer.status)
+        return answer
 
 
 @dataclass
@@ -170,9 +177,14 @@ class Live:
         return {(r, s): self.clients[r].read_all(s) for r in RELAYS for s in STREAMS}
 
     def bad_parts(self) -> dict[int, int]:
+        return self.node_counter("peer_bad_parts")
+
+    def links_closed(self) -> dict[int, int]:
+        return self.node_counter("peer_link_closed")
+
+    def node_counter(self, name: str) -> dict[int, int]:
         return {
-            r: int(self.clients[r].status()["node"]["counters"].get("peer_bad_parts", 0))
-            for r in RELAYS
+            r: int(self.clients[r].status()["node"]["counters"].get(name, 0)) for r in RELAYS
         }
 
     def commit_probe(self, relay_id: int) -> int:
@@ -180,19 +192,25 @@ class Live:
         fenced or unknown answer is retried on the same relay, same producer seq)."""
         client = self.clients[relay_id]
         pseq = next(self.probe_seqs)
-        deadline = time.monotonic() + 15.0
-        while True:
+        answers: list[wire.ProduceResp] = []
+
+        def committed() -> bool:
             req = wire.ProduceReq(
                 client.next_id(), "orders.eu", b"robustness-probe", pseq, b"probe", b"%d" % pseq
             )
             answer = client.ask(req, timeout_s=10.0)
             assert isinstance(answer, wire.ProduceResp), answer
-            if answer.outcome is Outcome.COMMITTED:
-                self.committed_probes.append((relay_id, answer.seq))
-                return int(answer.seq)
-            assert answer.outcome in (Outcome.FENCED, Outcome.UNKNOWN), answer
-            assert time.monotonic() < deadline, f"relay {relay_id} keeps answering {answer}"
-            time.sleep(0.05)
+            assert answer.outcome in (Outcome.COMMITTED, Outcome.FENCED, Outcome.UNKNOWN), answer
+            answers.append(answer)
+            return answer.outcome is Outcome.COMMITTED
+
+        wait_until(
+            committed,
+            lambda: f"a probe to commit on relay {relay_id} (last answer {answers[-1]})",
+            poll_s=0.05,
+        )
+        self.committed_probes.append((relay_id, answers[-1].seq))
+        return answers[-1].seq
 
     def check_alive_and_extending(
         self, before: dict[tuple[int, str], list[tuple[Any, ...]]]
@@ -211,20 +229,24 @@ def subscribed(relay_id: int, topic: bytes) -> bool:
     return any(topic.startswith(p) for p in prefixes)
 
 
-def wait_bad_parts(
-    live: Live, want: dict[int, int], resend_marker: bool, timeout_s: float = 10.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    last_marker = time.monotonic()
-    while True:
-        got = live.bad_parts()
+def wait_bad_parts(live: Live, want: dict[int, int], resend_marker: bool) -> None:
+    """Wait until every relay counted `want` bad peer frames; `resend_marker`: send the
+    marker again each round (while a SUB has not joined, or rejoined, the PUB drops it)."""
+    got: dict[int, int] = {}
+
+    def seen() -> bool:
+        got.update(live.bad_parts())
         if all(got[r] >= want[r] for r in RELAYS):
-            return
-        assert time.monotonic() < deadline, f"peer frames not all seen: {got} < {want}"
-        if resend_marker and time.monotonic() - last_marker > 0.1:
+            return True
+        if resend_marker:
             live.hostile_pub.send_multipart(MARKER)
-            last_marker = time.monotonic()
-        time.sleep(0.005)
+        return False
+
+    wait_until(
+        seen,
+        lambda: f"the relays to count the bad peer frames: {got} < {want}",
+        poll_s=0.1 if resend_marker else 0.01,  # a marker every 100 ms is plenty
+    )
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +470,6 @@ def hostile_client_case(live: Live, relay_id: int, messages: list[list[bytes]]) 
 def client_test(examples: int) -> Callable[..., None]:
     @settings(
         max_examples=examples,
-        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(relay_id=st.sampled_from(RELAYS), messages=client_messages)
@@ -486,7 +507,6 @@ def hostile_peer_case(live: Live, messages: list[tuple[bytes, bytes, int]]) -> N
 def peer_test(examples: int) -> Callable[..., None]:
     @settings(
         max_examples=examples,
-        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     @given(messages=peer_messages)
@@ -553,8 +573,13 @@ def test_oversized_peer_frame_is_dropped_and_the_relays_keep_working(live: Live)
     # Runs after every other test that publishes from relay 3's endpoint: see below.
     before = live.views()
     base = live.bad_parts()
+    closed = live.links_closed()
     live.hostile_pub.send_multipart([b"H|", b"\x00" * (MAX_FRAME_BYTES + 1)])
-    time.sleep(0.3)  # the SUBs of relays 0-2 drop the connection (ZMQ_MAXMSGSIZE)
+    # The SUBs of relays 0-2 drop the connection (ZMQ_MAXMSGSIZE); each relay counts it.
+    wait_until(
+        lambda: all(live.links_closed()[r] > closed[r] for r in RELAYS),
+        lambda: f"every relay to drop its link from the hostile peer: {live.links_closed()}",
+    )
     for r in RELAYS:
         live.commit_probe(r)
     live.check_alive_and_extending(before)
@@ -565,7 +590,7 @@ def test_a_peer_link_recovers_after_an_oversized_frame(live: Live) -> None:
     # libzmq drops a SUB connection for a frame above ZMQ_MAXMSGSIZE and never connects
     # it again by itself; the node watches its SUB's disconnects and reconnects.
     base = live.bad_parts()
-    wait_bad_parts(live, {r: base[r] + 1 for r in RELAYS}, resend_marker=True, timeout_s=5.0)
+    wait_bad_parts(live, {r: base[r] + 1 for r in RELAYS}, resend_marker=True)
 
 
 # --- unknown streams -----------------------------------------------------------------------------
@@ -598,16 +623,19 @@ def test_an_unknown_stream_gets_a_clear_error(live: Live) -> None:
 def test_the_relays_still_agree_and_hold_every_probe(live: Live) -> None:
     """Every committed probe is in every relay's history, and the histories agree (one
     may lag: each is a prefix of the longest)."""
-    deadline = time.monotonic() + 10.0
     probes = {seq for _, seq in live.committed_probes}
     assert probes
-    while True:
-        views = {r: live.clients[r].read_all("orders.eu") for r in RELAYS}
-        missing = {r: probes - {e[0] for e in v} for r, v in views.items()}
-        if not any(missing.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not any(missing.values()), missing
+    views: dict[int, list[tuple[Any, ...]]] = {}
+    missing: dict[int, set[int]] = {}
+
+    def every_probe_held() -> bool:
+        views.update({r: live.clients[r].read_all("orders.eu") for r in RELAYS})
+        missing.update({r: probes - {e[0] for e in v} for r, v in views.items()})
+        return not any(missing.values())
+
+    wait_until(
+        every_probe_held, lambda: f"every relay to hold every probe; missing {missing}", poll_s=0.1
+    )
     longest = max(views.values(), key=len)
     for r, view in views.items():
         assert longest[: len(view)] == view, f"relay {r} disagrees"

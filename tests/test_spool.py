@@ -7,22 +7,31 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 from pathlib import Path
+from typing import cast
 
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 import relay.spool as spool_module
-from relay.spool import Spool
+from relay.spool import Spool, SpoolRecord
 from relay.store.layout import find_segments, stream_dir_name, to_unsigned64
-from relay.store.synthetic import generate
+from relay.store.synthetic import StreamRecords, generate
+from waiting import wait_until
 
 STREAM = "orders.eu"
 
 
-def _read_all(root: Path, stream: str = STREAM) -> list[tuple[object, ...]]:
-    rows = []
+def spool_records(
+    records: StreamRecords, start: int = 0, stop: int | None = None
+) -> list[SpoolRecord]:
+    """`records.records(start, stop)` typed as what the spool takes: it builds exactly such
+    tuples, though relay.store.synthetic annotates them `tuple[object, ...]`."""
+    return cast(list[SpoolRecord], records.records(start, stop))
+
+
+def _read_all(root: Path, stream: str = STREAM) -> list[SpoolRecord]:
+    rows: list[SpoolRecord] = []
     for segment in find_segments(root):
         if segment.stream != stream:
             continue
@@ -48,7 +57,7 @@ def test_records_come_back_from_contiguous_segments(tmp_path: Path) -> None:
     records.producer_seqs[0] = 2**64 - 1  # a u64 beyond int64 survives the round trip
     with Spool(tmp_path, 4, segment_max_bytes=8_000) as spool:
         for start in range(0, 500, 37):
-            assert spool.append(STREAM, records.records(start, start + 37))
+            assert spool.append(STREAM, spool_records(records, start, start + 37))
     status = spool.status()
     segments = [s for s in find_segments(tmp_path) if s.stream == STREAM]
     assert status.segments_written == len(segments) > 3
@@ -68,7 +77,7 @@ def test_stream_names_are_escaped_and_found_again(tmp_path: Path) -> None:
     odd = "../we ird/.name%"
     records = generate(odd, 10)
     with Spool(tmp_path, 0) as spool:
-        spool.append(odd, records.records())
+        spool.append(odd, spool_records(records))
     [segment] = find_segments(tmp_path)
     assert segment.stream == odd
     assert Path(segment.path).resolve().is_relative_to(tmp_path.resolve() / "relay=0")
@@ -79,14 +88,15 @@ def test_tick_writes_segments_older_than_the_age_limit(tmp_path: Path) -> None:
     records = generate(STREAM, 20)
     spool = Spool(tmp_path, 1, segment_max_age_ms=1_000)
     try:
+        # One writer thread takes these in order, so no waiting is needed in between.
         spool.tick(10_000)
-        spool.append(STREAM, records.records(0, 10))
-        spool.tick(10_500)
-        time.sleep(0.2)
-        assert spool.status().segments_written == 0  # younger than the limit
+        spool.append(STREAM, spool_records(records, 0, 10))
+        spool.tick(10_500)  # younger than the limit: nothing is written...
+        spool.append(STREAM, spool_records(records, 10, 20))  # ...so these join the same segment
         spool.tick(11_000)
-        _wait_for(lambda: spool.status().segments_written == 1)
-        assert _read_all(tmp_path) == records.records(0, 10)
+        wait_until(lambda: spool.status().records_written == 20, "the aged segment")
+        assert spool.status().segments_written == 1
+        assert _read_all(tmp_path) == records.records(0, 20)
     finally:
         spool.close()
 
@@ -97,17 +107,18 @@ def test_full_queue_stops_the_stream_without_blocking(
     release = threading.Event()
     real_write = spool_module.write_segment_file
 
-    def slow_write(table: object, path: object) -> None:
-        release.wait(10)
+    def slow_write(table: object, path: str | os.PathLike[str]) -> None:
+        release.wait(60)  # the disk is stuck until the test releases it
         real_write(table, path)
 
     monkeypatch.setattr(spool_module, "write_segment_file", slow_write)
     records = generate(STREAM, 200)
     spool = Spool(tmp_path, 2, segment_max_bytes=1, queue_max_batches=2)
     try:
-        started = time.monotonic()
-        accepted = [spool.append(STREAM, records.records(i, i + 10)) for i in range(0, 200, 10)]
-        assert time.monotonic() - started < 1.0  # never waits for the disk
+        batches = [spool_records(records, i, i + 10) for i in range(0, 200, 10)]
+        accepted = [spool.append(STREAM, batch) for batch in batches]
+        # Never waits for the disk: with the writer stuck, the queue fills and later
+        # batches are refused (an append that waited would be accepted once released).
         assert accepted[0] and not accepted[-1]
         status = spool.status()
         assert status.errors == 1
@@ -116,9 +127,9 @@ def test_full_queue_stops_the_stream_without_blocking(
         assert "stops spooling stream 'orders.eu'" in caplog.text
         release.set()
         # Once the disk catches up, other streams go on; the stopped one stays stopped.
-        _wait_for(lambda: spool.status().queue_depth == 0)
-        assert spool.append("other", generate("other", 5).records())
-        assert not spool.append(STREAM, generate(STREAM, 1, first_seq=2**50).records())
+        wait_until(lambda: spool.status().queue_depth == 0, "the writer to drain its queue")
+        assert spool.append("other", spool_records(generate("other", 5)))
+        assert not spool.append(STREAM, spool_records(generate(STREAM, 1, first_seq=2**50)))
     finally:
         release.set()
         spool.close()
@@ -131,7 +142,7 @@ def test_disk_budget_stops_the_stream(tmp_path: Path, caplog: pytest.LogCaptureF
     records = generate(STREAM, 300)
     with Spool(tmp_path, 3, segment_max_bytes=4_000, disk_max_bytes=6_000) as spool:
         for start in range(0, 300, 20):
-            spool.append(STREAM, records.records(start, start + 20))
+            spool.append(STREAM, spool_records(records, start, start + 20))
     status = spool.status()
     assert "disk budget spent" in status.stopped_streams[STREAM]
     assert status.errors == 1
@@ -145,9 +156,9 @@ def test_disk_budget_stops_the_stream(tmp_path: Path, caplog: pytest.LogCaptureF
 def test_out_of_order_records_stop_the_stream(tmp_path: Path) -> None:
     records = generate(STREAM, 20)
     with Spool(tmp_path, 0) as spool:
-        assert spool.append(STREAM, records.records(10, 20))
-        assert not spool.append(STREAM, records.records(0, 10))
-        assert not spool.append(STREAM, records.records(19, 20))  # stays stopped
+        assert spool.append(STREAM, spool_records(records, 10, 20))
+        assert not spool.append(STREAM, spool_records(records, 0, 10))
+        assert not spool.append(STREAM, spool_records(records, 19, 20))  # stays stopped
     assert "out of order" in spool.status().stopped_streams[STREAM]
     assert _read_all(tmp_path) == records.records(10, 20)
 
@@ -157,13 +168,6 @@ def test_limits_must_be_positive(tmp_path: Path) -> None:
         Spool(tmp_path, 0, segment_max_bytes=0)
 
 
-def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> None:
     from relay.store.baseline import ingest_baseline
 
@@ -171,16 +175,16 @@ def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> N
     records = generate(STREAM, 200, seed=5)
     for relay in (0, 1):
         with Spool(spool_dir, relay, segment_max_bytes=4_000) as spool:
-            spool.append(STREAM, records.records())
+            spool.append(STREAM, spool_records(records))
     written = find_segments(spool_dir)
     assert {s.relay for s in written} == {0, 1}
     assert ingest_baseline(str(spool_dir), str(store_dir)).records_added == 200
-    later = generate(STREAM, 220, seed=5).records(200, 220)  # not ingested yet
+    later = spool_records(generate(STREAM, 220, seed=5), 200, 220)  # not ingested yet
     spool = Spool(spool_dir, 0, store_dir=store_dir)
     try:
         spool.append(STREAM, later)
         spool.tick(1)  # the first tick reclaims
-        _wait_for(lambda: spool.status().segments_reclaimed > 0)
+        wait_until(lambda: spool.status().segments_reclaimed > 0, "the ingested segments reclaimed")
     finally:
         spool.close()
     left = find_segments(spool_dir)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from relay.core.digest import chain
-from relay.spool import Spool, write_segment_file
+from relay.spool import Spool, SpoolRecord, write_segment_file
 from relay.store import baseline
 from relay.store.changes import (
     KIND_CHANGES,
@@ -303,7 +303,9 @@ def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:
         with Spool(tmp_path / "spool", relay, segment_max_bytes=5_000 + relay * 1_000) as spool:
             for records in streams:
                 for start in range(0, 300, 25):
-                    spool.append(records.stream, records.records(start, start + 25))
+                    # records() builds spool records; synthetic annotates them loosely.
+                    batch = cast(list[SpoolRecord], records.records(start, start + 25))
+                    spool.append(records.stream, batch)
     ingest(spark, str(tmp_path / "spool"), str(tmp_path / "store"))
     assert _stored_rows(tmp_path / "store") == _expected_rows(streams)
 

@@ -88,9 +88,6 @@ class Network:
         self._cut.clear()
         self.faulty = False
 
-    def is_cut(self, src: int, dst: int) -> bool:
-        return (src, dst) in self._cut
-
     # --- frames ------------------------------------------------------------------------------
 
     def send(self, now: int, src: int, dst: int, frame: bytes, dst_epoch: int) -> None:
