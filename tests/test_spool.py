@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import relay.spool as spool_module
+from relay.segment import find_segments, stream_dir_name, to_unsigned64
 from relay.spool import Spool
-from relay.store.layout import find_segments, stream_dir_name, to_unsigned64
 from relay.store.synthetic import generate
 
 STREAM = "orders.eu"

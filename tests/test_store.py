@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from relay.core.digest import chain
-from relay.spool import Spool, write_segment_file
+from relay.segment import find_segments, stream_dir_name, write_segment_file
+from relay.spool import Spool
 from relay.store import baseline
 from relay.store.changes import (
     KIND_CHANGES,
@@ -26,7 +27,6 @@ from relay.store.changes import (
     encode_changes,
 )
 from relay.store.errors import IngestFailed, InvalidChanges, VerifyFailed
-from relay.store.layout import find_segments, stream_dir_name
 from relay.store.manifest import load_manifest
 from relay.store.reader import StoreReader
 from relay.store.synthetic import StreamRecords, generate, write_spools
@@ -357,8 +357,8 @@ def test_change_lists_chain_with_their_kind() -> None:
     of its transaction hash."""
     from relay.core.digest import chain_over, genesis
     from relay.core.messages import Transaction
+    from relay.segment import to_signed64
     from relay.store.chaincheck import tx_hash_of
-    from relay.store.layout import to_signed64
 
     records = generate("kinds", 20, changes_every=2)
     assert KIND_CHANGES in records.kinds
