@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark")
-from relay.store.synthetic import generate, write_spools
+from relay.tools.synthetic import generate, write_spools
 
 STORE_CLI_TIMEOUT_S = 240
 

@@ -16,8 +16,8 @@ from relay.launcher import write_loopback_topology
 from relay.node import RelayNode
 from relay.segment import find_segments, to_unsigned64
 from relay.spool import last_spooled_points
-from relay.store.baseline import ingest_baseline, verify_baseline
 from relay.store.reader import StoreReader
+from relay.tools.store_baseline import ingest_baseline, verify_baseline
 from relay.topology import MeshConfig, load
 
 pytestmark = pytest.mark.timeout(120)

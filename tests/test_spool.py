@@ -16,7 +16,7 @@ import pytest
 import relay.spool as spool_module
 from relay.segment import find_segments, stream_dir_name, to_unsigned64
 from relay.spool import Spool
-from relay.store.synthetic import generate
+from relay.tools.synthetic import generate
 
 STREAM = "orders.eu"
 
@@ -165,7 +165,7 @@ def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
 
 
 def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> None:
-    from relay.store.baseline import ingest_baseline
+    from relay.tools.store_baseline import ingest_baseline
 
     spool_dir, store_dir = tmp_path / "spool", tmp_path / "store"
     records = generate(STREAM, 200, seed=5)
