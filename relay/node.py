@@ -25,12 +25,11 @@ the loop: frames are validated, errors are counted (`RelayNode.counters`, next t
 core's own counters) and logged at a bounded rate. A node that owns its process (`relay
 run`) also keeps the long-lived buffer out of the garbage collector's way (`_tend_gc`).
 
-Run one relay:  python -m relay.node TOPOLOGY.yaml RELAY_ID [--log-level info]
+Run one relay:  relay run --config TOPOLOGY.yaml --relay ID [--log-level info]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
@@ -39,10 +38,9 @@ import itertools
 import json
 import logging
 import signal
-import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -1008,35 +1006,3 @@ def _spool_record(record: CommittedRecord) -> SpoolRecord:
     seq, digest, tx, duplicate = record
     return (seq, digest, tx.producer_id, tx.producer_seq, tx.key, tx.value, tx.kind, duplicate)
 
-
-# --- command line ------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relay.node", description="Run one relay.")
-    parser.add_argument("topology", help="the YAML topology file")
-    parser.add_argument("relay_id", type=int, help="which relay of the topology to run")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    from relay.errors import ConfigError
-    from relay.topology import load
-
-    try:
-        config = load(args.topology)
-        node = RelayNode(config, args.relay_id)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for warning in config.warnings:
-        log.warning("%s", warning)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(node.run())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
