@@ -1027,7 +1027,7 @@ def consume(
 
 
 def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    from relay.bench import parse_sizes
+    from relay.tools.bench import parse_sizes
 
     try:
         return parse_sizes(value)
@@ -1071,7 +1071,7 @@ def bench(
     with two SUBs; prints a table (or --json with relay/baseline ratios and the targets).
     Exit codes: 0 when every run produced figures, 1 otherwise.
     """
-    from relay.bench import run_cli
+    from relay.tools.bench import run_cli
 
     sys.exit(
         run_cli(duration_s=duration_s, sizes=sizes, quick=quick, as_json=as_json, profile=profile)

@@ -64,7 +64,6 @@ Neither flavour is thread-safe: use one client per thread (or per event loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import heapq
 import itertools
@@ -80,7 +79,6 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, Ty
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
 from relay.core.config import Limits
@@ -95,6 +93,7 @@ from relay.errors import (
     Unknown,
     UnknownStream,
 )
+from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, changes_of, encode_changes
 from relay.store.errors import UnknownStoredStream
 from relay.store.manifest import MANIFEST_DIR
@@ -152,8 +151,6 @@ MAX_CACHED_ORDERS = 10_000  # streams whose relay order a producer remembers
 NO_BATCH = -1  # an op's batch_rid when its attempt is not in a ProduceBatchReq
 # pyzmq's flags are enum members: plain ints skip an enum operation per call.
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
@@ -1187,31 +1184,34 @@ def _configure(sock: Any) -> None:
 
 
 class _Links:
-    """A DEALER (plus a monitor for lost connections) per relay endpoint; the drain logic
-    shared by both flavours."""
+    """A DEALER (plus a monitor for lost connections) per relay endpoint, and a waiter on
+    all of them; the drain logic shared by both flavours. `shadow`: the context is an
+    asyncio one, whose sockets are used through their plain views."""
 
     def __init__(self, ctx: Any, endpoints: Sequence[str], shadow: bool) -> None:
         self.ctx = ctx
+        self.closed = False
         self.socks: dict[str, Any] = {}  # endpoint -> DEALER (the context's socket class)
-        self.monitors: dict[str, Any] = {}  # endpoint -> PAIR receiving monitor events
-        # (endpoint, DEALER, monitor as registered with the poller, then their plain views)
-        self._links: list[tuple[str, Any, Any, zmq.Socket[Any], zmq.Socket[Any]]] = []
+        self.monitors: dict[str, DisconnectMonitor] = {}
+        # (endpoint, DEALER as the waiter knows it, its monitor)
+        self._links: list[tuple[str, zmq.Socket[Any], DisconnectMonitor]] = []
+        plain_ctx: zmq.Context[Any] = zmq.Context.shadow(ctx.underlying) if shadow else ctx
         try:
             for endpoint in endpoints:
                 sock = ctx.socket(zmq.DEALER)
                 self.socks[endpoint] = sock
                 _configure(sock)
-                mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                self.monitors[endpoint] = mon
+                plain: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock
+                monitor = self.monitors[endpoint] = DisconnectMonitor(plain_ctx, plain)
                 sock.connect(endpoint)
-                plain_sock: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock
-                plain_mon: zmq.Socket[Any] = zmq.Socket.shadow(mon.underlying) if shadow else mon
-                self._links.append((endpoint, sock, mon, plain_sock, plain_mon))
+                self._links.append((endpoint, plain, monitor))
         except BaseException:
             self.close()
             raise
-        self._by_endpoint = {e: plain for e, _, _, plain, _ in self._links}
-        self.closed = False
+        self._by_endpoint = {endpoint: plain for endpoint, plain, _ in self._links}
+        self.waiter = ReadableWaiter(
+            [sock for _, plain, monitor in self._links for sock in (plain, monitor.socket)]
+        )
 
     def send(self, endpoint: str, frame: bytes) -> bool:
         try:
@@ -1220,13 +1220,14 @@ class _Links:
             return False
         return True
 
-    def drain(self, engine: _Engine, now: float, readable: Container[Any] | None = None) -> None:
-        """Feed the engine what arrived; only from the sockets in `readable` (as registered
-        with the poller) when given: trying the others would only fail."""
-        for endpoint, registered, registered_mon, sock, mon in self._links:
-            if readable is None or registered_mon in readable:
-                self._drain_monitor(engine, endpoint, mon, now)
-            if readable is not None and registered not in readable:
+    def drain(self, engine: _Engine, now: float, readable: Container[zmq.Socket[Any]]) -> None:
+        """Feed the engine what arrived on the sockets in `readable` (trying the others
+        would only fail)."""
+        for endpoint, sock, monitor in self._links:
+            if monitor.socket in readable:
+                for _ in monitor.disconnected():
+                    engine.on_disconnect(endpoint, now)
+            if sock not in readable:
                 continue
             for _ in range(DRAIN_MAX):
                 try:
@@ -1235,30 +1236,15 @@ class _Links:
                     break
                 engine.on_frame(endpoint, frame, now)
 
-    def _drain_monitor(
-        self, engine: _Engine, endpoint: str, mon: zmq.Socket[Any], now: float
-    ) -> None:
-        for _ in range(DRAIN_MAX):
-            try:
-                event = mon.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                kind = parse_monitor_message(event)["event"]
-            except Exception:
-                continue
-            if kind == zmq.EVENT_DISCONNECTED:
-                engine.on_disconnect(endpoint, now)
-
     def close(self) -> None:
-        if getattr(self, "closed", False):
+        if self.closed:
             return
         self.closed = True
-        for sock in self.socks.values():
-            with contextlib.suppress(zmq.ZMQError):
-                sock.disable_monitor()
-        for mon in self.monitors.values():
-            mon.close(linger=0)
+        waiter = getattr(self, "waiter", None)  # none if a socket failed to open
+        if waiter is not None:
+            waiter.close()  # before the descriptors go away with their sockets
+        for monitor in self.monitors.values():
+            monitor.close()
         for sock in self.socks.values():
             sock.close(linger=0)
         self.ctx.destroy(linger=0)
@@ -1267,35 +1253,21 @@ class _Links:
 class _SyncLinks(_Links):
     def __init__(self, endpoints: Sequence[str]) -> None:
         super().__init__(zmq.Context(), endpoints, shadow=False)
-        self.poller = zmq.Poller()
-        for endpoint in self.socks:
-            self.poller.register(self.socks[endpoint], zmq.POLLIN)
-            self.poller.register(self.monitors[endpoint], zmq.POLLIN)
 
     def wait(self, engine: _Engine, timeout_s: float | None) -> None:
         """Wait up to `timeout_s` (None: until something arrives) and feed the engine."""
-        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
-        events = self.poller.poll(ms)
-        if events:
-            self.drain(engine, time.monotonic(), {sock for sock, _ in events})
+        timeout_ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000 + 0.999))
+        readable = self.waiter.poll(timeout_ms)
+        if readable:
+            self.drain(engine, time.monotonic(), readable)
 
 
 class _AsyncLinks(_Links):
-    """Waits through the event loop: a reader callback on every socket's descriptor
-    resolves the one future the waiter awaits (the producer's wake-up future when it has
-    one), a timer bounds the wait. ZeroMQ's descriptors only signal that a socket's state
-    may have changed, so each socket's EVENTS say what is readable. (zmq.asyncio's Poller
-    does the same with a future and reader registrations per socket and per wait, at a
-    cost that showed in the latency of every answer.)"""
+    """Waits through the event loop (`ReadableWaiter.wait`); a producer's wake-up future
+    ends the wait too."""
 
     def __init__(self, endpoints: Sequence[str]) -> None:
         super().__init__(zmq.asyncio.Context(), endpoints, shadow=True)
-        self._fds = [int(plain.getsockopt(zmq.FD)) for plain in self._inputs()]
-        self._loop: asyncio.AbstractEventLoop | None = None  # where the readers are
-        self._future: asyncio.Future[None] | None = None  # what a reader callback resolves
-
-    def _inputs(self) -> list[zmq.Socket[Any]]:
-        return [s for _, _, _, plain, mon in self._links for s in (plain, mon)]
 
     async def wait(
         self,
@@ -1304,59 +1276,9 @@ class _AsyncLinks(_Links):
         wakeup: asyncio.Future[None] | None = None,
     ) -> None:
         """Wait up to `timeout_s`, or until `wakeup` is done, and feed the engine."""
-        loop = asyncio.get_running_loop()
-        self._watch(loop)
-        readable = self._readable()
-        if not readable:
-            future = wakeup if wakeup is not None else loop.create_future()
-            if not future.done():
-                self._future = future
-                timer = None if timeout_s is None else loop.call_later(timeout_s, self._wake)
-                try:
-                    await future
-                finally:
-                    self._future = None
-                    if timer is not None:
-                        timer.cancel()
-            readable = self._readable()
+        readable = await self.waiter.wait(timeout_s, wakeup)
         if readable:
             self.drain(engine, time.monotonic(), readable)
-
-    def _readable(self) -> set[Any]:
-        """The sockets (as `drain` knows them) with something to read."""
-        found = set()
-        for _, registered, registered_mon, plain, mon in self._links:
-            if int(plain.get(_EVENTS)) & _POLLIN:
-                found.add(registered)
-            if int(mon.get(_EVENTS)) & _POLLIN:
-                found.add(registered_mon)
-        return found
-
-    def _wake(self) -> None:
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
-        elif future is None:
-            # Nobody waits (the caller is busy elsewhere): a descriptor that stays readable
-            # would make the loop call this on every turn. The next wait watches again.
-            self._unwatch()
-
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._loop is not loop:
-            self._unwatch()
-            self._loop = loop
-            for fd in self._fds:
-                loop.add_reader(fd, self._wake)
-
-    def _unwatch(self) -> None:
-        loop, self._loop = getattr(self, "_loop", None), None
-        if loop is not None and not loop.is_closed():
-            for fd in self._fds:
-                loop.remove_reader(fd)
-
-    def close(self) -> None:
-        self._unwatch()  # before the descriptors go away with their sockets
-        super().close()
 
 
 # --- producers ---------------------------------------------------------------------------

@@ -13,24 +13,24 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
   `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
 * ROUTER, bound at the relay's `client_endpoint`: the client protocol of `relay.wire`.
 
-The loop waits at most 1 ms for a readable socket (`_Waiter`: in zmq_poll when the node is
-the only task of its event loop, else on the sockets' descriptors through the loop), drains
-what is readable (bounded per turn), feeds peer frames and produces (every item of a
-ProduceBatchReq on its own) to the core with the wall clock and the monotonic clock (ms),
-ticks the core, then calls `ready()` once and publishes every `Outgoing` in order, answers
-producers (core request id -> client identity and request or item id: a ProduceResp per
-ProduceReq, and one ProduceBatchResp per client per turn for all its batched items that
-settled) and completes parked reads on deliveries. Nothing a peer or client sends can stop
-the loop: frames are validated, errors are counted (`RelayNode.counters`, next to the
-core's own counters) and logged at a bounded rate. A node that owns its process (`relay
-run`) also keeps the long-lived buffer out of the garbage collector's way (`_tend_gc`).
+The loop waits at most 1 ms for a readable socket (`relay.sockets.ReadableWaiter`: in
+zmq_poll when the node is the only task of its event loop, else on the sockets' descriptors
+through the loop), drains what is readable (bounded per turn), feeds peer frames and
+produces (every item of a ProduceBatchReq on its own) to the core with the wall clock and
+the monotonic clock (ms), ticks the core, then calls `ready()` once and publishes every
+`Outgoing` in order, answers producers (core request id -> client identity and request or
+item id: a ProduceResp per ProduceReq, and one ProduceBatchResp per client per turn for all
+its batched items that settled) and completes parked reads on deliveries. Nothing a peer or
+client sends can stop the loop: frames are validated, errors are counted
+(`RelayNode.counters`, next to the core's own counters) and logged at a bounded rate. A
+node that owns its process (`relay run`) also keeps the long-lived buffer out of the
+garbage collector's way (`_tend_gc`).
 
-Run one relay:  python -m relay.node TOPOLOGY.yaml RELAY_ID [--log-level info]
+Run one relay:  relay run --config TOPOLOGY.yaml --relay ID [--log-level info]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
@@ -39,16 +39,14 @@ import itertools
 import json
 import logging
 import signal
-import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
 from relay.core import (
@@ -67,6 +65,7 @@ from relay.core import (
     drain,
 )
 from relay.errors import FrameError, MalformedFrame
+from relay.sockets import DisconnectMonitor, ReadableWaiter
 
 if TYPE_CHECKING:
     from relay.spool import Spool, SpoolRecord
@@ -142,8 +141,6 @@ class _Sockets:
 
 
 # pyzmq's flags are enum members; plain ints skip an enum operation per call.
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
@@ -161,27 +158,16 @@ class _PeerLinks:
         self.sub = sub
         self.endpoints = endpoints  # mesh endpoint -> relay id
         self.reconnect_at: dict[str, int] = {}  # endpoint -> monotonic ms
-        address = f"inproc://relay-peer-links-{id(self)}"
-        sub.monitor(address, zmq.EVENT_DISCONNECTED)
-        self.monitor: zmq.Socket[Any] = ctx.socket(zmq.PAIR)
-        self.monitor.setsockopt(zmq.LINGER, 0)
-        self.monitor.connect(address)
+        self.monitor = DisconnectMonitor(ctx, sub)
 
     def poll(self, mono: int) -> list[int]:
         """The relays whose link closed since the last call; reconnect the links due."""
         lost: list[int] = []
-        monitor = self.monitor
-        while int(monitor.get(_EVENTS)) & _POLLIN:
-            try:
-                event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))
-            except (zmq.ZMQError, ValueError, KeyError):
-                break
-            raw = event["endpoint"]
-            where = raw.decode() if isinstance(raw, bytes) else str(raw)
-            relay = self.endpoints.get(where)
-            if relay is not None and event["event"] == zmq.EVENT_DISCONNECTED:
+        for endpoint in self.monitor.disconnected():
+            relay = self.endpoints.get(endpoint)
+            if relay is not None:
                 lost.append(relay)
-                self.reconnect_at.setdefault(where, mono + PEER_RECONNECT_MS)
+                self.reconnect_at.setdefault(endpoint, mono + PEER_RECONNECT_MS)
         for endpoint, due in list(self.reconnect_at.items()):
             if due <= mono:
                 del self.reconnect_at[endpoint]
@@ -191,76 +177,7 @@ class _PeerLinks:
         return lost
 
     def close(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self.sub.disable_monitor()
-        self.monitor.close(linger=0)
-
-
-class _Waiter:
-    """How the loop waits for its two input sockets (mesh SUB, client ROUTER).
-
-    When the node's task is the only task of its event loop (`relay run`), it waits in
-    zmq_poll itself for at most TICK_MS: the fastest wake-up, and nothing else in the loop
-    is kept waiting (the loop still runs its callbacks, signal handlers included, between
-    two turns). When other tasks share the loop (several nodes, clients, in tests), it
-    awaits the sockets' file descriptors through the event loop instead: a reader callback
-    resolves one future, a timer bounds the wait. (zmq.asyncio's Poller does the same with
-    several futures and reader registrations per wait, at about twice the CPU.)"""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, socks: _Sockets) -> None:
-        self.loop = loop
-        self.inputs = (socks.sub, socks.router)
-        self.poller = zmq.Poller()
-        for sock in self.inputs:
-            self.poller.register(sock, zmq.POLLIN)
-        self.fds: list[int] = [int(sock.getsockopt(zmq.FD)) for sock in self.inputs]
-        self.watching = False  # reader callbacks registered with the loop
-        self._future: asyncio.Future[None] | None = None
-
-    async def wait(self, timeout_ms: int) -> tuple[bool, bool]:
-        """Wait until a socket may be readable or `timeout_ms` passed; say which may be
-        (mesh, clients). ZeroMQ's descriptors only signal that the state may have changed,
-        so the sockets' own EVENTS are what counts."""
-        if len(asyncio.all_tasks(self.loop)) == 1:
-            self._unwatch()
-            ready = dict(self.poller.poll(timeout_ms))
-            return self.inputs[0] in ready, self.inputs[1] in ready
-        self._watch()
-        peers, clients = self._readable()
-        if peers or clients:
-            return peers, clients
-        future = self._future = self.loop.create_future()
-        timer = self.loop.call_later(timeout_ms / 1000, self._wake)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            self._future = None
-        return self._readable()
-
-    def _readable(self) -> tuple[bool, bool]:
-        sub, router = self.inputs
-        return bool(int(sub.get(_EVENTS)) & _POLLIN), bool(int(router.get(_EVENTS)) & _POLLIN)
-
-    def _wake(self) -> None:
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
-
-    def _watch(self) -> None:
-        if not self.watching:
-            self.watching = True
-            for fd in self.fds:
-                self.loop.add_reader(fd, self._wake)
-
-    def _unwatch(self) -> None:
-        if self.watching:
-            self.watching = False
-            for fd in self.fds:
-                self.loop.remove_reader(fd)
-
-    def close(self) -> None:
-        self._unwatch()
+        self.monitor.close()
 
 
 class RelayNode:
@@ -542,13 +459,22 @@ class RelayNode:
     # --- the loop -----------------------------------------------------------------------
 
     async def _loop(self, socks: _Sockets) -> None:
-        waiter = _Waiter(asyncio.get_running_loop(), socks)
+        loop = asyncio.get_running_loop()
+        waiter = ReadableWaiter((socks.sub, socks.router))
         try:
             while not self._stopping:
-                peers_readable, clients_readable = await waiter.wait(TICK_MS)
+                # Alone in its event loop (`relay run`), the node waits in zmq_poll itself:
+                # the fastest wake-up, and nothing else in the loop is kept waiting (the
+                # loop still runs its callbacks, signal handlers included, between two
+                # turns). When other tasks share the loop (several nodes, clients, in
+                # tests), it waits through the loop on the sockets' descriptors.
+                if len(asyncio.all_tasks(loop)) == 1:
+                    readable = waiter.poll(TICK_MS)
+                else:
+                    readable = await waiter.wait(TICK_MS / 1000)
                 if self._stopping:
                     break
-                self._turn(socks, peers_readable, clients_readable)
+                self._turn(socks, socks.sub in readable, socks.router in readable)
                 await asyncio.sleep(0)  # let other tasks and callbacks (signals) run
         finally:
             waiter.close()
@@ -1029,35 +955,3 @@ def _spool_record(record: CommittedRecord) -> SpoolRecord:
     seq, digest, tx, duplicate = record
     return (seq, digest, tx.producer_id, tx.producer_seq, tx.key, tx.value, tx.kind, duplicate)
 
-
-# --- command line ------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relay.node", description="Run one relay.")
-    parser.add_argument("topology", help="the YAML topology file")
-    parser.add_argument("relay_id", type=int, help="which relay of the topology to run")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    from relay.errors import ConfigError
-    from relay.topology import load
-
-    try:
-        config = load(args.topology)
-        node = RelayNode(config, args.relay_id)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for warning in config.warnings:
-        log.warning("%s", warning)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(node.run())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-"""The spool: each relay writes its streams' committed entries to Parquet segments on disk,
-from which the store is built (`relay.store.ingest`).
+"""The spool: each relay writes its streams' committed entries to Parquet segments on disk
+(the format: `relay.segment`), from which the store is built (`relay.store.ingest`).
 
 The relay's event loop must never wait for the disk. `append` only checks the records'
 order and hands them to a writer thread through a bounded queue; the writer gathers them
@@ -40,14 +40,15 @@ from pathlib import Path
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from relay.store.errors import StoreError
-from relay.store.layout import (
-    SEGMENT_SCHEMA,
+from relay.segment import (
     find_segments,
     segment_name,
+    segment_table,
     stream_dir_name,
     to_signed64,
+    write_segment_file,
 )
+from relay.store.errors import StoreError
 from relay.store.manifest import load_manifest
 
 log = logging.getLogger("relay.spool")
@@ -62,8 +63,6 @@ DEFAULT_QUEUE_MAX_BATCHES = 4096
 # Per-record bytes beyond its keys and value (seq, digest, producer seq, flags, offsets):
 # used to estimate a segment's size before it is written.
 RECORD_OVERHEAD_BYTES = 48
-# Parquet settings chosen by measurement (docs/store.md, "Segment format").
-SEGMENT_COMPRESSION = "zstd"
 CLOSE_TIMEOUT_S = 60.0
 RECLAIM_INTERVAL_MS = 10_000  # how often ingested segments are looked for and removed
 
@@ -304,20 +303,17 @@ class Spool:
                 )
                 self._count_dropped(count)
                 return
-        table = pa.table(
-            [
-                pa.array([stream] * count, pa.string()),
-                pa.array([self.relay_id] * count, pa.int32()),
-                pa.array(segment.seqs, pa.int64()),
-                pa.array(segment.digests, pa.binary()),
-                pa.array(segment.producer_ids, pa.binary()),
-                pa.array(segment.producer_seqs, pa.int64()),
-                pa.array(segment.keys, pa.binary()),
-                pa.array(segment.values, pa.binary()),
-                pa.array(segment.kinds, pa.int8()),
-                pa.array(segment.duplicates, pa.bool_()),
-            ],
-            schema=SEGMENT_SCHEMA,
+        table = segment_table(
+            stream,
+            self.relay_id,
+            segment.seqs,
+            segment.digests,
+            segment.producer_ids,
+            segment.producer_seqs,
+            segment.keys,
+            segment.values,
+            segment.kinds,
+            segment.duplicates,
         )
         directory = self.root / stream_dir_name(stream)
         name = segment_name(segment.seqs[0], segment.seqs[-1])
@@ -382,21 +378,6 @@ class Spool:
                 with contextlib.suppress(OSError):
                     total += os.stat(os.path.join(directory, name)).st_size
         return total
-
-
-def write_segment_file(table: pa.Table, path: str | os.PathLike[str]) -> None:
-    """One segment as one Parquet row group, flushed to disk before it is renamed."""
-    with open(path, "wb") as sink:
-        pq.write_table(
-            table,
-            sink,
-            compression=SEGMENT_COMPRESSION,
-            row_group_size=max(1, table.num_rows),
-            use_dictionary=["stream", "relay", "kind", "duplicate"],
-            write_statistics=["seq"],
-        )
-        sink.flush()
-        os.fsync(sink.fileno())
 
 
 def last_spooled_points(

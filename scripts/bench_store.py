@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from relay.store import baseline
 from relay.store.ingest import ingest
 from relay.store.reader import StoreReader
 from relay.store.snapshot import snapshot
 from relay.store.spark import get_session
-from relay.store.synthetic import generate, write_spools, write_spools_in_chunks
+from relay.tools import store_baseline
+from relay.tools.synthetic import generate, write_spools, write_spools_in_chunks
 
 ENGINES = ("baseline", "spark")
 # How often the memory sampler sums the resident memory of this process tree.
@@ -156,9 +156,9 @@ def _bench(
                     ingested = time.perf_counter()
                     snapshot(spark, str(store))
                 else:
-                    baseline.ingest_baseline(str(spool), str(store))
+                    store_baseline.ingest_baseline(str(spool), str(store))
                     ingested = time.perf_counter()
-                    baseline.snapshot_baseline(str(store))
+                    store_baseline.snapshot_baseline(str(store))
                 done = time.perf_counter()
             ingest_s, snapshot_s, total_s = ingested - started, done - ingested, done - started
             stalled = (_cpu_pressure_total_us() - pressure_start) / 1e6 / total_s

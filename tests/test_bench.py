@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from relay.bench import parse_sizes
 from relay.cli import main
+from relay.tools.bench import parse_sizes
 
 pytestmark = pytest.mark.timeout(180)
 

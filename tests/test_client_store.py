@@ -1,6 +1,6 @@
 """Consumers that read the persistent store where the relays cannot serve (relay/client.py,
-docs/store.md 5): real stores built without Spark (`relay.store.synthetic` spools ingested
-by `relay.store.baseline`), scripted fake relays for the live part, and once real relays
+docs/store.md 5): real stores built without Spark (`relay.tools.synthetic` spools ingested
+by `relay.tools.store_baseline`), scripted fake relays for the live part, and once real relays
 that restarted from the store's last point.
 
 Synthetic seqs start at 2**40 and grow by at most 4096 a record, so the fake relays' live
@@ -30,10 +30,10 @@ from relay.core.messages import ReadStatus
 from relay.errors import OutOfRange
 from relay.launcher import write_loopback_topology
 from relay.node import RelayNode
-from relay.store.baseline import ingest_baseline, snapshot_baseline
 from relay.store.changes import Op, changes_of
 from relay.store.reader import StoreReader
-from relay.store.synthetic import FIRST_SEQ, StreamRecords, generate, write_spools
+from relay.tools.store_baseline import ingest_baseline, snapshot_baseline
+from relay.tools.synthetic import FIRST_SEQ, StreamRecords, generate, write_spools
 from relay.topology import MeshConfig, load
 from waiting import wait_until
 

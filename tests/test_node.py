@@ -601,7 +601,7 @@ def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
     config = load(path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relay.node", str(path), "1"],
+        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

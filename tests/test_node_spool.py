@@ -14,10 +14,10 @@ from relay.core import digest as dg
 from relay.core.messages import Transaction
 from relay.launcher import write_loopback_topology
 from relay.node import RelayNode
+from relay.segment import find_segments, to_unsigned64
 from relay.spool import last_spooled_points
-from relay.store.baseline import ingest_baseline, verify_baseline
-from relay.store.layout import find_segments, to_unsigned64
 from relay.store.reader import StoreReader
+from relay.tools.store_baseline import ingest_baseline, verify_baseline
 from relay.topology import MeshConfig, load
 from waiting import wait_until_async
 

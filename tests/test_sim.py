@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,18 @@ def _report(results: list) -> str:
 
 # --- harness self-tests -------------------------------------------------------------------
 
-SHORT_PHASES = {"safety_ms": 600, "liveness_ms": 600, "quiet_ms": 400, "heal_bound_ms": 200}
+def short_world(seed: int, relays: int, faults: str, **kwargs: Any) -> World:
+    """A world with short phases."""
+    return World(
+        seed,
+        relays,
+        faults,
+        safety_ms=600,
+        liveness_ms=600,
+        quiet_ms=400,
+        heal_bound_ms=200,
+        **kwargs,
+    )
 
 
 class SkippingCore(RelayCore):
@@ -84,14 +96,14 @@ class SkippingCore(RelayCore):
 
 
 def test_planted_bug_is_caught() -> None:
-    world = World(3, 3, "none", core_factory=SkippingCore, **SHORT_PHASES)
+    world = short_world(3, 3, "none", core_factory=SkippingCore)
     violations = check_all(world.run(), world.phase_info())
     assert any(v.startswith("gap:") for v in violations), violations[:5]
     assert any(v.startswith("missing:") for v in violations), violations[:5]
 
 
 def test_short_fault_free_run_passes_and_does_work() -> None:
-    world = World(11, 5, "none", **SHORT_PHASES)
+    world = short_world(11, 5, "none")
     history = world.run()
     assert check_all(history, world.phase_info()) == []
     summary = world.summary()
@@ -100,7 +112,7 @@ def test_short_fault_free_run_passes_and_does_work() -> None:
 
 
 def test_crash_rule_keeps_a_quorum_joined() -> None:
-    world = World(1, 3, "none", **SHORT_PHASES)
+    world = short_world(1, 3, "none")
     for r in world.ids:
         world._start(r)
     for now in range(300):  # long enough for every relay to join every stream
@@ -113,7 +125,7 @@ def test_crash_rule_keeps_a_quorum_joined() -> None:
 
 
 def test_faults_end_before_safety_phase_ends() -> None:
-    world = World(2, 5, "all", **SHORT_PHASES)
+    world = short_world(2, 5, "all")
     for t, _, kind, args in world._faults_heap:
         assert t < world.safety_end, (t, kind)
         if kind in ("partition", "oneway", "pause", "crash"):
@@ -239,7 +251,9 @@ def test_single_fault_kind(kind: str) -> None:
 def test_cli_summary_line(capsys: pytest.CaptureFixture[str]) -> None:
     code = run_cli(seeds=2, seed=None, relays=3, faults="none", first_seed=0)
     lines = capsys.readouterr().out.strip().splitlines()
-    passed, failed = map(int, re.fullmatch(r"(\d+) passed, (\d+) failed", lines[-1]).groups())
+    verdict = re.fullmatch(r"(\d+) passed, (\d+) failed", lines[-1])
+    assert verdict is not None, lines[-1]
+    passed, failed = map(int, verdict.groups())
     assert passed + failed == 2
     assert code == (0 if failed == 0 else 1)
     assert re.fullmatch(r"\d+ seeds per minute", lines[-2])

@@ -8,26 +8,17 @@ import itertools
 import os
 import threading
 from pathlib import Path
-from typing import cast
 
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 import relay.spool as spool_module
+from relay.segment import find_segments, stream_dir_name, to_unsigned64
 from relay.spool import Spool, SpoolRecord
-from relay.store.layout import find_segments, stream_dir_name, to_unsigned64
-from relay.store.synthetic import StreamRecords, generate
+from relay.tools.synthetic import generate
 from waiting import wait_until
 
 STREAM = "orders.eu"
-
-
-def spool_records(
-    records: StreamRecords, start: int = 0, stop: int | None = None
-) -> list[SpoolRecord]:
-    """`records.records(start, stop)` typed as what the spool takes: it builds exactly such
-    tuples, though relay.store.synthetic annotates them `tuple[object, ...]`."""
-    return cast(list[SpoolRecord], records.records(start, stop))
 
 
 def _read_all(root: Path, stream: str = STREAM) -> list[SpoolRecord]:
@@ -57,7 +48,7 @@ def test_records_come_back_from_contiguous_segments(tmp_path: Path) -> None:
     records.producer_seqs[0] = 2**64 - 1  # a u64 beyond int64 survives the round trip
     with Spool(tmp_path, 4, segment_max_bytes=8_000) as spool:
         for start in range(0, 500, 37):
-            assert spool.append(STREAM, spool_records(records, start, start + 37))
+            assert spool.append(STREAM, records.records(start, start + 37))
     status = spool.status()
     segments = [s for s in find_segments(tmp_path) if s.stream == STREAM]
     assert status.segments_written == len(segments) > 3
@@ -77,7 +68,7 @@ def test_stream_names_are_escaped_and_found_again(tmp_path: Path) -> None:
     odd = "../we ird/.name%"
     records = generate(odd, 10)
     with Spool(tmp_path, 0) as spool:
-        spool.append(odd, spool_records(records))
+        spool.append(odd, records.records())
     [segment] = find_segments(tmp_path)
     assert segment.stream == odd
     assert Path(segment.path).resolve().is_relative_to(tmp_path.resolve() / "relay=0")
@@ -90,9 +81,9 @@ def test_tick_writes_segments_older_than_the_age_limit(tmp_path: Path) -> None:
     try:
         # One writer thread takes these in order, so no waiting is needed in between.
         spool.tick(10_000)
-        spool.append(STREAM, spool_records(records, 0, 10))
+        spool.append(STREAM, records.records(0, 10))
         spool.tick(10_500)  # younger than the limit: nothing is written...
-        spool.append(STREAM, spool_records(records, 10, 20))  # ...so these join the same segment
+        spool.append(STREAM, records.records(10, 20))  # ...so these join the same segment
         spool.tick(11_000)
         wait_until(lambda: spool.status().records_written == 20, "the aged segment")
         assert spool.status().segments_written == 1
@@ -115,7 +106,7 @@ def test_full_queue_stops_the_stream_without_blocking(
     records = generate(STREAM, 200)
     spool = Spool(tmp_path, 2, segment_max_bytes=1, queue_max_batches=2)
     try:
-        batches = [spool_records(records, i, i + 10) for i in range(0, 200, 10)]
+        batches = [records.records(i, i + 10) for i in range(0, 200, 10)]
         accepted = [spool.append(STREAM, batch) for batch in batches]
         # Never waits for the disk: with the writer stuck, the queue fills and later
         # batches are refused (an append that waited would be accepted once released).
@@ -128,8 +119,8 @@ def test_full_queue_stops_the_stream_without_blocking(
         release.set()
         # Once the disk catches up, other streams go on; the stopped one stays stopped.
         wait_until(lambda: spool.status().queue_depth == 0, "the writer to drain its queue")
-        assert spool.append("other", spool_records(generate("other", 5)))
-        assert not spool.append(STREAM, spool_records(generate(STREAM, 1, first_seq=2**50)))
+        assert spool.append("other", generate("other", 5).records())
+        assert not spool.append(STREAM, generate(STREAM, 1, first_seq=2**50).records())
     finally:
         release.set()
         spool.close()
@@ -142,7 +133,7 @@ def test_disk_budget_stops_the_stream(tmp_path: Path, caplog: pytest.LogCaptureF
     records = generate(STREAM, 300)
     with Spool(tmp_path, 3, segment_max_bytes=4_000, disk_max_bytes=6_000) as spool:
         for start in range(0, 300, 20):
-            spool.append(STREAM, spool_records(records, start, start + 20))
+            spool.append(STREAM, records.records(start, start + 20))
     status = spool.status()
     assert "disk budget spent" in status.stopped_streams[STREAM]
     assert status.errors == 1
@@ -156,9 +147,9 @@ def test_disk_budget_stops_the_stream(tmp_path: Path, caplog: pytest.LogCaptureF
 def test_out_of_order_records_stop_the_stream(tmp_path: Path) -> None:
     records = generate(STREAM, 20)
     with Spool(tmp_path, 0) as spool:
-        assert spool.append(STREAM, spool_records(records, 10, 20))
-        assert not spool.append(STREAM, spool_records(records, 0, 10))
-        assert not spool.append(STREAM, spool_records(records, 19, 20))  # stays stopped
+        assert spool.append(STREAM, records.records(10, 20))
+        assert not spool.append(STREAM, records.records(0, 10))
+        assert not spool.append(STREAM, records.records(19, 20))  # stays stopped
     assert "out of order" in spool.status().stopped_streams[STREAM]
     assert _read_all(tmp_path) == records.records(10, 20)
 
@@ -169,17 +160,17 @@ def test_limits_must_be_positive(tmp_path: Path) -> None:
 
 
 def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> None:
-    from relay.store.baseline import ingest_baseline
+    from relay.tools.store_baseline import ingest_baseline
 
     spool_dir, store_dir = tmp_path / "spool", tmp_path / "store"
     records = generate(STREAM, 200, seed=5)
     for relay in (0, 1):
         with Spool(spool_dir, relay, segment_max_bytes=4_000) as spool:
-            spool.append(STREAM, spool_records(records))
+            spool.append(STREAM, records.records())
     written = find_segments(spool_dir)
     assert {s.relay for s in written} == {0, 1}
     assert ingest_baseline(str(spool_dir), str(store_dir)).records_added == 200
-    later = spool_records(generate(STREAM, 220, seed=5), 200, 220)  # not ingested yet
+    later = generate(STREAM, 220, seed=5).records(200, 220)  # not ingested yet
     spool = Spool(spool_dir, 0, store_dir=store_dir)
     try:
         spool.append(STREAM, later)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from relay.core.digest import chain
-from relay.spool import Spool, SpoolRecord, write_segment_file
-from relay.store import baseline
+from relay.segment import find_segments, stream_dir_name, write_segment_file
+from relay.spool import Spool
 from relay.store.changes import (
     KIND_CHANGES,
     KIND_PLAIN,
@@ -26,10 +26,10 @@ from relay.store.changes import (
     encode_changes,
 )
 from relay.store.errors import IngestFailed, InvalidChanges, VerifyFailed
-from relay.store.layout import find_segments, stream_dir_name
 from relay.store.manifest import load_manifest
 from relay.store.reader import StoreReader
-from relay.store.synthetic import StreamRecords, generate, write_spools
+from relay.tools import store_baseline
+from relay.tools.synthetic import StreamRecords, generate, write_spools
 
 STREAMS = ("orders.eu", "a/b c")
 
@@ -166,12 +166,12 @@ def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
 
     # The pyarrow baseline builds the same store.
     other = tmp_path / "baseline"
-    baseline.ingest_baseline(str(tmp_path / "spool"), str(other))
-    baseline.snapshot_baseline(str(other))
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), str(other))
+    store_baseline.snapshot_baseline(str(other))
     assert _stored_rows(other) == _stored_rows(store)
     for records in streams:
         assert _snapshot_of(other, records.stream) == _snapshot_of(store, records.stream)
-    assert baseline.verify_baseline(str(other)) == verify(spark, str(store))
+    assert store_baseline.verify_baseline(str(other)) == verify(spark, str(store))
 
 
 def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path: Path) -> None:
@@ -280,7 +280,7 @@ def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
     streams = _streams(300)
     write_spools(str(tmp_path / "spool"), streams, segment_records=100)
     store = tmp_path / "store"
-    baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
     state = load_manifest(store).streams[streams[1].stream]
     path = store / state.files[0].path
     table = pq.read_table(path).to_pylist()
@@ -291,7 +291,7 @@ def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
     [problem] = failure.value.problems
     assert (problem.stream, problem.seq) == (streams[1].stream, streams[1].seqs[10])
     with pytest.raises(VerifyFailed):
-        baseline.verify_baseline(str(store))
+        store_baseline.verify_baseline(str(store))
 
 
 def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:
@@ -304,7 +304,7 @@ def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:
             for records in streams:
                 for start in range(0, 300, 25):
                     # records() builds spool records; synthetic annotates them loosely.
-                    batch = cast(list[SpoolRecord], records.records(start, start + 25))
+                    batch = records.records(start, start + 25)
                     spool.append(records.stream, batch)
     ingest(spark, str(tmp_path / "spool"), str(tmp_path / "store"))
     assert _stored_rows(tmp_path / "store") == _expected_rows(streams)
@@ -340,7 +340,7 @@ def test_small_ranges_stitch_copies_from_relays_with_holes(
 
     store, other = tmp_path / "store", tmp_path / "baseline"
     ingest(spark, str(spool), str(store))
-    baseline.ingest_baseline(str(spool), str(other))
+    store_baseline.ingest_baseline(str(spool), str(other))
     assert _stored_rows(store) == _stored_rows(other) == _expected_rows([records])
     assert len(load_manifest(store).streams["holes"].files) == len(ranges)
 
@@ -359,8 +359,8 @@ def test_change_lists_chain_with_their_kind() -> None:
     of its transaction hash."""
     from relay.core.digest import chain_over, genesis
     from relay.core.messages import Transaction
+    from relay.segment import to_signed64
     from relay.store.chaincheck import tx_hash_of
-    from relay.store.layout import to_signed64
 
     records = generate("kinds", 20, changes_every=2)
     assert KIND_CHANGES in records.kinds
@@ -390,10 +390,10 @@ def test_reader_bootstraps_a_consumer(tmp_path: Path) -> None:
     streams = _streams(400)
     write_spools(str(tmp_path / "spool"), streams, segment_records=90)
     store = tmp_path / "store"
-    baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
     reader = StoreReader(store)
     assert reader.snapshot(streams[0].stream) is None
-    baseline.snapshot_baseline(str(store))
+    store_baseline.snapshot_baseline(str(store))
     reader.refresh()
     records = streams[0]
     after = records.seqs[123]
@@ -470,8 +470,8 @@ def test_a_snapshot_of_chosen_streams_leaves_the_others(tmp_path: Path) -> None:
     records = [generate("s.a", 150, seed=3), generate("s.b", 90, seed=4)]
     write_spools(str(tmp_path / "spool"), records, relays=2, segment_records=50)
     store = str(tmp_path / "store")
-    baseline.ingest_baseline(str(tmp_path / "spool"), store)
-    made = baseline.snapshot_baseline(store, streams=("s.b",))
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), store)
+    made = store_baseline.snapshot_baseline(store, streams=("s.b",))
     assert set(made) == {"s.b"}
     reader = StoreReader(store)
     assert reader.snapshot("s.a") is None

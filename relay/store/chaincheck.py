@@ -30,8 +30,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.core.digest import chain, genesis, tx_hash
 from relay.core.messages import Transaction
+from relay.segment import SEGMENT_SCHEMA, SegmentRef, stream_dir_name, to_unsigned64
 from relay.store.errors import ChainProblem
-from relay.store.layout import SEGMENT_SCHEMA, SegmentRef, stream_dir_name, to_unsigned64
 
 # The columns of the store's record files, in order: a segment's columns minus `relay`.
 RECORD_SCHEMA = SEGMENT_SCHEMA.remove(SEGMENT_SCHEMA.get_field_index("relay"))

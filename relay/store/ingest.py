@@ -1,7 +1,5 @@
-"""Ingest: append the relays' spooled segments to the store (a PySpark job).
-
-    python -m relay.store.ingest SPOOL_ROOT STORE [--master local[*]]
-    spark-submit relay/store/ingest.py SPOOL_ROOT STORE
+"""Ingest: append the relays' spooled segments to the store (a PySpark job), run by
+`relay store ingest --config TOPOLOGY` (relay.storecmd; docs/store.md 4).
 
 1. List the closed segments of every relay; skip those the store lists as ingested.
 2. Cut each stream's new records (above its last stored seq) into seq ranges at segment
@@ -19,18 +17,14 @@
 
 A stream with a problem (relays disagree on a digest, or the chain breaks) keeps its
 verified records up to the problem; nothing at or after it is written; the job raises
-IngestFailed naming stream, seq and relays (exit status 2 from the command line).
+IngestFailed naming stream, seq and relays (exit status 2 from the command).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
 from pathlib import Path
 from typing import Any
 
-from relay.store.errors import IngestFailed, StoreError
 from relay.store.manifest import load_manifest, new_run, vacuum
 from relay.store.plan import (
     BeforeCommit,
@@ -41,9 +35,7 @@ from relay.store.plan import (
     plan_ranges,
     range_bytes_for,
 )
-from relay.store.spark import DEFAULT_MASTER, get_session, parallelism
-
-log = logging.getLogger("relay.store.ingest")
+from relay.store.spark import parallelism
 
 
 def ingest(
@@ -76,33 +68,3 @@ def ingest(
         spark.sparkContext.setJobDescription(None)
     return finish_ingest(store_path, plan, summaries, staging, before_commit)
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="relay.store.ingest", description=__doc__.split("\n")[0])
-    parser.add_argument("spool_root")
-    parser.add_argument("store")
-    parser.add_argument("--master", default=DEFAULT_MASTER, help="ignored under spark-submit")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    spark = get_session(args.master, app_name="relay-store-ingest")
-    try:
-        result = ingest(spark, args.spool_root, args.store)
-    except IngestFailed as error:
-        print(f"ingest FAILED: {error}", file=sys.stderr)
-        return 2
-    except StoreError as error:
-        print(f"ingest FAILED: {error}", file=sys.stderr)
-        return 1
-    finally:
-        spark.stop()
-    print(
-        f"ingest: {result.records_added} records from {result.segments_read} segments, "
-        f"manifest version {result.version}"
-    )
-    for stream, (seq, digest) in sorted(result.streams.items()):
-        print(f"  {stream}: last seq {seq} digest {digest.hex()}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,10 +14,10 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from relay.segment import SegmentRef, find_segments, stream_dir_name
 from relay.store.chaincheck import StreamOutcome, check_segment_range, start_point, stitch
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, PLAIN_ENTITY, Op, decode_changes
 from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges, StoreCorrupt
-from relay.store.layout import SegmentRef, find_segments, stream_dir_name
 from relay.store.manifest import (
     DATA_DIR,
     SNAPSHOT_DIR,

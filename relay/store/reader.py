@@ -22,8 +22,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from relay.segment import to_unsigned64
 from relay.store.errors import StoreCorrupt, UnknownStoredStream
-from relay.store.layout import to_unsigned64
 from relay.store.manifest import Manifest, StreamState, load_manifest
 from relay.store.plan import SNAPSHOT_SCHEMA
 

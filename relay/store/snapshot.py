@@ -1,7 +1,6 @@
 """Snapshot: per stream, the last value of every (entity type, key) as of a seq, deletes
-removed (a PySpark job).
-
-    python -m relay.store.snapshot STORE [--as-of STREAM=SEQ ...] [--master local[*]]
+removed (a PySpark job), run by `relay store snapshot --config TOPOLOGY [--stream S
+[--as-of SEQ]]` (relay.storecmd; docs/store.md 4).
 
 Incremental: the new snapshot is the previous one plus the changes of the records after
 it (`plan.plan_snapshot` picks only the record files that hold them). Map side: one task
@@ -15,8 +14,6 @@ snapshot's seq and the stored digest at that seq in the next manifest.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Collection
 from functools import reduce
 from pathlib import Path
@@ -31,14 +28,7 @@ from relay.store.plan import (
     fold_and_write,
     plan_snapshot,
 )
-from relay.store.spark import (
-    CHANGE_DDL,
-    DEFAULT_MASTER,
-    SNAPSHOT_DDL,
-    SNAPSHOT_WRITE_DDL,
-    get_session,
-    parallelism,
-)
+from relay.store.spark import CHANGE_DDL, SNAPSHOT_DDL, SNAPSHOT_WRITE_DDL, parallelism
 
 # The map tasks: a record file and the seqs of it the snapshot takes.
 DELTA_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT"
@@ -103,30 +93,3 @@ def snapshot(
     spark.sparkContext.setJobDescription(None)
     return finish_snapshot(store_path, manifest, targets, written, staging, before_commit)
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="relay.store.snapshot")
-    parser.add_argument("store")
-    parser.add_argument("--as-of", action="append", default=[], metavar="STREAM=SEQ")
-    parser.add_argument("--master", default=DEFAULT_MASTER, help="ignored under spark-submit")
-    args = parser.parse_args(argv)
-    as_of = {}
-    for item in args.as_of:
-        stream, _, seq = item.rpartition("=")
-        if not stream or not seq.isdigit():
-            parser.error(f"--as-of wants STREAM=SEQ, got {item!r}")
-        as_of[stream] = int(seq)
-    spark = get_session(args.master, app_name="relay-store-snapshot")
-    try:
-        made = snapshot(spark, args.store, as_of=as_of or None)
-    finally:
-        spark.stop()
-    for stream, info in sorted(made.items()):
-        print(f"snapshot {stream}: seq {info.seq} digest {info.digest} rows {info.rows}")
-    if not made:
-        print("snapshot: every stream's snapshot is up to date")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

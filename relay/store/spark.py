@@ -1,9 +1,10 @@
 """The Spark side shared by the jobs: a local session set up as this machine needs, and
 the Spark schemas of the store's files.
 
-Under `spark-submit` the session is the one spark-submit configured (`getOrCreate`);
-run directly (`python -m relay.store.ingest`) it is a quiet local session bound to
-127.0.0.1 whose workers run this very Python (so they import pyarrow and relay).
+Under `spark-submit` (`spark-submit relay/__main__.py store ingest --config ...`) the
+session is the one spark-submit configured (`getOrCreate`); run directly (`relay store
+ingest --config ...`) it is a quiet local session bound to 127.0.0.1 whose workers run
+this very Python (so they import pyarrow and relay).
 """
 
 from __future__ import annotations

@@ -1,26 +1,23 @@
-"""Verify: re-check every stream's chain in the store end to end (a PySpark job).
-
-    python -m relay.store.verify STORE [--master local[*]]
+"""Verify: re-check every stream's chain in the store end to end (a PySpark job), run by
+`relay store verify --config TOPOLOGY` (relay.storecmd; docs/store.md 4).
 
 The stored records of all streams are range-partitioned on (stream, seq); each task
 checks the links inside its range (`chaincheck.check_sorted`, writing nothing) and the
 driver stitches the ranges from each stream's genesis digest. Every stream must end at
 the last point and record count its manifest names. Raises VerifyFailed listing every
-problem (exit status 2 from the command line).
+problem (exit status 2 from the command).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from relay.store import chaincheck
 from relay.store.errors import ChainProblem, VerifyFailed
 from relay.store.manifest import Manifest, load_manifest
-from relay.store.spark import DEFAULT_MASTER, RECORD_DDL, SUMMARY_DDL, get_session, parallelism
+from relay.store.spark import RECORD_DDL, SUMMARY_DDL, parallelism
 
 # Stored bytes per range task.
 RANGE_INPUT_BYTES = 64 * 1024 * 1024
@@ -97,24 +94,3 @@ def judge(manifest: Manifest, summaries: list[dict[str, object]]) -> dict[str, t
         )
     return points
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="relay.store.verify")
-    parser.add_argument("store")
-    parser.add_argument("--master", default=DEFAULT_MASTER, help="ignored under spark-submit")
-    args = parser.parse_args(argv)
-    spark = get_session(args.master, app_name="relay-store-verify")
-    try:
-        points = verify(spark, args.store)
-    except VerifyFailed as error:
-        print(f"verify FAILED: {error}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
-    for stream, (seq, digest) in sorted(points.items()):
-        print(f"verified {stream}: last seq {seq} digest {digest.hex()}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

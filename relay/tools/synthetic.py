@@ -12,9 +12,15 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from relay.core.digest import chain, genesis, tx_hash
 from relay.core.messages import Transaction
-from relay.spool import write_segment_file
+from relay.segment import (
+    segment_name,
+    segment_table,
+    stream_dir_name,
+    to_signed64,
+    write_segment_file,
+)
+from relay.spool import SpoolRecord
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, Op, encode_changes
-from relay.store.layout import SEGMENT_SCHEMA, segment_name, stream_dir_name, to_signed64
 
 # Sequence numbers start here and grow by a random step, like k-sorted relay seqs.
 FIRST_SEQ = 1 << 40
@@ -41,24 +47,20 @@ class StreamRecords:
     def table(self, relay: int, start: int = 0, stop: int | None = None) -> pa.Table:
         """Rows [start, stop) as a spool segment of `relay`."""
         stop = len(self.seqs) if stop is None else stop
-        count = stop - start
-        return pa.table(
-            [
-                pa.array([self.stream] * count, pa.string()),
-                pa.array([relay] * count, pa.int32()),
-                pa.array(self.seqs[start:stop], pa.int64()),
-                pa.array(self.digests[start:stop], pa.binary()),
-                pa.array(self.producer_ids[start:stop], pa.binary()),
-                pa.array([to_signed64(s) for s in self.producer_seqs[start:stop]], pa.int64()),
-                pa.array(self.keys[start:stop], pa.binary()),
-                pa.array(self.values[start:stop], pa.binary()),
-                pa.array(self.kinds[start:stop], pa.int8()),
-                pa.array(self.duplicates[start:stop], pa.bool_()),
-            ],
-            schema=SEGMENT_SCHEMA,
+        return segment_table(
+            self.stream,
+            relay,
+            self.seqs[start:stop],
+            self.digests[start:stop],
+            self.producer_ids[start:stop],
+            [to_signed64(s) for s in self.producer_seqs[start:stop]],
+            self.keys[start:stop],
+            self.values[start:stop],
+            self.kinds[start:stop],
+            self.duplicates[start:stop],
         )
 
-    def records(self, start: int = 0, stop: int | None = None) -> list[tuple[object, ...]]:
+    def records(self, start: int = 0, stop: int | None = None) -> list[SpoolRecord]:
         """Spool records (seq, digest, producer_id, producer_seq, key, value, kind, dup)."""
         return list(
             zip(

@@ -1,30 +1,38 @@
-"""Where spool segments and store files live, and how their names are read back.
+"""The spool segment file format: what a relay's spool writes and the store reads.
 
 Spool:  <spool_root>/relay=<id>/stream=<escaped>/<first_seq>-<last_seq>.parquet
         (written as a hidden `.<...>.tmp` file and renamed once complete, so a reader that
         lists only names matching SEGMENT_NAME never sees half a segment)
-Store:  <store>/_manifest/<version>.json, <store>/data/stream=<escaped>/..., see
-        `relay.store.manifest`.
+
+A segment is one Parquet row group of SEGMENT_SCHEMA (`segment_table`, `write_segment_file`).
+The store's own files (`relay.store.manifest`) name their stream folders the same way
+(`stream_dir_name`).
 
 Stream names (1..255 UTF-8 bytes, no NUL or '|') are escaped with percent-encoding of
 everything but [A-Za-z0-9_.-~], and a leading '.' too, so a name is never a hidden file,
 '.' or '..'.
+
+This module imports neither `relay.spool` nor `relay.store`: both build on it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 SEGMENT_SUFFIX = ".parquet"
 SEGMENT_NAME = re.compile(r"^(\d{1,19})-(\d{1,19})\.parquet$")
 RELAY_DIR = re.compile(r"^relay=(\d{1,4})$")
 STREAM_DIR_PREFIX = "stream="
+# Parquet settings chosen by measurement (docs/store.md, "Segment format").
+SEGMENT_COMPRESSION = "zstd"
 
 # The columns of a spool segment, in order. producer_seq is a u64 on the wire; Parquet and
 # Spark have no unsigned 64-bit type, so it is stored as the int64 with the same bits
@@ -54,6 +62,53 @@ def to_signed64(value: int) -> int:
 
 def to_unsigned64(value: int) -> int:
     return value + _U64 if value < 0 else value
+
+
+def segment_table(
+    stream: str,
+    relay: int,
+    seqs: Sequence[int],
+    digests: Sequence[bytes],
+    producer_ids: Sequence[bytes],
+    producer_seqs: Sequence[int],
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes],
+    kinds: Sequence[int],
+    duplicates: Sequence[bool],
+) -> pa.Table:
+    """The rows of one segment of `relay`'s copy of `stream`, column by column in seq
+    order (`producer_seqs` as stored: already `to_signed64`)."""
+    count = len(seqs)
+    return pa.table(
+        [
+            pa.array([stream] * count, pa.string()),
+            pa.array([relay] * count, pa.int32()),
+            pa.array(seqs, pa.int64()),
+            pa.array(digests, pa.binary()),
+            pa.array(producer_ids, pa.binary()),
+            pa.array(producer_seqs, pa.int64()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(kinds, pa.int8()),
+            pa.array(duplicates, pa.bool_()),
+        ],
+        schema=SEGMENT_SCHEMA,
+    )
+
+
+def write_segment_file(table: pa.Table, path: str | os.PathLike[str]) -> None:
+    """One segment as one Parquet row group, flushed to disk before it is renamed."""
+    with open(path, "wb") as sink:
+        pq.write_table(
+            table,
+            sink,
+            compression=SEGMENT_COMPRESSION,
+            row_group_size=max(1, table.num_rows),
+            use_dictionary=["stream", "relay", "kind", "duplicate"],
+            write_statistics=["seq"],
+        )
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 def escape_stream(stream: str) -> str:
