@@ -674,10 +674,10 @@ def _client_endpoints(
 
 
 def _check_stream_name(stream: str) -> str:
-    from relay.client import _check_stream  # the client's own rule for stream names
+    from relay.engines import check_stream  # the client's own rule for stream names
 
     try:
-        return _check_stream(stream)
+        return check_stream(stream)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--stream") from None
 

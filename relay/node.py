@@ -15,13 +15,12 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
 
 The loop waits at most 1 ms for a readable socket (`relay.sockets.ReadableWaiter`: in
 zmq_poll when the node is the only task of its event loop, else on the sockets' descriptors
-through the loop), drains what is readable (bounded per turn), feeds peer frames and
-produces (every item of a ProduceBatchReq on its own) to the core with the wall clock and
-the monotonic clock (ms), ticks the core, then calls `ready()` once and publishes every
-`Outgoing` in order, answers producers (core request id -> client identity and request or
-item id: a ProduceResp per ProduceReq, and one ProduceBatchResp per client per turn for all
-its batched items that settled) and completes parked reads on deliveries. Nothing a peer or
-client sends can stop the loop: frames are validated, errors are counted
+through the loop), drains what is readable (bounded per turn), feeds peer frames to the core
+and client requests to its `ClientService` (relay/service.py: the client protocol without
+sockets) with the wall clock and the monotonic clock (ms), ticks the core, then drains the
+core's `Ready` (relay/core/shell.py): publishes every `Outgoing` in order, passes producers'
+answers and deliveries to the service, and hands new committed records to the spool.
+Nothing a peer or client sends can stop the loop: frames are validated, errors are counted
 (`RelayNode.counters`, next to the core's own counters) and logged at a bounded rate. A
 node that owns its process (`relay run`) also keeps the long-lived buffer out of the
 garbage collector's way (`_tend_gc`).
@@ -34,13 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import heapq
-import itertools
-import json
 import logging
 import signal
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,23 +44,17 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
-from relay import wire
 from relay.core import (
     EPOCH_MS,
     CommittedRecord,
     Delivery,
-    Outcome,
     Outgoing,
     ProduceReply,
-    ProduceRequest,
-    ReadResult,
-    ReadStatus,
-    RejectReason,
     RelayCore,
-    Transaction,
     drain,
 )
-from relay.errors import FrameError, MalformedFrame
+from relay.errors import MalformedFrame
+from relay.service import ClientService
 from relay.sockets import DisconnectMonitor, ReadableWaiter
 
 if TYPE_CHECKING:
@@ -81,7 +71,6 @@ MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core
 CLIENT_HWM = 10_000
 TICK_MS = 1  # the loop wakes at least this often
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
-MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
 STATE_LOG_MS = 100  # how often joined/fenced transitions are looked for (and GC tended)
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
@@ -111,18 +100,6 @@ def wall_ms() -> int:
 
 def mono_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-# A produce waiting for the core's answer: (client envelope, the client's request or item
-# id, stream, whether it came in a ProduceBatchReq). A tuple: one is made per transaction.
-PendingProduce = tuple[list[bytes], int, str, bool]
-
-
-@dataclass
-class ParkedRead:
-    envelope: list[bytes]
-    request: wire.ReadReq
-    deadline_ms: int
 
 
 @dataclass
@@ -208,22 +185,19 @@ class RelayNode:
         self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
         self.core = RelayCore(core_config, self.incarnation, now)
         self.counters: Counter[str] = Counter()
-        self.request_limit = wire.request_frame_limit(self.limits)
+        self.clients = ClientService(
+            self.core,
+            self.limits,
+            members=config.members,
+            send=self._send_client,
+            counters=self.counters,
+            status=self.status,
+            warn=self._warn,
+            relay_id=relay_id,
+        )
         self._stopping = False
         self._running = False
         self._topics: dict[str, bytes] = {}
-        self._next_core_id = 1  # the core request id of the next produce
-        self._produces: dict[int, PendingProduce] = {}  # by core request id
-        # (deadline, first core id, last core id) per request frame: deadlines and ids
-        # only grow, so a FIFO stays sorted.
-        self._produce_deadlines: deque[tuple[int, int, int]] = deque()
-        # Results of batched produces settled in this loop turn, per client (identity):
-        # sent as one ProduceBatchResp per client at the end of the turn.
-        self._batch_results: dict[bytes, tuple[list[bytes], list[wire.BatchResult]]] = {}
-        self._parked: dict[str, dict[int, ParkedRead]] = {}  # stream -> parked id -> read
-        self._parked_count = 0
-        self._parked_deadlines: list[tuple[int, int, str]] = []  # (deadline, id, stream)
-        self._next_parked = itertools.count(1)
         self._views: dict[str, _StreamView] = {}
         self._delivered: set[str] = set()  # streams with entries delivered here
         self._last_state_log = 0
@@ -251,8 +225,8 @@ class RelayNode:
         status["node"] = {
             "mesh_endpoint": self.spec.mesh_endpoint,
             "client_endpoint": self.spec.client_endpoint,
-            "pending_produces": len(self._produces),
-            "parked_reads": self._parked_count,
+            "pending_produces": self.clients.pending_produces,
+            "parked_reads": self.clients.parked_reads,
             "counters": dict(self.counters),
         }
         if self._spool is not None:
@@ -440,14 +414,10 @@ class RelayNode:
 
     def _shutdown(self) -> None:
         socks = self._sockets
-        self._sockets = None
         if socks is None:
             return
-        # Best effort: tell waiting producers `unknown` (always safe to retry).
-        for envelope, request_id, _, batched in self._produces.values():
-            self._answer_produce(socks, envelope, request_id, batched, Outcome.UNKNOWN)
-        self._produces.clear()
-        self._send_batch_results(socks)
+        self.clients.close()  # best effort: waiting producers hear `unknown` (safe to retry)
+        self._sockets = None
         socks.links.close()
         for sock in socks.closers:
             sock.close(linger=0)
@@ -492,12 +462,12 @@ class RelayNode:
         if mono != self._last_tick:
             self._last_tick = mono
             self.core.tick(now, mono)
-        self._flush(socks, mono)
-        self._expire(socks, mono)
-        self._send_batch_results(socks)
+        self._flush(socks)
+        self.clients.expire(mono)
+        self.clients.flush()
         if mono - self._last_state_log >= STATE_LOG_MS:
             self._last_state_log = mono
-            self._watch_streams(socks)
+            self._watch_streams()
             if self.manage_gc:
                 self._tend_gc(mono)
             if self._spool is not None:
@@ -539,14 +509,14 @@ class RelayNode:
     def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
         for parts in self._received(socks.router, "client"):
             try:
-                self._on_client(socks, parts, now, mono)
+                self._on_client(parts, now, mono)
             except Exception:
                 self.counters["client_frame_node_error"] += 1
                 log.exception("relay=%d failed on a client frame (dropped)", self.id)
 
     # --- clients --------------------------------------------------------------------------
 
-    def _on_client(self, socks: _Sockets, parts: list[bytes], now: int, mono: int) -> None:
+    def _on_client(self, parts: list[bytes], now: int, mono: int) -> None:
         if len(parts) == 2:  # DEALER: [identity, frame]
             envelope, frame = parts[:1], parts[1]
         elif len(parts) == 3 and parts[1] == b"":  # REQ: [identity, b"", frame]
@@ -555,235 +525,33 @@ class RelayNode:
             self.counters["client_frame_invalid"] += 1
             self.counters["client_bad_envelope"] += 1
             bad = MalformedFrame(f"expected one frame per message, got {len(parts) - 1}")
-            self._refuse_client(socks, parts[:1], -1, bad)
+            self.clients.refuse(parts[:1], -1, bad)
             return
+        self.clients.on_request(envelope, frame, now, mono)
+
+    def _send_client(self, envelope: list[bytes], frame: bytes) -> bool:
+        socks = self._sockets
+        if socks is None:
+            return False
         try:
-            msg = wire.decode(frame, self.request_limit, self.limits.max_batch_entries)
-        except FrameError as error:
-            self.counters["client_frame_invalid"] += 1
-            self.counters["client_" + error.counter] += 1
-            self._refuse_client(socks, envelope, wire.peek_request_id(frame), error)
-            return
-        if isinstance(msg, wire.ProduceBatchReq):
-            self._on_produce_batch(socks, envelope, msg, now, mono)
-        elif isinstance(msg, wire.ProduceReq):
-            self._on_produce(socks, envelope, msg, now, mono)
-        elif isinstance(msg, wire.ReadReq):
-            self._on_read(socks, envelope, msg, mono)
-        elif isinstance(msg, wire.StatusReq):
-            body = json.dumps(self.status(), default=str, sort_keys=True).encode()
-            self._send_client(socks, envelope, wire.StatusResp(msg.request_id, body))
-        else:  # a response type sent as a request
-            self.counters["client_frame_invalid"] += 1
-            self.counters["client_not_a_request"] += 1
-            wrong = MalformedFrame(f"{type(msg).__name__} is not a request")
-            self._refuse_client(socks, envelope, msg.request_id, wrong)
-
-    def _refuse_client(
-        self, socks: _Sockets, envelope: list[bytes], request_id: int, error: FrameError
-    ) -> None:
-        name = type(error).__name__
-        self._warn(
-            "client_" + error.counter,
-            "relay=%d refused a client frame: %s: %s",
-            self.id,
-            name,
-            error,
-        )
-        self._send_client(socks, envelope, wire.ErrorResp(request_id, name, str(error)[:1000]))
-
-    def _on_produce(
-        self, socks: _Sockets, envelope: list[bytes], req: wire.ProduceReq, now: int, mono: int
-    ) -> None:
-        first = self._next_core_id
-        if not self.config.members(req.stream):
-            self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
-        tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value, req.kind)
-        self._produce(socks, envelope, req.request_id, req.stream, tx, False, now, mono)
-        self._track_produces(first, mono)
-
-    def _on_produce_batch(
-        self,
-        socks: _Sockets,
-        envelope: list[bytes],
-        req: wire.ProduceBatchReq,
-        now: int,
-        mono: int,
-    ) -> None:
-        self.counters["produce_batches"] += 1
-        first = self._next_core_id
-        producer_id = req.producer_id
-        checked = ""  # the items of a batch mostly share one stream: look it up once
-        for item_id, stream, producer_seq, key, value, kind in req.items:
-            if stream != checked:
-                checked = stream
-                if not self.config.members(stream):
-                    self.counters["client_unknown_stream"] += 1
-            tx = Transaction(producer_id, producer_seq, key, value, kind)
-            self._produce(socks, envelope, item_id, stream, tx, True, now, mono)
-        self._track_produces(first, mono)
-
-    def _produce(
-        self,
-        socks: _Sockets,
-        envelope: list[bytes],
-        request_id: int,
-        stream: str,
-        tx: Transaction,
-        batched: bool,
-        now: int,
-        mono: int,
-    ) -> None:
-        """Hand one produce to the core; its answer comes out of `core.ready()`."""
-        counters = self.counters
-        counters["produce_requests"] += 1
-        if len(self._produces) >= self.limits.max_pending_produces:
-            counters["produce_refused_busy"] += 1
-            reason = RejectReason.BUFFER_FULL.value
-            self._answer_produce(socks, envelope, request_id, batched, Outcome.REJECTED, -1, reason)
-            return
-        core_id = self._next_core_id
-        self._next_core_id = core_id + 1
-        self._produces[core_id] = (envelope, request_id, stream, batched)
-        try:
-            self.core.produce(ProduceRequest(core_id, stream, tx), now, mono)
-        except Exception:
-            counters["produce_core_error"] += 1
-            log.exception("relay=%d stream=%s core failed on a produce", self.id, stream)
-            self._produces.pop(core_id, None)
-            self._answer_produce(socks, envelope, request_id, batched, Outcome.UNKNOWN)
-
-    def _track_produces(self, first_core_id: int, mono: int) -> None:
-        """One deadline for the produces of one request frame (core ids first.. so far)."""
-        last_core_id = self._next_core_id - 1
-        if last_core_id >= first_core_id:
-            # A backstop: the core answers every produce within produce_timeout_ms.
-            deadline = mono + 2 * self.limits.produce_timeout_ms + 1_000
-            self._produce_deadlines.append((deadline, first_core_id, last_core_id))
-
-    def _answer_produce(
-        self,
-        socks: _Sockets,
-        envelope: list[bytes],
-        request_id: int,
-        batched: bool,
-        outcome: Outcome,
-        seq: int = -1,
-        reason: str = "",
-        redirect: tuple[int, ...] = (),
-    ) -> None:
-        """A ProduceResp now, or (batched) a result for this turn's ProduceBatchResp."""
-        if not batched:
-            resp = wire.ProduceResp(request_id, outcome, seq, reason, redirect)
-            self._send_client(socks, envelope, resp)
-            return
-        pending = self._batch_results.get(envelope[0])
-        if pending is None:
-            pending = self._batch_results[envelope[0]] = (envelope, [])
-        pending[1].append((request_id, outcome, seq, reason, redirect))
-
-    def _send_batch_results(self, socks: _Sockets) -> None:
-        if not self._batch_results:
-            return
-        # As many results per frame as a ReadResp has entries (each is far smaller).
-        per_frame = min(self.limits.max_batch_entries, wire.MAX_BATCH_ITEMS)
-        for envelope, results in self._batch_results.values():
-            for start in range(0, len(results), per_frame):
-                chunk = tuple(results[start : start + per_frame])
-                self.counters["produce_batch_answers"] += 1
-                self._send_client(socks, envelope, wire.ProduceBatchResp(-1, chunk))
-        self._batch_results.clear()
-
-    def _on_read(
-        self, socks: _Sockets, envelope: list[bytes], req: wire.ReadReq, mono: int
-    ) -> None:
-        self.counters["read_requests"] += 1
-        result = self._read(req)
-        if result.status is ReadStatus.OK and not result.entries and req.wait_ms > 0:
-            if self._parked_count < MAX_PARKED_READS:
-                pid = next(self._next_parked)
-                deadline = mono + req.wait_ms
-                self._parked.setdefault(req.stream, {})[pid] = ParkedRead(envelope, req, deadline)
-                self._parked_count += 1
-                heapq.heappush(self._parked_deadlines, (deadline, pid, req.stream))
-                return
-            self.counters["read_park_refused"] += 1
-        self._answer_read(socks, envelope, req, result)
-
-    def _read(self, req: wire.ReadReq) -> ReadResult:
-        limit = min(req.max_entries, self.limits.max_batch_entries)
-        result = self.core.read(req.stream, req.after_seq, limit)
-        if result.status is not ReadStatus.OK:
-            self.counters["read_" + result.status.value] += 1
-            if result.status is ReadStatus.UNKNOWN_STREAM:
-                self.counters["client_unknown_stream"] += 1
-            return result
-        # Bound the answer's size too (at least one entry, whatever its size).
-        budget = self.limits.max_batch_bytes
-        used = 0
-        for i, (_, tx) in enumerate(result.entries):
-            used += tx.size_bytes() + 16
-            if used > budget and i > 0:
-                return ReadResult(
-                    result.status,
-                    result.entries[:i],
-                    result.redirect,
-                    result.oldest,
-                    result.committed,
-                )
-        return result
-
-    def _answer_read(
-        self, socks: _Sockets, envelope: list[bytes], req: wire.ReadReq, result: ReadResult
-    ) -> None:
-        entries = tuple(
-            (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq, tx.kind)
-            for seq, tx in result.entries
-        )
-        self.counters["read_entries"] += len(entries)
-        resp = wire.ReadResp(
-            req.request_id,
-            result.status,
-            entries,
-            result.redirect,
-            result.oldest,
-            result.committed,
-        )
-        self._send_client(socks, envelope, resp)
-
-    def _wake_reads(self, socks: _Sockets, stream: str, *, force: bool = False) -> None:
-        parked = self._parked.get(stream)
-        if not parked:
-            return
-        for pid, read in list(parked.items()):
-            result = self._read(read.request)
-            if force or result.entries or result.status is not ReadStatus.OK:
-                del parked[pid]
-                self._parked_count -= 1
-                self._answer_read(socks, read.envelope, read.request, result)
-        if not parked:
-            del self._parked[stream]
-
-    def _send_client(self, socks: _Sockets, envelope: list[bytes], msg: wire.ClientMessage) -> None:
-        try:
-            frame = wire.encode(msg)
             router = socks.router
             for part in envelope:
                 router.send(part, _SNDMORE_NOBLOCK)
             router.send(frame, _NOBLOCK)
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
-            self.counters["client_reply_dropped"] += 1
-            log.debug("relay=%d reply %s dropped: %s", self.id, type(msg).__name__, e)
+            log.debug("relay=%d reply dropped: %s", self.id, e)
+            return False
+        return True
 
     # --- core output ------------------------------------------------------------------------
 
-    def _flush(self, socks: _Sockets, mono: int) -> None:
+    def _flush(self, socks: _Sockets) -> None:
         ready = drain(self.core, _Outlet(self, socks))
         if self._spool is not None and (ready.deliveries or ready.rebases):
             due = {d.stream for d in ready.deliveries}
             self._feed_spool(due.union(stream for stream, _ in ready.rebases))
 
-    def _on_rebase(self, socks: _Sockets, stream: str, point: int) -> None:
+    def _on_rebase(self, stream: str, point: int) -> None:
         self.counters["rebases"] += 1
         # A base taken while joining is routine; one taken after delivering means the
         # consumers of this relay skip a range (they get out_of_range across it).
@@ -797,9 +565,9 @@ class RelayNode:
             "rebased" if after_delivery else "took its base",
             point,
         )
-        self._wake_reads(socks, stream)
+        self.clients.wake(stream)
 
-    def _on_delivery(self, socks: _Sockets, delivery: Delivery) -> None:
+    def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.entries:
             if len(self._delivered) < self.limits.max_streams:
                 self._delivered.add(delivery.stream)
@@ -812,7 +580,7 @@ class RelayNode:
                 delivery.entries[-1][0],
                 len(delivery.entries),
             )
-        self._wake_reads(socks, delivery.stream)
+        self.clients.wake(delivery.stream)
 
     def _publish(self, socks: _Sockets, out: Outgoing) -> None:
         if out.stream is not None:
@@ -832,50 +600,7 @@ class RelayNode:
             self.counters["publish_dropped"] += 1
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
 
-    def _on_reply(self, socks: _Sockets, reply: ProduceReply) -> None:
-        pending = self._produces.pop(reply.request_id, None)
-        if pending is None:
-            self.counters["produce_reply_unmatched"] += 1
-            return
-        envelope, request_id, stream, batched = pending
-        outcome = reply.outcome
-        self.counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "relay=%d stream=%s seq=%d produce %s %s",
-                self.id,
-                stream,
-                reply.seq,
-                outcome.value,
-                reply.reason,
-            )
-        self._answer_produce(
-            socks, envelope, request_id, batched, outcome, reply.seq, reply.reason, reply.redirect
-        )
-
-    def _expire(self, socks: _Sockets, mono: int) -> None:
-        deadlines = self._produce_deadlines
-        while deadlines and deadlines[0][0] <= mono:
-            _, first_core_id, last_core_id = deadlines.popleft()
-            for core_id in range(first_core_id, last_core_id + 1):
-                pending = self._produces.pop(core_id, None)
-                if pending is not None:
-                    self.counters["produce_node_timeout"] += 1
-                    envelope, request_id, _, batched = pending
-                    self._answer_produce(socks, envelope, request_id, batched, Outcome.UNKNOWN)
-        parked_heap = self._parked_deadlines
-        while parked_heap and parked_heap[0][0] <= mono:
-            _, pid, stream = heapq.heappop(parked_heap)
-            parked = self._parked.get(stream)
-            read = parked.pop(pid, None) if parked is not None else None
-            if read is None:
-                continue
-            self._parked_count -= 1
-            if not parked:
-                del self._parked[stream]
-            self._answer_read(socks, read.envelope, read.request, self._read(read.request))
-
-    def _watch_streams(self, socks: _Sockets) -> None:
+    def _watch_streams(self) -> None:
         """Log joined/fenced transitions; answer parked reads of a stream that fenced."""
         for stream in self.core.stream_names():
             view = self._views.get(stream)
@@ -903,7 +628,7 @@ class RelayNode:
                     "fenced: fewer than a quorum of members heard" if fenced else "unfenced",
                 )
                 if fenced:
-                    self._wake_reads(socks, stream)
+                    self.clients.wake(stream)
 
     def _tend_gc(self, mono: int) -> None:
         """Keep what survived so far out of the cyclic collector's full collections.
@@ -942,13 +667,13 @@ class _Outlet:
         self.node._publish(self.socks, out)
 
     def reply(self, reply: ProduceReply) -> None:
-        self.node._on_reply(self.socks, reply)
+        self.node.clients.on_reply(reply)
 
     def rebase(self, stream: str, point: int) -> None:
-        self.node._on_rebase(self.socks, stream, point)
+        self.node._on_rebase(stream, point)
 
     def deliver(self, delivery: Delivery) -> None:
-        self.node._on_delivery(self.socks, delivery)
+        self.node._on_delivery(delivery)
 
 
 def _spool_record(record: CommittedRecord) -> SpoolRecord:

@@ -175,6 +175,26 @@ def test_committed_answers_disagree() -> None:
     assert_flags(h, "committed twice:", checkers.committed_seq_matches)
 
 
+def test_client_conclusions_follow_the_answers() -> None:
+    h = good()
+    h.finals[(b"p0", 3)].client_outcome = COMMITTED
+    h.finals[(b"p0", 3)].client_seq = 30
+    assert violations(h) == []
+    h.finals[(b"p0", 3)].client_seq = 20  # a seq no relay answered for it
+    assert_flags(h, "client:", checkers.client_conclusions)
+    h = good()
+    h.finals[(b"p0", 3)].client_outcome = REJECTED  # though a relay answered committed
+    assert_flags(h, "client:", checkers.client_conclusions)
+
+
+def test_client_rejected_is_never_delivered() -> None:
+    h = good()
+    h.finals[(b"p0", 5)].client_outcome = REJECTED
+    for relay in MEMBERS:
+        h.delivered[(relay, 1)][STREAM].append((40, tx(5)))
+    assert_flags(h, "rejected delivered:", checkers.no_rejected_delivered)
+
+
 def test_relay_still_fenced() -> None:
     h = good()
     h.fence_samples.append(FenceSample(90, 1, 1, STREAM, True, True))  # heals at 150

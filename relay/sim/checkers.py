@@ -75,8 +75,31 @@ def nothing_invented(history: History) -> list[str]:
 
 
 def no_rejected_delivered(history: History) -> list[str]:
-    rejected = {key for key, f in history.finals.items() if f.outcome == REJECTED}
+    """Neither a relay's final answer nor the client's conclusion `rejected` is ever
+    followed by a delivery of that transaction."""
+    rejected = {
+        key
+        for key, f in history.finals.items()
+        if f.outcome == REJECTED or f.client_outcome == REJECTED
+    }
     return invariants.rejected_not_delivered(_all_logs(history), rejected)
+
+
+def client_conclusions(history: History) -> list[str]:
+    """The client engine concluded `committed(seq)` only from a relay's committed answer at
+    that seq, and `rejected` only when no relay answered committed."""
+    out: list[str] = []
+    for key in sorted(history.finals):
+        final = history.finals[key]
+        name = invariants.describe(final.tx)
+        if final.client_outcome == COMMITTED and final.client_seq not in final.committed_seqs:
+            out.append(
+                f"client: {name} concluded committed({final.client_seq}), which no relay "
+                f"answered (answers: {final.outcome} {final.committed_seqs})"
+            )
+        elif final.client_outcome == REJECTED and final.outcome == COMMITTED:
+            out.append(f"client: {name} concluded rejected, but a relay answered committed")
+    return out
 
 
 def committed_seq_matches(history: History) -> list[str]:
@@ -194,6 +217,7 @@ SAFETY_CHECKERS = (
     nothing_invented,
     no_rejected_delivered,
     committed_seq_matches,
+    client_conclusions,
 )
 
 

@@ -1,25 +1,32 @@
-"""Simulated producers and consumers.
+"""Simulated producers and consumers: the real client engines (relay/engines.py) over
+simulated client links.
 
-Clients talk to relays through a `ClientPort` (the world). Producers retry a transaction
-with the same producer sequence until some relay gives a definite answer; consumers follow
-one stream and resume after their last seen sequence number whenever they move.
+Each client talks to the relays through a `ClientPort` (the world): `send` hands a request
+frame to a relay's client service (relay/service.py) and returns False when the relay is
+down (not connected, as a real client's socket would say); response frames and lost
+connections come back through `on_frame` and `on_disconnect`. The retry, fail-over and
+resume rules are the engines' own: the simulator checks the real ones.
+
+Producers record, from the frames on their link, every attempt (each transaction of each
+request frame) and every answer a relay gave it: the checkers judge the relays' answers,
+and also what the engine concluded from them. Consumers record every record they yielded.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from relay.core.messages import Outcome, ReadStatus, Transaction
-from relay.core.shell import ProduceReply, ReadResult
+from relay import wire
+from relay.core import Outcome, Transaction
+from relay.engines import Op, ProduceEngine, ReadEngine, Relays
+from relay.errors import FrameError, Rejected, UnknownStream
 from relay.sim.history import (
     COMMITTED,
     CRASHED,
     FENCED,
     REJECTED,
-    TIMEOUT,
     UNKNOWN,
     Attempt,
     ConsumerLog,
@@ -28,262 +35,287 @@ from relay.sim.history import (
     final_outcome,
 )
 
-CLIENT_TIMEOUT_MS = 3_000
+CLIENT_TIMEOUT_MS = 3_000  # one produce attempt without an answer
+# A producer keeps trying until the run tells it to stop (stop_retry), never giving up by
+# itself within a run: these bounds are far above any run's length.
+SEND_TIMEOUT_S = 3_600.0
+MAX_ATTEMPTS = 1_000_000
+PRODUCE_WINDOW = 1_000  # in flight at once: every issued transaction
 READ_BATCH = 64
-STALL_MS = 200  # a consumer whose relay is paused this long moves elsewhere
+READ_WAIT_MS = 100  # a consumer's long poll
+READ_TIMEOUT_MS = 200  # beyond the long poll: a paused relay is left after this
+DISCONNECT_P = 0.0005  # per ms and consumer: its connection drops (it reconnects)
+REQUEST_ID_BITS = 40  # a client's first request id is drawn from this many bits
+SPIN_RANGE = 1 << 16
+
+
+def endpoint_of(relay: int) -> str:
+    return f"sim://{relay}"
+
+
+def relay_of(endpoint: str) -> int:
+    return int(endpoint.removeprefix("sim://"))
 
 
 class ClientPort(Protocol):
     now: int
 
-    def relay_ids(self) -> tuple[int, ...]: ...
+    def send(self, client: bytes, relay: int, frame: bytes) -> bool:
+        """Queue a request frame to `relay`; False if the relay is down."""
 
-    def alive(self, relay: int) -> bool:
-        """Not crashed (a paused relay is alive: clients cannot tell it is paused)."""
+    def incarnation(self, relay: int) -> int: ...
 
-    def paused(self, relay: int) -> bool: ...
 
-    def submit(self, relay: int, stream: str, tx: Transaction) -> tuple[int, int]:
-        """Hand a produce to `relay`; returns (incarnation, request_id)."""
-
-    def read(self, relay: int, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
+def client_relays(relays: Relays, rng: random.Random) -> Relays:
+    """The relays as a client sees them, starting at its own member of each stream."""
+    return Relays(
+        relays.endpoints,
+        relays.by_id,
+        limits=relays.limits,
+        members=relays.members,
+        spin=rng.randrange(SPIN_RANGE),
+    )
 
 
 @dataclass
-class Op:
-    pid: bytes
-    pseq: int
+class _Issued:
+    op: Op
     stream: str
     tx: Transaction
     issued_ms: int
-    attempts: list[Attempt] = field(default_factory=list)
-    current: Attempt | None = None
-    retry_at: int = -1  # when to send the next attempt (-1: none scheduled)
-    prefer: tuple[int, ...] = ()  # relays suggested by a redirect
-    done: bool = False
-    token: int = 0  # bumped at every state change; older wake-ups are ignored
-
-
-def _pick(rng: random.Random, port: ClientPort, prefer: tuple[int, ...], avoid: int) -> int:
-    alive = [r for r in port.relay_ids() if port.alive(r)]
-    preferred = [r for r in prefer if r in alive and r != avoid]
-    if preferred:
-        return rng.choice(preferred)
-    others = [r for r in alive if r != avoid]
-    if others:
-        return rng.choice(others)
-    return rng.choice(alive) if alive else rng.choice(port.relay_ids())
 
 
 class Producer:
+    """Issues a transaction to a random stream every `interval_ms`, through the engine."""
+
     def __init__(
         self,
         index: int,
         rng: random.Random,
         streams: tuple[str, ...],
         history: History,
+        relays: Relays,
         interval_ms: tuple[int, int] = (15, 60),
-        client_timeout_ms: int = CLIENT_TIMEOUT_MS,
     ) -> None:
         self.index = index
         self.pid = b"prod-%d" % index
+        self.client_id = b"producer-%d" % index
         self.rng = rng
         self.streams = streams
         self.history = history
         self.interval_ms = interval_ms
-        self.client_timeout_ms = client_timeout_ms
-        self.next_pseq = 1
         self.next_issue = rng.randint(0, interval_ms[1])
         self.issuing = True
-        self.retrying = True
-        self.open: dict[int, Op] = {}  # pseq -> op, in issue order
-        self.ops: list[Op] = []
-        self.by_request: dict[int, Attempt] = {}
-        self._wake: list[tuple[int, int, int]] = []  # (when, pseq, token): timeout or retry
+        self.engine = ProduceEngine(
+            client_relays(relays, rng),
+            self.pid,
+            1,
+            window=PRODUCE_WINDOW,
+            send_timeout_s=SEND_TIMEOUT_S,
+            request_timeout_s=CLIENT_TIMEOUT_MS / 1000,
+            max_attempts=MAX_ATTEMPTS,
+            connect_grace_s=0.0,
+            now=0.0,
+            first_request_id=rng.getrandbits(REQUEST_ID_BITS),
+        )
+        self.issued: list[_Issued] = []
+        self.attempts: dict[int, Attempt] = {}  # by request (item) id
+        self.by_pseq: dict[int, list[Attempt]] = {}
 
-    # --- driving -----------------------------------------------------------------------------
+    # --- driving -----------------------------------------------------------------------
 
     def step(self, port: ClientPort) -> None:
         now = port.now
         if self.issuing and now >= self.next_issue:
             self.next_issue = now + self.rng.randint(*self.interval_ms)
             self._issue(port)
-        wake = self._wake
-        while self.retrying and wake and wake[0][0] <= now:
-            _, pseq, token = heapq.heappop(wake)
-            op = self.open.get(pseq)
-            if op is None or op.token != token:
-                continue  # stale wake-up: the op moved on since
-            cur = op.current
-            if cur is not None:
-                cur.outcome = TIMEOUT
-                self.history.event(f"{now} timeout {self.pid.decode()}#{op.pseq} r{cur.relay}")
-                self._schedule(op, now + self.rng.randint(1, 20), ())
-            else:
-                self._attempt(op, port)
+        self.engine.step(now / 1000, lambda endpoint, frame: self._send(port, endpoint, frame))
+
+    def stop_retrying(self) -> None:
+        """The run ends: the engine gives up what is not settled (answers that still come
+        are recorded all the same)."""
+        self.engine.abandon("the run ends")
 
     def _issue(self, port: ClientPort) -> None:
         rng = self.rng
-        pseq = self.next_pseq
-        self.next_pseq += 1
+        pseq = self.engine.next_seq
         stream = rng.choice(self.streams)
         key = None if rng.random() < 0.3 else b"k%d" % rng.randint(0, 7)
         value = b"%s:%d:" % (self.pid, pseq) + rng.randbytes(rng.randint(0, 24))
         tx = Transaction(self.pid, pseq, key, value)
         self.history.produced[(self.pid, pseq)] = (stream, tx)
-        op = Op(self.pid, pseq, stream, tx, port.now)
-        self.open[pseq] = op
-        self.ops.append(op)
-        self._attempt(op, port)
+        op = self.engine.submit(stream, key, value)
+        self.issued.append(_Issued(op, stream, tx, port.now))
 
-    def _attempt(self, op: Op, port: ClientPort) -> None:
-        last = op.attempts[-1].relay if op.attempts else -1
-        relay = _pick(self.rng, port, op.prefer, last)
-        incarnation, request_id = port.submit(relay, op.stream, op.tx)
-        attempt = Attempt(
-            op.pid, op.pseq, op.stream, op.tx, relay, incarnation, request_id, port.now
-        )
-        op.attempts.append(attempt)
-        self.by_request[request_id] = attempt
-        self.history.attempts.append(attempt)
-        op.current = attempt
-        op.retry_at = -1
-        op.prefer = ()
-        op.token += 1
-        heapq.heappush(self._wake, (port.now + self.client_timeout_ms, op.pseq, op.token))
-        self.history.event(
-            f"{port.now} produce {self.pid.decode()}#{op.pseq} {op.stream} r{relay} q{request_id}"
-        )
+    def _send(self, port: ClientPort, endpoint: str, frame: bytes) -> bool:
+        relay = relay_of(endpoint)
+        if not port.send(self.client_id, relay, frame):
+            return False
+        msg = wire.decode(frame, 1 << 30, wire.MAX_BATCH_ITEMS)  # our own frame: valid
+        if isinstance(msg, wire.ProduceReq):
+            items = [(msg.request_id, msg.stream, msg.producer_seq, msg.key, msg.value, msg.kind)]
+        else:
+            assert isinstance(msg, wire.ProduceBatchReq)
+            items = list(msg.items)
+        incarnation = port.incarnation(relay)
+        for rid, stream, pseq, key, value, kind in items:
+            tx = Transaction(self.pid, pseq, key, value, kind)
+            attempt = Attempt(self.pid, pseq, stream, tx, relay, incarnation, rid, port.now)
+            self.attempts[rid] = attempt
+            self.by_pseq.setdefault(pseq, []).append(attempt)
+            self.history.attempts.append(attempt)
+            self.history.event(
+                f"{port.now} produce {self.pid.decode()}#{pseq} {stream} r{relay} q{rid}"
+            )
+        return True
 
-    def _schedule(self, op: Op, at: int, prefer: tuple[int, ...]) -> None:
-        op.current = None
-        op.retry_at = at
-        op.prefer = prefer
-        op.token += 1
-        heapq.heappush(self._wake, (at, op.pseq, op.token))
+    # --- answers -----------------------------------------------------------------------
 
-    # --- answers -----------------------------------------------------------------------------
+    def on_frame(self, relay: int, frame: bytes, now: int) -> None:
+        try:
+            msg = wire.decode(frame, 1 << 30, wire.MAX_BATCH_ITEMS)
+        except FrameError as error:
+            self.history.anomalies.append(f"{now} ms: relay {relay} sent a bad frame: {error}")
+            return
+        if isinstance(msg, wire.ProduceResp):
+            self._record(msg.request_id, msg.outcome, msg.seq, msg.reason, now)
+        elif isinstance(msg, wire.ProduceBatchResp):
+            for rid, outcome, seq, reason, _ in msg.results:
+                self._record(rid, outcome, seq, reason, now)
+        self.engine.on_frame(endpoint_of(relay), frame, now / 1000)
 
-    def on_reply(self, reply: ProduceReply, now: int) -> None:
-        attempt = self.by_request.get(reply.request_id)
+    def on_disconnect(self, relay: int, incarnation: int, now: int) -> None:
+        """The relay crashed: attempts it did not answer end without an answer."""
+        for attempts in self.by_pseq.values():
+            for a in attempts:
+                if a.relay == relay and a.incarnation == incarnation and a.answer_ms < 0:
+                    a.outcome = CRASHED
+                    a.answer_ms = now
+        self.engine.on_disconnect(endpoint_of(relay), now / 1000)
+
+    def _record(self, rid: int, answer: Outcome, seq: int, reason: str, now: int) -> None:
+        attempt = self.attempts.get(rid)
         if attempt is None:
             self.history.anomalies.append(
-                f"{now} ms: reply to unknown request {reply.request_id} at {self.pid.decode()}"
+                f"{now} ms: reply to unknown request {rid} at {self.pid.decode()}"
             )
             return
-        outcome = {
-            Outcome.COMMITTED: COMMITTED,
-            Outcome.REJECTED: REJECTED,
-            Outcome.UNKNOWN: UNKNOWN,
-            Outcome.FENCED: FENCED,
-        }[reply.outcome]
+        outcome = answer.value
         if attempt.answer_ms >= 0 and attempt.outcome in (COMMITTED, REJECTED, FENCED, UNKNOWN):
             if attempt.outcome in (COMMITTED, REJECTED) and (
-                outcome != attempt.outcome or reply.seq != attempt.seq
+                outcome != attempt.outcome or seq != attempt.seq
             ):
                 self.history.anomalies.append(
-                    f"{now} ms: request {reply.request_id} ({self.pid.decode()}#{attempt.pseq}) "
-                    f"answered {attempt.outcome} {attempt.seq} then {outcome} {reply.seq}"
+                    f"{now} ms: request {rid} ({self.pid.decode()}#{attempt.pseq}) "
+                    f"answered {attempt.outcome} {attempt.seq} then {outcome} {seq}"
                 )
             if attempt.outcome == COMMITTED:
                 return  # keep the committed answer
         attempt.outcome = outcome
-        attempt.seq = reply.seq if outcome == COMMITTED else -1
-        attempt.reason = reply.reason
+        attempt.seq = seq if outcome == COMMITTED else -1
+        attempt.reason = reason
         attempt.answer_ms = now
         self.history.event(
             f"{now} answer {self.pid.decode()}#{attempt.pseq} r{attempt.relay} {outcome} "
-            f"{reply.seq} {reply.reason}"
+            f"{seq} {reason}"
         )
-        op = self.open.get(attempt.pseq)
-        if op is None or op.current is not attempt:
-            return  # a late answer to an attempt already given up on: recorded, no action
-        if outcome in (COMMITTED, REJECTED):
-            op.current = None
-            op.done = True
-            op.token += 1
-            del self.open[op.pseq]
-        elif outcome == FENCED:
-            self._schedule(op, now + self.rng.randint(5, 50), tuple(reply.redirect))
-        else:
-            self._schedule(op, now + self.rng.randint(1, 20), ())
-
-    def on_crash(self, relay: int, incarnation: int, now: int) -> None:
-        for op in self.open.values():
-            cur = op.current
-            if cur is not None and cur.relay == relay and cur.incarnation == incarnation:
-                cur.outcome = CRASHED
-                cur.answer_ms = now
-                self._schedule(op, now + self.rng.randint(1, 20), ())
 
     def finals(self) -> list[Final]:
         out = []
-        for op in self.ops:
-            outcome, seq, committed = final_outcome(op.attempts)
-            out.append(
-                Final(op.pid, op.pseq, op.stream, op.tx, op.issued_ms, outcome, seq, committed)
+        for issued in self.issued:
+            op = issued.op
+            outcome, seq, committed = final_outcome(self.by_pseq.get(op.pseq, []))
+            final = Final(
+                self.pid, op.pseq, issued.stream, issued.tx, issued.issued_ms, outcome, seq,
+                committed,
             )
+            if not op.done:
+                final.client_outcome = ""
+            elif op.error is None:
+                final.client_outcome, final.client_seq = COMMITTED, op.seq
+            elif isinstance(op.error, Rejected | UnknownStream):
+                final.client_outcome = REJECTED
+            else:
+                final.client_outcome = UNKNOWN
+            out.append(final)
         return out
 
 
 class Consumer:
+    """Follows one stream from its beginning through the engine, with long polls."""
+
     def __init__(
         self,
         cid: int,
         stream: str,
         rng: random.Random,
-        relay: int,
         history: History,
-        read_every_ms: tuple[int, int] = (2, 15),
-        disconnect_p: float = 0.005,
+        relays: Relays,
     ) -> None:
         self.cid = cid
         self.stream = stream
         self.rng = rng
-        self.relay = relay
-        self.read_every_ms = read_every_ms
-        self.disconnect_p = disconnect_p
-        self.last_seq = -1
-        self.next_read = rng.randint(0, read_every_ms[1])
-        self.stalled_since = -1
-        self.reconnects = 0
         self.history = history
+        self.client_id = b"consumer-%d" % cid
+        self.relays = client_relays(relays, rng)
+        self.failovers = 0
         self.log = ConsumerLog(cid, stream)
         history.consumers[cid] = self.log
+        self.engine = self._engine(0)
+
+    def _engine(self, now: int) -> ReadEngine:
+        engine = ReadEngine(
+            self.relays,
+            max_batch=READ_BATCH,
+            wait_ms=READ_WAIT_MS,
+            request_timeout_s=READ_TIMEOUT_MS / 1000,
+            connect_grace_s=0.0,
+            now=now / 1000,
+            first_request_id=self.rng.getrandbits(REQUEST_ID_BITS),
+        )
+        engine.subscribe(self.stream, "earliest")
+        return engine
 
     def step(self, port: ClientPort) -> None:
         now = port.now
-        if now < self.next_read:
-            return
-        self.next_read = now + self.rng.randint(*self.read_every_ms)
-        if self.rng.random() < self.disconnect_p:
-            self._move(port, (), "disconnect")
-            return
-        if not port.alive(self.relay):
-            self._move(port, (), "crashed")
-            return
-        if port.paused(self.relay):
-            if self.stalled_since < 0:
-                self.stalled_since = now
-            elif now - self.stalled_since >= STALL_MS:
-                self._move(port, (), "stalled")
-            return
-        self.stalled_since = -1
-        result = port.read(self.relay, self.stream, self.last_seq, READ_BATCH)
-        if result.status is ReadStatus.OK:
-            if result.entries:
-                self.log.received.extend(result.entries)
-                self.last_seq = max(self.last_seq, result.entries[-1][0])
-                self.history.event(
-                    f"{now} read c{self.cid} r{self.relay} {len(result.entries)} "
-                    f"{result.entries[0][0]}-{result.entries[-1][0]}"
-                )
-            return
-        self._move(port, tuple(result.redirect), result.status.value)
+        engine = self.engine
+        if engine.endpoint is not None and self.rng.random() < DISCONNECT_P:
+            self.history.event(f"{now} disconnect c{self.cid} {engine.endpoint}")
+            engine.on_disconnect(engine.endpoint, now / 1000)
+        engine.step(now / 1000, lambda endpoint, frame: port.send(
+            self.client_id, relay_of(endpoint), frame
+        ))
+        self._take(now)
+        if engine.error is not None:
+            # Nothing can serve its position any more: a new reader from the beginning.
+            self.history.event(f"{now} reader c{self.cid} ended: {engine.error}")
+            self.failovers += engine.stats["failovers"]
+            self.log = ConsumerLog(len(self.history.consumers), self.stream)
+            self.history.consumers[self.log.consumer] = self.log
+            self.engine = self._engine(now)
 
-    def _move(self, port: ClientPort, prefer: tuple[int, ...], why: str) -> None:
-        old = self.relay
-        self.relay = _pick(self.rng, port, prefer, old)
-        self.stalled_since = -1
-        self.reconnects += 1
-        self.history.event(f"{port.now} reconnect c{self.cid} {old}>{self.relay} {why}")
+    def on_frame(self, relay: int, frame: bytes, now: int) -> None:
+        self.engine.on_frame(endpoint_of(relay), frame, now / 1000)
+        self._take(now)
+
+    def on_disconnect(self, relay: int, incarnation: int, now: int) -> None:
+        self.engine.on_disconnect(endpoint_of(relay), now / 1000)
+
+    def _take(self, now: int) -> None:
+        records = self.engine.records
+        if not records:
+            return
+        first = records[0].seq
+        entries = [
+            (r.seq, Transaction(r.producer_id, r.producer_seq, r.key, r.value, r.kind))
+            for r in records
+        ]
+        records.clear()
+        self.log.received.extend(entries)
+        self.history.event(
+            f"{now} read c{self.log.consumer} {len(entries)} {first}-{entries[-1][0]}"
+        )
+
+    @property
+    def reconnects(self) -> int:
+        return self.failovers + self.engine.stats["failovers"]

@@ -52,6 +52,10 @@ class Final:
     outcome: str  # COMMITTED, REJECTED or UNKNOWN
     seq: int = -1
     committed_seqs: list[int] = field(default_factory=list)  # every committed answer's seq
+    # What the client engine concluded from the answers: COMMITTED (at client_seq),
+    # REJECTED (final), UNKNOWN (it may still commit), "" (still trying when the run ended)
+    client_outcome: str = ""
+    client_seq: int = -1
 
 
 @dataclass

@@ -1,9 +1,15 @@
-"""A deterministic simulated mesh: relays (RelayCore), a faulty network, clients.
+"""A deterministic simulated mesh: relays (RelayCore with its ClientService), a faulty
+network between them, and clients on the real client engines (relay/sim/clients.py).
 
 Everything follows from one integer seed through `random.Random` instances. Time is integer
-milliseconds from 0. Each millisecond: apply due fault events, deliver due frames, let the
-clients act, tick every running relay, then drain each relay's `ready()` (frames into the
-network, replies to producers, deliveries into the history).
+milliseconds from 0. Each millisecond: apply due fault events, deliver due peer frames,
+deliver due client frames (requests to each relay's client service, responses and lost
+connections to the clients), let the clients act, then tick every running relay and drain
+its `ready()` through the shared loop of relay/core/shell.py (frames into the network,
+answers and deliveries to its client service, deliveries into the history), and let the
+client service expire and flush. Client links are FIFO, take CLIENT_LINK_MS each way and
+lose nothing; a relay that crashes closes them (after what it sent), one that is paused
+queues what arrives.
 
 Phases: safety (faults on), then heal (partitions and pauses end, crashed relays restart,
 clocks stop stepping but keep their skew), liveness (no faults, producers continue), quiet
@@ -15,47 +21,36 @@ from __future__ import annotations
 import heapq
 import random
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.machine import RelayCore
-from relay.core.messages import Transaction
 from relay.core.quorum import quorum
 from relay.core.shell import (
     Delivery,
     Outgoing,
     ProduceReply,
-    ProduceRequest,
-    ReadResult,
-    Ready,
     drain,
     recipients,
 )
-from relay.sim.clients import Consumer, Producer
+from relay.engines import Relays
+from relay.service import ClientService
+from relay.sim.clients import Consumer, Producer, endpoint_of
 from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
 from relay.sim.network import CLOSED, NetParams, Network
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
+CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
+REQUEST, RESPONSE, DISCONNECT = 0, 1, 2  # what a client link carries
 FENCE_SAMPLE_EVERY_MS = 5
 STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
 
 
-class CoreLike(Protocol):
-    def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None: ...
-    def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None: ...
-    def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None: ...
-    def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult: ...
-    def tick(self, now_ms: int, mono_ms: int | None = None) -> None: ...
-    def ready(self) -> Ready: ...
-    def fenced(self, stream: str) -> bool: ...
-    def joined(self, stream: str) -> bool: ...
-    def committed_point(self, stream: str) -> int: ...
-
-
-CoreFactory = Callable[[CoreConfig, int, int], CoreLike]  # (config, incarnation, now_ms)
+CoreFactory = Callable[[CoreConfig, int, int], RelayCore]  # (config, incarnation, now_ms)
 
 
 class SimError(Exception):
@@ -66,14 +61,16 @@ class SimError(Exception):
 class Node:
     rid: int
     config: CoreConfig
-    core: CoreLike | None = None
+    core: RelayCore | None = None
+    service: ClientService | None = None  # the client protocol's side of this relay
     incarnation: int = 1
     restarts: int = 0
     epoch: int = 0  # grows at every crash; frames addressed to an older epoch are discarded
     paused_until: int = -1  # >= 0 while paused
     # What arrived while paused: (sender, frame) from a peer (frame CLOSED: the sender's
-    # connection closed) or (None, request) from a producer.
+    # connection closed) or (None, (client, frame)) from a client.
     inbox: list[tuple[int | None, Any]] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)  # the client service's
     skew: int = 0
     step: int = 0
     streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
@@ -99,6 +96,10 @@ def build_topology(rng: random.Random, relay_count: int) -> Topology:
     return Topology(subs)
 
 
+def _ignore(*_: object) -> None:
+    """The simulator keeps no log: what a relay would warn about is in its counters."""
+
+
 class _WorldSink:
     """Where one relay's `Ready` goes: frames into the network, replies to the producers,
     deliveries and rebases into the history."""
@@ -115,25 +116,23 @@ class _WorldSink:
             world.network.send(world.now, src, d, out.frame, nodes[d].epoch)
 
     def reply(self, reply: ProduceReply) -> None:
-        world = self.world
-        owner = world._owner.get(reply.request_id)
-        if owner is None:
-            world.history.anomalies.append(
-                f"{world.now} ms: relay {self.node.rid} answered unknown request "
-                f"{reply.request_id}"
-            )
-        else:
-            owner.on_reply(reply, world.now)
+        service = self.node.service
+        assert service is not None
+        service.on_reply(reply)
 
     def rebase(self, stream: str, point: int) -> None:
         world, node = self.world, self.node
         world.history.record_rebase(node.rid, node.incarnation, stream)
         world.events.append(f"{world.now} rebase {node.rid}/{node.incarnation} {stream} {point}")
+        assert node.service is not None
+        node.service.wake(stream)
 
     def deliver(self, delivery: Delivery) -> None:
+        world, node = self.world, self.node
+        assert node.service is not None
+        node.service.wake(delivery.stream)
         if not delivery.entries:
             return
-        world, node = self.world, self.node
         world.history.record_delivery(node.rid, node.incarnation, delivery.stream, delivery.entries)
         world.events.append(
             f"{world.now} deliver {node.rid}/{node.incarnation} {delivery.stream} "
@@ -205,15 +204,23 @@ class World:
             "clock_steps": 0,
         }
 
-        self._next_request = 1
-        self._refused: list[tuple[int, int]] = []  # (relay, incarnation) a produce found dead
-        self._owner: dict[int, Producer] = {}
+        # Client links: (due ms, n, kind, client, relay, epoch, frame); FIFO per link. The
+        # epoch is the relay's (REQUEST, RESPONSE), or its crashed incarnation (DISCONNECT).
+        self._client_links: list[tuple[int, int, int, bytes, int, int, bytes]] = []
+        self._client_n = 0
+        relays = Relays(
+            [endpoint_of(r) for r in self.ids],
+            {r: endpoint_of(r) for r in self.ids},
+            limits=self.limits,
+            members=self.topology.members,
+        )
         self.producers = [
             Producer(
                 i,
                 random.Random(client_rng.getrandbits(64)),
                 STREAMS,
                 self.history,
+                relays,
                 produce_interval_ms,
             )
             for i in range(producers)
@@ -223,8 +230,10 @@ class World:
             for _ in range(consumers_per_stream):
                 crng = random.Random(client_rng.getrandbits(64))
                 self.consumers.append(
-                    Consumer(len(self.consumers), stream, crng, crng.choice(self.ids), self.history)
+                    Consumer(len(self.consumers), stream, crng, self.history, relays)
                 )
+        self.clients: dict[bytes, Producer | Consumer] = {p.client_id: p for p in self.producers}
+        self.clients.update((c.client_id, c) for c in self.consumers)
         self._faults_heap: list[tuple[int, int, str, tuple[Any, ...]]] = []
         self._nfault = 0
         self._plan_faults()
@@ -238,32 +247,43 @@ class World:
 
     # --- the client port ---------------------------------------------------------------------
 
-    def relay_ids(self) -> tuple[int, ...]:
-        return self.ids
-
-    def alive(self, relay: int) -> bool:
-        return self.nodes[relay].core is not None
-
-    def paused(self, relay: int) -> bool:
-        return self.nodes[relay].paused_until >= 0
-
-    def submit(self, relay: int, stream: str, tx: Transaction) -> tuple[int, int]:
-        request_id = self._next_request
-        self._next_request += 1
+    def send(self, client: bytes, relay: int, frame: bytes) -> bool:
+        """A client's request to `relay`, arriving next millisecond; False if it is down."""
         node = self.nodes[relay]
-        request = ProduceRequest(request_id, stream, tx)
         if node.core is None:
-            self._refused.append((relay, node.incarnation))
-        elif node.paused_until >= 0:
-            node.inbox.append((None, request))
-        else:
-            node.core.produce(request, self.clock(relay), self.now)
-        return node.incarnation, request_id
+            return False
+        self._client_frame(REQUEST, client, relay, frame)
+        return True
 
-    def read(self, relay: int, stream: str, after_seq: int, max_entries: int) -> ReadResult:
-        core = self.nodes[relay].core
-        assert core is not None
-        return core.read(stream, after_seq, max_entries)
+    def incarnation(self, relay: int) -> int:
+        return self.nodes[relay].incarnation
+
+    def _respond(self, relay: int, envelope: list[bytes], frame: bytes) -> bool:
+        """The client service's answer, arriving next millisecond."""
+        self._client_frame(RESPONSE, envelope[0], relay, frame)
+        return True
+
+    def _client_frame(self, kind: int, client: bytes, relay: int, frame: bytes) -> None:
+        self._client_n += 1
+        epoch = self.nodes[relay].epoch
+        item = (self.now + CLIENT_LINK_MS, self._client_n, kind, client, relay, epoch, frame)
+        heapq.heappush(self._client_links, item)
+
+    def _deliver_client_frames(self, now: int) -> None:
+        links = self._client_links
+        while links and links[0][0] <= now:
+            _, _, kind, client, relay, epoch, frame = heapq.heappop(links)
+            node = self.nodes[relay]
+            if kind == RESPONSE:
+                self.clients[client].on_frame(relay, frame, now)
+            elif kind == DISCONNECT:
+                self.clients[client].on_disconnect(relay, epoch, now)
+            elif node.service is None or node.epoch != epoch:
+                continue  # the relay crashed: the connection is gone, and the request
+            elif node.paused_until >= 0:
+                node.inbox.append((None, (client, frame)))
+            else:
+                node.service.on_request([client], frame, self.clock(relay), now)
 
     # --- fault plan --------------------------------------------------------------------------
 
@@ -397,10 +417,18 @@ class World:
         for other in self.nodes:
             if other != r and self.nodes[other].core is not None:
                 self.network.close(self.now, r, other, self.nodes[other].epoch)
-        for producer in self.producers:
-            producer.on_crash(r, node.incarnation, self.now)
+        node.service = None
+        for client in self.clients:
+            # Their connections to it close, after what it sent before.
+            self._client_links_close(client, r, node.incarnation)
 
-    def _receive(self, core: CoreLike, r: int, src: int, frame: bytes) -> None:
+    def _client_links_close(self, client: bytes, relay: int, incarnation: int) -> None:
+        self._client_n += 1
+        due = self.now + CLIENT_LINK_MS
+        item = (due, self._client_n, DISCONNECT, client, relay, incarnation, b"")
+        heapq.heappush(self._client_links, item)
+
+    def _receive(self, core: RelayCore, r: int, src: int, frame: bytes) -> None:
         if frame == CLOSED:
             core.peer_lost(src, self.clock(r), self.now)
         else:
@@ -408,7 +436,17 @@ class World:
 
     def _start(self, r: int) -> None:
         node = self.nodes[r]
-        node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
+        core = node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
+        node.service = ClientService(
+            core,
+            self.limits,
+            members=self.topology.members,
+            send=lambda envelope, frame: self._respond(r, envelope, frame),
+            counters=node.counters,
+            status=core.status,
+            warn=_ignore,
+            relay_id=r,
+        )
 
     def _restart(self, r: int) -> None:
         node = self.nodes[r]
@@ -426,9 +464,12 @@ class World:
         if core is None:
             return
         inbox, node.inbox = node.inbox, []
+        service = node.service
+        assert service is not None
         for src, item in inbox:
             if src is None:
-                core.produce(item, self.clock(r), self.now)
+                client, frame = item
+                service.on_request([client], frame, self.clock(r), self.now)
             else:
                 self._receive(core, r, src, item)
 
@@ -496,7 +537,7 @@ class World:
                 p.issuing = False
         if now == self.stop_retry:
             for p in self.producers:
-                p.retrying = False
+                p.stop_retrying()
         heap = self._faults_heap
         while heap and heap[0][0] <= now:
             _, _, kind, args = heapq.heappop(heap)
@@ -511,16 +552,9 @@ class World:
             else:
                 self.network.stats.delivered += 1
                 self._receive(node.core, dst, src, frame)
+        self._deliver_client_frames(now)
         for p in self.producers:
-            before = self._next_request
             p.step(self)
-            for rid in range(before, self._next_request):
-                self._owner[rid] = p
-        if self._refused:
-            refused, self._refused = self._refused, []
-            for r, inc in refused:
-                for p in self.producers:
-                    p.on_crash(r, inc, now)
         for c in self.consumers:
             c.step(self)
         for r in self.ids:
@@ -528,6 +562,9 @@ class World:
             if node.core is not None and node.paused_until < 0:
                 node.core.tick(self.clock(r), self.now)
                 self._drain(node)
+                assert node.service is not None
+                node.service.expire(now)
+                node.service.flush()
         if now % FENCE_SAMPLE_EVERY_MS == 0 or now == bound:
             self._sample()
 
@@ -585,6 +622,8 @@ class World:
             ),
             "consumer_entries": sum(len(c.received) for c in h.consumers.values()),
             "consumer_reconnects": sum(c.reconnects for c in self.consumers),
+            "produce_requests": sum(n.counters["produce_requests"] for n in self.nodes.values()),
+            "read_requests": sum(n.counters["read_requests"] for n in self.nodes.values()),
         }
         out.update(self.stats)
         return out

@@ -1,0 +1,378 @@
+"""The relay's side of the client protocol (relay.wire), without sockets.
+
+A `ClientService` turns client requests into core inputs and the core's answers into
+client responses, for one relay. The ZeroMQ node (relay/node.py) feeds it the frames of its
+ROUTER socket; the simulator (relay/sim/world.py) feeds it the frames of simulated client
+links, so the simulated clients talk to the same code as real ones.
+
+* `on_request(envelope, frame, ...)`: one request frame from the client behind `envelope`
+  (the shell's address of that client; its first part identifies the client). A frame
+  that does not decode is answered with an ErrorResp naming the problem.
+  - ProduceReq, ProduceBatchReq: every transaction goes to the core on its own (a core
+    request id each); its answer comes back through `on_reply`. A ProduceReq is answered
+    with a ProduceResp; the items of ProduceBatchReqs that settle in one turn are answered
+    together (one ProduceBatchResp per client, at `flush`).
+  - ReadReq: answered at once, or parked (a long poll) until entries arrive, the stream's
+    state changes, or `wait_ms` passes.
+  - StatusReq: the relay's status as JSON.
+* The shell passes on what the core's `Ready` says: `on_reply(ProduceReply)`, and `wake(stream)`
+  after a delivery or a rebase of the stream (and when it fenced).
+* `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
+  whose wait is over; `flush()` sends the turn's batch answers; `close()` tells every
+  waiting producer `unknown` (retrying is safe).
+
+Time comes in as milliseconds of the shell's clocks; nothing here waits or reads a clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from relay import wire
+from relay.core import (
+    Limits,
+    Outcome,
+    ProduceReply,
+    ProduceRequest,
+    ReadResult,
+    ReadStatus,
+    RejectReason,
+    RelayCore,
+    Transaction,
+)
+from relay.errors import FrameError, MalformedFrame
+
+log = logging.getLogger("relay.node")
+
+MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
+# A produce the core has not answered this long after its deadline is answered `unknown`
+# here (the core answers every produce within produce_timeout_ms; this only guards that).
+PRODUCE_BACKSTOP_GRACE_MS = 1_000
+# A read answer is bounded by max_batch_bytes, counting each entry's bytes and this much
+# for its seq and framing (at least one entry is sent, whatever its size).
+READ_ENTRY_OVERHEAD_BYTES = 16
+
+Envelope = list[bytes]  # how the shell addresses a client; [0] identifies it
+SendFn = Callable[[Envelope, bytes], bool]  # False: the response could not be sent
+WarnFn = Callable[..., None]  # (counter name, message, *args): a rate-limited warning
+StatusFn = Callable[[], dict[str, object]]
+
+# A produce waiting for the core's answer: (client envelope, the client's request or item
+# id, stream, whether it came in a ProduceBatchReq). A tuple: one is made per transaction.
+PendingProduce = tuple[Envelope, int, str, bool]
+
+
+@dataclass
+class ParkedRead:
+    envelope: Envelope
+    request: wire.ReadReq
+
+
+class ClientService:
+    """One relay's client protocol: requests in, core calls, responses out."""
+
+    def __init__(
+        self,
+        core: RelayCore,
+        limits: Limits,
+        *,
+        members: Callable[[str], tuple[int, ...]],
+        send: SendFn,
+        counters: Counter[str],
+        status: StatusFn,
+        warn: WarnFn,
+        relay_id: int,
+    ) -> None:
+        self.core = core
+        self.limits = limits
+        self._members = members  # the relays serving a stream (the topology's rule)
+        self.counters = counters  # shared with the shell's own counters
+        self._send = send
+        self._status = status
+        self._warn = warn
+        self._relay_id = relay_id
+        self.request_limit = wire.request_frame_limit(limits)
+        self._next_core_id = 1  # the core request id of the next produce
+        self._produces: dict[int, PendingProduce] = {}  # by core request id
+        # (deadline, first core id, last core id) per request frame: deadlines and ids
+        # only grow, so a FIFO stays sorted.
+        self._produce_deadlines: deque[tuple[int, int, int]] = deque()
+        # Results of batched produces settled in this turn, per client (identity): sent
+        # as one ProduceBatchResp per client at `flush`.
+        self._batch_results: dict[bytes, tuple[Envelope, list[wire.BatchResult]]] = {}
+        self._parked: dict[str, dict[int, ParkedRead]] = {}  # stream -> parked id -> read
+        self._parked_count = 0
+        self._parked_deadlines: list[tuple[int, int, str]] = []  # (deadline, id, stream)
+        self._next_parked = itertools.count(1)
+
+    @property
+    def pending_produces(self) -> int:
+        return len(self._produces)
+
+    @property
+    def parked_reads(self) -> int:
+        return self._parked_count
+
+    # --- requests ---------------------------------------------------------------------
+
+    def on_request(self, envelope: Envelope, frame: bytes, now_ms: int, mono_ms: int) -> None:
+        """One request frame from a client (wall and monotonic clock in ms)."""
+        try:
+            msg = wire.decode(frame, self.request_limit, self.limits.max_batch_entries)
+        except FrameError as error:
+            self.counters["client_frame_invalid"] += 1
+            self.counters["client_" + error.counter] += 1
+            self.refuse(envelope, wire.peek_request_id(frame), error)
+            return
+        if isinstance(msg, wire.ProduceBatchReq):
+            self._on_produce_batch(envelope, msg, now_ms, mono_ms)
+        elif isinstance(msg, wire.ProduceReq):
+            self._on_produce(envelope, msg, now_ms, mono_ms)
+        elif isinstance(msg, wire.ReadReq):
+            self._on_read(envelope, msg, mono_ms)
+        elif isinstance(msg, wire.StatusReq):
+            body = json.dumps(self._status(), default=str, sort_keys=True).encode()
+            self._respond(envelope, wire.StatusResp(msg.request_id, body))
+        else:  # a response type sent as a request
+            self.counters["client_frame_invalid"] += 1
+            self.counters["client_not_a_request"] += 1
+            wrong = MalformedFrame(f"{type(msg).__name__} is not a request")
+            self.refuse(envelope, msg.request_id, wrong)
+
+    def refuse(self, envelope: Envelope, request_id: int, error: FrameError) -> None:
+        """Answer a frame that is not a valid request with an ErrorResp naming why."""
+        name = type(error).__name__
+        self._warn(
+            "client_" + error.counter,
+            "relay=%d refused a client frame: %s: %s",
+            self._relay_id,
+            name,
+            error,
+        )
+        self._respond(envelope, wire.ErrorResp(request_id, name, str(error)[:1000]))
+
+    def _on_produce(
+        self, envelope: Envelope, req: wire.ProduceReq, now_ms: int, mono_ms: int
+    ) -> None:
+        first = self._next_core_id
+        if not self._members(req.stream):
+            self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
+        tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value, req.kind)
+        self._produce(envelope, req.request_id, req.stream, tx, False, now_ms, mono_ms)
+        self._track_produces(first, mono_ms)
+
+    def _on_produce_batch(
+        self, envelope: Envelope, req: wire.ProduceBatchReq, now_ms: int, mono_ms: int
+    ) -> None:
+        self.counters["produce_batches"] += 1
+        first = self._next_core_id
+        producer_id = req.producer_id
+        checked = ""  # the items of a batch mostly share one stream: look it up once
+        for item_id, stream, producer_seq, key, value, kind in req.items:
+            if stream != checked:
+                checked = stream
+                if not self._members(stream):
+                    self.counters["client_unknown_stream"] += 1
+            tx = Transaction(producer_id, producer_seq, key, value, kind)
+            self._produce(envelope, item_id, stream, tx, True, now_ms, mono_ms)
+        self._track_produces(first, mono_ms)
+
+    def _produce(
+        self,
+        envelope: Envelope,
+        request_id: int,
+        stream: str,
+        tx: Transaction,
+        batched: bool,
+        now_ms: int,
+        mono_ms: int,
+    ) -> None:
+        """Hand one produce to the core; its answer comes back through `on_reply`."""
+        counters = self.counters
+        counters["produce_requests"] += 1
+        if len(self._produces) >= self.limits.max_pending_produces:
+            counters["produce_refused_busy"] += 1
+            reason = RejectReason.BUFFER_FULL.value
+            self._answer_produce(envelope, request_id, batched, Outcome.REJECTED, -1, reason)
+            return
+        core_id = self._next_core_id
+        self._next_core_id = core_id + 1
+        self._produces[core_id] = (envelope, request_id, stream, batched)
+        try:
+            self.core.produce(ProduceRequest(core_id, stream, tx), now_ms, mono_ms)
+        except Exception:
+            counters["produce_core_error"] += 1
+            log.exception("relay=%d stream=%s core failed on a produce", self._relay_id, stream)
+            self._produces.pop(core_id, None)
+            self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+
+    def _track_produces(self, first_core_id: int, mono_ms: int) -> None:
+        """One deadline for the produces of one request frame (core ids first.. so far)."""
+        last_core_id = self._next_core_id - 1
+        if last_core_id >= first_core_id:
+            deadline = mono_ms + 2 * self.limits.produce_timeout_ms + PRODUCE_BACKSTOP_GRACE_MS
+            self._produce_deadlines.append((deadline, first_core_id, last_core_id))
+
+    # --- answers ------------------------------------------------------------------------
+
+    def on_reply(self, reply: ProduceReply) -> None:
+        """The core's answer to a produce: to the client that sent it."""
+        pending = self._produces.pop(reply.request_id, None)
+        if pending is None:
+            self.counters["produce_reply_unmatched"] += 1
+            return
+        envelope, request_id, stream, batched = pending
+        outcome = reply.outcome
+        self.counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "relay=%d stream=%s seq=%d produce %s %s",
+                self._relay_id,
+                stream,
+                reply.seq,
+                outcome.value,
+                reply.reason,
+            )
+        self._answer_produce(
+            envelope, request_id, batched, outcome, reply.seq, reply.reason, reply.redirect
+        )
+
+    def _answer_produce(
+        self,
+        envelope: Envelope,
+        request_id: int,
+        batched: bool,
+        outcome: Outcome,
+        seq: int = -1,
+        reason: str = "",
+        redirect: tuple[int, ...] = (),
+    ) -> None:
+        """A ProduceResp now, or (batched) a result for this turn's ProduceBatchResp."""
+        if not batched:
+            self._respond(envelope, wire.ProduceResp(request_id, outcome, seq, reason, redirect))
+            return
+        pending = self._batch_results.get(envelope[0])
+        if pending is None:
+            pending = self._batch_results[envelope[0]] = (envelope, [])
+        pending[1].append((request_id, outcome, seq, reason, redirect))
+
+    def flush(self) -> None:
+        """Send this turn's ProduceBatchResps: one per client (more if they are many)."""
+        if not self._batch_results:
+            return
+        # As many results per frame as a ReadResp has entries (each is far smaller).
+        per_frame = min(self.limits.max_batch_entries, wire.MAX_BATCH_ITEMS)
+        for envelope, results in self._batch_results.values():
+            for start in range(0, len(results), per_frame):
+                chunk = tuple(results[start : start + per_frame])
+                self.counters["produce_batch_answers"] += 1
+                self._respond(envelope, wire.ProduceBatchResp(-1, chunk))
+        self._batch_results.clear()
+
+    def close(self) -> None:
+        """The relay stops: tell every waiting producer `unknown` (always safe to retry)."""
+        for envelope, request_id, _, batched in self._produces.values():
+            self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+        self._produces.clear()
+        self.flush()
+
+    # --- reads --------------------------------------------------------------------------
+
+    def _on_read(self, envelope: Envelope, req: wire.ReadReq, mono_ms: int) -> None:
+        self.counters["read_requests"] += 1
+        result = self._read(req)
+        if result.status is ReadStatus.OK and not result.entries and req.wait_ms > 0:
+            if self._parked_count < MAX_PARKED_READS:
+                pid = next(self._next_parked)
+                deadline = mono_ms + req.wait_ms
+                self._parked.setdefault(req.stream, {})[pid] = ParkedRead(envelope, req)
+                self._parked_count += 1
+                heapq.heappush(self._parked_deadlines, (deadline, pid, req.stream))
+                return
+            self.counters["read_park_refused"] += 1
+        self._answer_read(envelope, req, result)
+
+    def _read(self, req: wire.ReadReq) -> ReadResult:
+        limit = min(req.max_entries, self.limits.max_batch_entries)
+        result = self.core.read(req.stream, req.after_seq, limit)
+        if result.status is not ReadStatus.OK:
+            self.counters["read_" + result.status.value] += 1
+            if result.status is ReadStatus.UNKNOWN_STREAM:
+                self.counters["client_unknown_stream"] += 1
+            return result
+        budget = self.limits.max_batch_bytes
+        used = 0
+        for i, (_, tx) in enumerate(result.entries):
+            used += tx.size_bytes() + READ_ENTRY_OVERHEAD_BYTES
+            if used > budget and i > 0:
+                return ReadResult(
+                    result.status,
+                    result.entries[:i],
+                    result.redirect,
+                    result.oldest,
+                    result.committed,
+                )
+        return result
+
+    def _answer_read(self, envelope: Envelope, req: wire.ReadReq, result: ReadResult) -> None:
+        entries = tuple(
+            (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq, tx.kind)
+            for seq, tx in result.entries
+        )
+        self.counters["read_entries"] += len(entries)
+        resp = wire.ReadResp(
+            req.request_id,
+            result.status,
+            entries,
+            result.redirect,
+            result.oldest,
+            result.committed,
+        )
+        self._respond(envelope, resp)
+
+    def wake(self, stream: str) -> None:
+        """Answer the parked reads of `stream` that can now get entries or a new status."""
+        parked = self._parked.get(stream)
+        if not parked:
+            return
+        for pid, read in list(parked.items()):
+            result = self._read(read.request)
+            if result.entries or result.status is not ReadStatus.OK:
+                del parked[pid]
+                self._parked_count -= 1
+                self._answer_read(read.envelope, read.request, result)
+        if not parked:
+            del self._parked[stream]
+
+    def expire(self, mono_ms: int) -> None:
+        """Answer produces the core left unanswered too long, and reads whose wait is over."""
+        deadlines = self._produce_deadlines
+        while deadlines and deadlines[0][0] <= mono_ms:
+            _, first_core_id, last_core_id = deadlines.popleft()
+            for core_id in range(first_core_id, last_core_id + 1):
+                pending = self._produces.pop(core_id, None)
+                if pending is not None:
+                    self.counters["produce_node_timeout"] += 1
+                    envelope, request_id, _, batched = pending
+                    self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+        parked_heap = self._parked_deadlines
+        while parked_heap and parked_heap[0][0] <= mono_ms:
+            _, pid, stream = heapq.heappop(parked_heap)
+            parked = self._parked.get(stream)
+            read = parked.pop(pid, None) if parked is not None else None
+            if read is None:
+                continue
+            self._parked_count -= 1
+            if not parked:
+                del self._parked[stream]
+            self._answer_read(read.envelope, read.request, self._read(read.request))
+
+    def _respond(self, envelope: Envelope, msg: wire.ClientMessage) -> None:
+        if not self._send(envelope, wire.encode(msg)):
+            self.counters["client_reply_dropped"] += 1
