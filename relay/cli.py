@@ -114,8 +114,22 @@ def main() -> None:
     metavar="F",
     help="First seed of the --seeds range.",
 )
+@click.option(
+    "--jobs",
+    "jobs",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    metavar="J",
+    help="Processes running seeds at once; 0: one per CPU.",
+)
 def sim(
-    seeds: int, seed: int | None, relays: int, faults: tuple[str, ...], first_seed: int
+    seeds: int,
+    seed: int | None,
+    relays: int,
+    faults: tuple[str, ...],
+    first_seed: int,
+    jobs: int,
 ) -> None:
     """Run the deterministic simulator of a local mesh under seeded faults.
 
@@ -129,7 +143,11 @@ def sim(
         FaultConfig.parse(",".join(faults))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--faults") from None
-    sys.exit(run_cli(seeds=seeds, seed=seed, relays=relays, faults=faults, first_seed=first_seed))
+    sys.exit(
+        run_cli(
+            seeds=seeds, seed=seed, relays=relays, faults=faults, first_seed=first_seed, jobs=jobs
+        )
+    )
 
 
 # --- relay processes ------------------------------------------------------------------------

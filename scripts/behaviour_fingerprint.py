@@ -2,6 +2,7 @@
 
     python scripts/behaviour_fingerprint.py --write FILE     # record
     python scripts/behaviour_fingerprint.py --compare FILE   # record again and compare
+    python scripts/behaviour_fingerprint.py --compare OLD --write NEW   # both, one run
 
 One line per simulator seed (seeds 0..N-1, every fault kind, 3-7 relays picked by the seed):
 whether it passed, the event hash (every fault, frame send/drop with its size and due time,
@@ -9,8 +10,8 @@ delivery and fence/join change, with its millisecond) and a hash of the run's st
 (outcomes, frame counts, reconnects). Then one line per explorer run (depth first, breadth
 first, random walks; the default bound of 20,000 states): states explored, distinct states,
 transitions, depth, coverage and core counters seen. Two versions of the code behave alike
-on these runs exactly when every line is equal. `--compare` prints the lines that differ and
-exits 1 if any does.
+on these runs exactly when every line is equal. `--compare` prints how many seeds and
+explorer runs differ, the first `--show` differing lines, and exits 1 if any differs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from relay.sim.runner import run_many
 
 SEEDS = 500
 EXPLORE_RUNS = (("dfs", 0), ("bfs", 0), ("walk", 0))
+SHOW = 20
 
 
 def sim_lines(seeds: int, jobs: int) -> list[str]:
@@ -56,29 +58,34 @@ def explore_lines() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", type=Path, metavar="FILE", help="record the fingerprint")
-    mode.add_argument("--compare", type=Path, metavar="FILE", help="compare with a record")
+    ap.add_argument("--write", type=Path, metavar="FILE", help="record the fingerprint")
+    ap.add_argument("--compare", type=Path, metavar="FILE", help="compare with a record")
     ap.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds 0..N-1 (default {SEEDS})")
     ap.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU)")
+    ap.add_argument("--show", type=int, default=SHOW, help=f"differing lines shown ({SHOW})")
     args = ap.parse_args(argv)
+    if args.write is None and args.compare is None:
+        ap.error("give --write FILE, --compare FILE, or both")
     started = time.monotonic()
     lines = sim_lines(args.seeds, args.jobs) + explore_lines()
     elapsed = time.monotonic() - started
     if args.write:
         args.write.write_text("\n".join(lines) + "\n")
         print(f"recorded {len(lines)} lines to {args.write} in {elapsed:.0f} s")
+    if args.compare is None:
         return 0
     want = args.compare.read_text().splitlines()
     if len(want) != len(lines):
         print(f"different run shapes: {len(want)} recorded lines, {len(lines)} now")
     differ = [(w, g) for w, g in zip(want, lines, strict=False) if w != g]
-    for w, g in differ:
+    for w, g in differ[: args.show]:
         print(f"- {w}\n+ {g}")
     sims = sum(line.startswith("sim ") for line in lines)
+    sims_differ = sum(g.startswith("sim ") for _, g in differ)
     print(
-        f"compared {len(lines)} lines ({sims} seeds, {len(lines) - sims} explorer runs) "
-        f"in {elapsed:.0f} s: {len(differ)} differ"
+        f"compared {len(lines)} lines in {elapsed:.0f} s: {len(differ)} differ "
+        f"({sims_differ} of {sims} seeds, {len(differ) - sims_differ} of "
+        f"{len(lines) - sims} explorer runs)"
     )
     return 1 if differ or len(want) != len(lines) else 0
 

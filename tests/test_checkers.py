@@ -10,6 +10,7 @@ from relay.core.messages import Transaction
 from relay.sim import checkers
 from relay.sim.history import (
     COMMITTED,
+    CRASHED,
     REJECTED,
     UNKNOWN,
     Attempt,
@@ -25,7 +26,7 @@ from relay.sim.history import (
 
 STREAM = "s"
 MEMBERS = (0, 1, 2)
-PHASE = PhaseInfo(safety_end_ms=100, liveness_end_ms=200, end_ms=300, heal_bound_ms=50)
+PHASE = PhaseInfo(safety_end_ms=100, liveness_end_ms=200, heal_bound_ms=50)
 
 
 def tx(pseq: int, pid: bytes = b"p0") -> Transaction:
@@ -217,12 +218,12 @@ def test_liveness_produce_not_committed() -> None:
     h = good()
     h.finals[(b"p0", 5)].issued_ms = 150
     assert_flags(h, "not committed:", lambda x: checkers.liveness(x, PHASE))
-    assert checkers.check_all(h, PhaseInfo(100, 200, 300, check_liveness=False)) == []
+    assert checkers.check_all(h, PhaseInfo(100, 200, check_liveness=False)) == []
 
 
 def test_rejected_late_only_allowed_while_settling() -> None:
     """A definite rejection right after healing is fine; later, everything must commit."""
-    phase = PhaseInfo(safety_end_ms=100, liveness_end_ms=1_000, end_ms=1_100, settle_ms=50)
+    phase = PhaseInfo(safety_end_ms=100, liveness_end_ms=1_000, settle_ms=50)
     h = good()
     h.finals[(b"p0", 4)].issued_ms = 120  # within the settling window
     assert checkers.liveness(h, phase) == []
@@ -258,7 +259,7 @@ def test_checkers_do_not_mutate() -> None:
         ([UNKNOWN, COMMITTED], COMMITTED),
         (["fenced", REJECTED], REJECTED),
         ([UNKNOWN, REJECTED], UNKNOWN),
-        (["timeout", REJECTED], UNKNOWN),
+        ([CRASHED, REJECTED], UNKNOWN),
         ([None, REJECTED], UNKNOWN),
         (["fenced"], REJECTED),
         ([], UNKNOWN),

@@ -77,7 +77,6 @@ TYPE_CODES: dict[type, int] = {
 T = TypeVar("T")
 
 
-
 # --- encoding -----------------------------------------------------------------------------
 #
 # Tuples pack as msgpack arrays, so tuples of plain values (points, redirect, dedupe) are

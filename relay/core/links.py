@@ -17,7 +17,6 @@ from relay.core.messages import (
     PeerMessage,
     Refusal,
     RepairReply,
-    RepairRequest,
     RepairStatus,
     TxBatch,
 )
@@ -194,24 +193,10 @@ def request_fill(
     core: RelayState, st: StreamState, sender: int, state: LinkState, lo: int, now_ms: int
 ) -> None:
     """Ask `sender` for its own transactions (and reports) in (lo, hole_hi]."""
-    request_id = core.request_id()
     st.requests.close(Purpose.GAP_FILL, peer=sender)  # only the latest answer counts
-    st.requests.open(request_id, Purpose.GAP_FILL, sender)
+    core.ask(st, Purpose.GAP_FILL, sender, lo, state.hole_hi, origin=sender)
     state.fill_sent_ms = now_ms
     state.fill_lo = lo
-    core.send(
-        RepairRequest(
-            sender=core.id,
-            incarnation=core.incarnation,
-            floor=core.clock.floor,
-            target=sender,
-            stream=st.stream,
-            request_id=request_id,
-            lo=lo,
-            hi=state.hole_hi,
-            origin=sender,
-        )
-    )
 
 
 def close_hole(st: StreamState, sender: int, state: LinkState) -> None:
@@ -320,21 +305,7 @@ def start_sync(core: RelayState, st: StreamState, suspect: int, now_ms: int) -> 
 def send_sync_request(
     core: RelayState, st: StreamState, suspect: int, member: int, lo: int
 ) -> None:
-    request_id = core.request_id()
-    st.requests.open(request_id, Purpose.SUSPECT_SYNC, member, about=suspect)
-    core.send(
-        RepairRequest(
-            sender=core.id,
-            incarnation=core.incarnation,
-            floor=core.clock.floor,
-            target=member,
-            stream=st.stream,
-            request_id=request_id,
-            lo=lo,
-            hi=MAX_SEQ,
-            origin=suspect,
-        )
-    )
+    core.ask(st, Purpose.SUSPECT_SYNC, member, lo, MAX_SEQ, origin=suspect, about=suspect)
 
 
 def retry_sync(

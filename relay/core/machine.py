@@ -308,6 +308,7 @@ class RelayCore(RelayState):
             self.counters["repair_reply_unmatched"] += 1
         elif asked.purpose is Purpose.GAP_FILL:
             # The entries fill the hole; the reports in the reply are the sender's votes.
+            # (A gap fill is outstanding only while its link has a hole: see Requests.)
             state = self.peers[msg.sender].links[st.stream]
             closed = links.on_fill_reply(self, st, state, msg, now_ms)
             if msg.status is RepairStatus.OK:

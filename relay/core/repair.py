@@ -94,25 +94,11 @@ def tick_repair(core: RelayState, st: StreamState, now_ms: int) -> None:
 def send_repair_request(core: RelayState, st: StreamState, lo: int, now_ms: int) -> None:
     rep = st.repair
     assert rep is not None
-    request_id = core.request_id()
     rep.sent_ms = now_ms
     usable = [c for c in rep.candidates if c not in rep.too_old] or rep.candidates
     target = usable[rep.attempt % len(usable)]
     st.requests.close(Purpose.REPAIR)  # only the latest answer counts
-    st.requests.open(request_id, Purpose.REPAIR, target)
-    core.send(
-        RepairRequest(
-            sender=core.id,
-            incarnation=core.incarnation,
-            floor=core.clock.floor,
-            target=target,
-            stream=st.stream,
-            request_id=request_id,
-            lo=lo,
-            hi=rep.point,
-            origin=-1,
-        )
-    )
+    core.ask(st, Purpose.REPAIR, target, lo, rep.point)
 
 
 def on_repair_reply(core: RelayState, st: StreamState, msg: RepairReply, now_ms: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from relay.core.commit import resume_reports
 from relay.core.links import is_live
-from relay.core.messages import RepairReply, RepairRequest, RepairStatus
+from relay.core.messages import RepairReply, RepairStatus
 from relay.core.state import Purpose, RelayState, ResetState, StreamState
 
 # A rebuild waits at most this many repair_retry_ms for the members it asked, then goes on
@@ -83,21 +83,7 @@ def maybe_reset(core: RelayState, st: StreamState, now_ms: int) -> None:
 def send_reset_request(core: RelayState, st: StreamState, peer: int, lo: int) -> None:
     reset = st.reset
     assert reset is not None
-    request_id = core.request_id()
-    st.requests.open(request_id, Purpose.RESET, peer)
-    core.send(
-        RepairRequest(
-            sender=core.id,
-            incarnation=core.incarnation,
-            floor=core.clock.floor,
-            target=peer,
-            stream=st.stream,
-            request_id=request_id,
-            lo=lo,
-            hi=reset.hi,
-            origin=-1,
-        )
-    )
+    core.ask(st, Purpose.RESET, peer, lo, reset.hi)
 
 
 def on_reset_reply(core: RelayState, st: StreamState, msg: RepairReply, now_ms: int) -> None:

@@ -20,6 +20,7 @@ from relay.core.messages import (
     Entry,
     JoinReply,
     PeerMessage,
+    RepairRequest,
     Report,
     Transaction,
 )
@@ -328,13 +329,40 @@ class RelayState:
         else to every peer (see Outgoing)."""
         target = getattr(msg, "target", None)
         self.floor_sent = max(self.floor_sent, msg.floor)
-        self.outbox.outgoing.append(
-            Outgoing(codec.encode(msg), stream=stream, target=target)
-        )
+        self.outbox.outgoing.append(Outgoing(codec.encode(msg), stream=stream, target=target))
 
     def request_id(self) -> int:
         self.last_request_id += 1
         return self.last_request_id
+
+    def ask(
+        self,
+        st: StreamState,
+        purpose: Purpose,
+        peer: int,
+        lo: int,
+        hi: int,
+        *,
+        origin: int = -1,
+        about: int = -1,
+    ) -> None:
+        """Ask `peer` for its entries of the stream in (lo, hi] (only those `origin`
+        coordinated, if set), noting the request and its purpose in the stream's table."""
+        request_id = self.request_id()
+        st.requests.open(request_id, purpose, peer, about)
+        self.send(
+            RepairRequest(
+                sender=self.id,
+                incarnation=self.incarnation,
+                floor=self.clock.floor,
+                target=peer,
+                stream=st.stream,
+                request_id=request_id,
+                lo=lo,
+                hi=hi,
+                origin=origin,
+            )
+        )
 
     def stream(self, stream: str) -> StreamState:
         """The stream's state, opened on first use (the caller checked `can_open`)."""

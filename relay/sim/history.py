@@ -11,13 +11,12 @@ import xxhash
 
 from relay.core.messages import Transaction
 
-# Outcomes of one produce attempt as the producer saw it. The first four are the relay's
-# answers (messages.Outcome values); the last two are the client's own conclusions.
+# Outcomes of one produce attempt as the producer saw it: the relay's answer (an Outcome
+# value), CRASHED (its connection closed first), or None (no answer by the end).
 COMMITTED = "committed"
 REJECTED = "rejected"
 UNKNOWN = "unknown"
 FENCED = "fenced"
-TIMEOUT = "timeout"  # no answer within the client timeout
 CRASHED = "crashed"  # the relay died with the attempt pending
 
 DelivEntry = tuple[int, Transaction]  # (seq, tx)
@@ -94,7 +93,6 @@ class PhaseInfo:
 
     safety_end_ms: int
     liveness_end_ms: int
-    end_ms: int
     heal_bound_ms: int = 2_000  # relays must be joined and unfenced this long after healing
     # Right after healing, suspicion timers from the fault phase still run out, and a
     # transaction may be definitely rejected as late; after this window, all must commit.

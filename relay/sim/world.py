@@ -591,7 +591,6 @@ class World:
         return PhaseInfo(
             safety_end_ms=self.safety_end,
             liveness_end_ms=self.liveness_end,
-            end_ms=self.end,
             heal_bound_ms=self.heal_bound_ms,
             # liveness needs a fault-free phase and time after the heal bound to observe
             check_liveness=self.liveness_end > self.safety_end
