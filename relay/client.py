@@ -59,6 +59,9 @@ says where the store ends and names the oldest position that can still be read
 Reading the store needs pyarrow (the `store` extra), imported only when a store is used.
 
 Neither flavour is thread-safe: use one client per thread (or per event loop).
+
+These rules are carried out by the engines of relay/engines.py, which do no I/O; this
+module drives them with ZeroMQ sockets, and the simulator drives the same engines.
 """
 
 from __future__ import annotations
