@@ -147,6 +147,3 @@ class Network:
                 continue
             out.append((src, dst, epoch, frame))
         return out
-
-    def in_flight(self) -> int:
-        return len(self._heap)
