@@ -123,6 +123,14 @@ def main() -> None:
     metavar="J",
     help="Processes running seeds at once; 0: one per CPU.",
 )
+@click.option(
+    "--single",
+    "single",
+    default=None,
+    metavar="LIST",
+    help="Single-fault runs instead: one fault that never heals, from this comma list "
+    "('all': every kind, one per seed in turn); checks that the connected majority commits.",
+)
 def sim(
     seeds: int,
     seed: int | None,
@@ -130,6 +138,7 @@ def sim(
     faults: tuple[str, ...],
     first_seed: int,
     jobs: int,
+    single: str | None,
 ) -> None:
     """Run the deterministic simulator of a local mesh under seeded faults.
 
@@ -143,9 +152,23 @@ def sim(
         FaultConfig.parse(",".join(faults))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--faults") from None
+    kinds: tuple[str, ...] = ()
+    if single is not None:
+        from relay.sim.single import parse_single
+
+        try:
+            kinds = parse_single(single)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--single") from None
     sys.exit(
         run_cli(
-            seeds=seeds, seed=seed, relays=relays, faults=faults, first_seed=first_seed, jobs=jobs
+            seeds=seeds,
+            seed=seed,
+            relays=relays,
+            faults=faults,
+            first_seed=first_seed,
+            jobs=jobs,
+            single=kinds,
         )
     )
 

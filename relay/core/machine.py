@@ -115,6 +115,19 @@ class RelayCore(RelayState):
             self._tick_stream(st, now_ms)
         coordinate.expire_forwards(self, now_ms)
 
+    def next_deadline_ms(self) -> int:
+        """The monotonic time by which `tick` must next be called (the shell may sleep until
+        then unless input arrives): the next heartbeat, or an earlier produce deadline.
+        Every other timer (suspicion, fencing, retries) is looked at on each tick, so it
+        fires at most one heartbeat interval late."""
+        due = self.last_heartbeat_ms + self.limits.heartbeat_interval_ms
+        if self.forward_deadlines:
+            due = min(due, self.forward_deadlines[0][0])
+        for st in self.streams.values():
+            if st.pending.deadlines:
+                due = min(due, st.pending.deadlines[0][0])
+        return due
+
     def ready(self) -> Ready:
         """Drain what the shell must do now: publish, answer, deliver (see `Ready`)."""
         for st in self.streams.values():

@@ -10,7 +10,8 @@ The core never does I/O. The shell feeds it inputs and acts on what it returns:
    - `RelayCore.peer_lost(relay_id, ...)`: the connection to a peer closed.
    - `RelayCore.produce(ProduceRequest, ...)`: a client's transaction. Exactly one
      `ProduceReply` with the same `request_id` comes back in some later `Ready`.
-   - `RelayCore.tick(...)`: time passed; call it at least every millisecond or so.
+   - `RelayCore.tick(...)`: time passed; call it by `RelayCore.next_deadline_ms()` (the
+     monotonic ms of the next timer) at the latest, and whenever input was fed.
    - `RelayCore.read(...)`: a consumer's read; answered at once (`ReadResult`).
 2. After any inputs, `RelayCore.ready()` returns a `Ready`: what to do now. `drain` below
    does it in the required order for any shell. The core has already forgotten what it

@@ -83,6 +83,9 @@ class Network:
             else:
                 self._cut.pop(link, None)
 
+    def is_cut(self, src: int, dst: int) -> bool:
+        return (src, dst) in self._cut
+
     def heal(self) -> None:
         """End every partition and stop injecting faults (frames in flight still arrive)."""
         self._cut.clear()

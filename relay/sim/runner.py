@@ -14,10 +14,16 @@ from typing import Any
 from relay.sim.checkers import check_all
 from relay.sim.faults import FaultConfig
 from relay.sim.history import event_hash
+from relay.sim.single import single_fault_liveness
 from relay.sim.world import SimError, World
 
 MIN_RELAYS = 3
 MAX_RELAYS = 7
+# A single-fault run (relay/sim/single.py): a warm-up, then the fault for the rest.
+SINGLE_WARMUP_MS = 800
+SINGLE_FAULT_MS = 3_000
+SINGLE_QUIET_MS = 1_500
+SINGLE_PREFIX = "single:"  # SeedResult.faults of a single-fault run: "single:<kind>"
 
 
 @dataclass
@@ -44,20 +50,42 @@ def relays_for(seed: int, relays: int) -> int:
 
 
 def replay_command(seed: int, relays: int, faults: str) -> str:
+    if faults.startswith(SINGLE_PREFIX):
+        return f"relay sim --seed {seed} --relays {relays} --single {faults[len(SINGLE_PREFIX) :]}"
     return f"relay sim --seed {seed} --relays {relays} --faults {faults}"
 
 
+def single_for(seed: int, kinds: Sequence[str]) -> str:
+    """The single fault seed `seed` runs, of `kinds` (each seed one, in turn)."""
+    return kinds[seed % len(kinds)]
+
+
 def run_seed(
-    seed: int, relays: int = 0, faults: FaultConfig | str = "all", **world_kwargs: Any
+    seed: int,
+    relays: int = 0,
+    faults: FaultConfig | str = "all",
+    *,
+    single: str | None = None,
+    **world_kwargs: Any,
 ) -> SeedResult:
-    """Build the world for `seed`, run every phase, check the history."""
-    config = FaultConfig.parse(faults)
+    """Build the world for `seed`, run every phase, check the history. With `single`, a
+    single-fault run of that kind (relay/sim/single.py) instead of the random faults."""
+    config = FaultConfig.parse("none" if single is not None else faults)
     count = relays_for(seed, relays)
     started = time.process_time()
-    world = World(seed, count, config, **world_kwargs)
+    if single is not None:
+        world_kwargs = {
+            "safety_ms": SINGLE_WARMUP_MS,
+            "liveness_ms": SINGLE_FAULT_MS,
+            "quiet_ms": SINGLE_QUIET_MS,
+            **world_kwargs,
+        }
+    world = World(seed, count, config, single=single, **world_kwargs)
     try:
         history = world.run()
         violations = check_all(history, world.phase_info())
+        if single is not None:
+            violations += single_fault_liveness(history, world.single_info())
     except SimError as exc:
         violations = [f"error: {exc}"]
     except Exception as exc:  # the final state queries or a checker: still a failed seed
@@ -73,7 +101,7 @@ def run_seed(
         event_hash=digest,
         stats=world.summary(),
         relays=count,
-        faults=config.spec(),
+        faults=config.spec() if single is None else SINGLE_PREFIX + single,
         seconds=time.process_time() - started,
     )
 
@@ -88,11 +116,22 @@ def run_many(
     relays: int = 0,
     faults: FaultConfig | str = "all",
     jobs: int = 1,
+    *,
+    single: Sequence[str] = (),
     **world_kwargs: Any,
 ) -> Iterator[SeedResult]:
-    """Results in seed order; `jobs` > 1 runs seeds in that many processes (0: one per CPU)."""
+    """Results in seed order; `jobs` > 1 runs seeds in that many processes (0: one per CPU).
+    With `single` kinds, each seed is a single-fault run of one of them (`single_for`)."""
     spec = FaultConfig.parse(faults).spec()
-    work = [(s, relays, spec, world_kwargs) for s in seeds]
+    work = [
+        (
+            s,
+            relays,
+            spec,
+            {**world_kwargs, "single": single_for(s, single)} if single else world_kwargs,
+        )
+        for s in seeds
+    ]
     if jobs == 0:
         jobs = os.cpu_count() or 1
     if jobs <= 1 or len(work) <= 1:
@@ -122,14 +161,17 @@ def run_cli(
     first_seed: int = 0,
     *,
     jobs: int = 1,
+    single: Sequence[str] = (),
     out: Callable[[str], None] = print,
 ) -> int:
-    """`relay sim`: 0 if every seed passed, else 1. The last line is `N passed, M failed`."""
+    """`relay sim`: 0 if every seed passed, else 1. The last line is `N passed, M failed`.
+    With `single` kinds, single-fault runs (relay/sim/single.py) instead of random faults."""
     config = FaultConfig.parse(faults)  # ValueError names an unknown fault
     if relays != 0 and not MIN_RELAYS <= relays <= 64:
         raise ValueError(f"relays must be 0 (each seed picks 3..7) or 3..64, got {relays}")
     if seed is not None:
-        result = run_seed(seed, relays, config)
+        kind = single_for(seed, single) if single else None
+        result = run_seed(seed, relays, config, single=kind)
         out(
             f"seed {seed}: {result.relays} relays, faults {result.faults}, "
             f"{'ok' if result.ok else 'FAILED'}, event hash {result.event_hash}, "
@@ -146,7 +188,8 @@ def run_cli(
         raise ValueError(f"seeds must be positive, got {seeds}")
     started = time.perf_counter()
     passed = failed = 0
-    for result in run_many(range(first_seed, first_seed + seeds), relays, config, jobs):
+    seed_range = range(first_seed, first_seed + seeds)
+    for result in run_many(seed_range, relays, config, jobs, single=single):
         if result.ok:
             passed += 1
         else:

@@ -42,6 +42,12 @@ from relay.sim.clients import Consumer, Producer, endpoint_of
 from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
 from relay.sim.network import CLOSED, NetParams, Network
+from relay.sim.single import (
+    CLOCK_STEP_MS,
+    CRASH_AFTER_CUT_MS,
+    SingleFaultInfo,
+    strongly_connected,
+)
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
@@ -157,7 +163,11 @@ class World:
         limits: Limits | None = None,
         core_factory: CoreFactory | None = None,
         log_frames: bool = True,
+        single: str | None = None,
     ) -> None:
+        """`single`: a single-fault run (relay/sim/single.py): no random faults, the named
+        fault strikes when the safety phase would end (`safety_ms` is the warm-up) and is
+        never healed."""
         if not 1 <= relay_count <= 64:
             raise ValueError(f"relay count {relay_count} outside 1..64")
         self.seed = seed
@@ -167,6 +177,10 @@ class World:
         self.stop_retry = self.liveness_end + quiet_ms // 2
         self.end = self.liveness_end + quiet_ms
         self.heal_bound_ms = heal_bound_ms
+        self.single = single
+        self.single_victims: tuple[int, ...] = ()
+        self.stepped: set[int] = set()  # relays whose clock a single fault stepped
+        self.emptied: set[int] = set()  # relays a single fault restarted without memory
         self.core_factory: CoreFactory = core_factory or RelayCore
         self.now = 0
         self.history = History()
@@ -293,6 +307,9 @@ class World:
 
     def _plan_faults(self) -> None:
         rng = self.fault_rng
+        if self.single is not None:
+            self._at(self.safety_end, "single", self.single)
+            return
         f = self.faults
         span = self.safety_end
         if span < 50:
@@ -322,7 +339,11 @@ class World:
         rng = self.fault_rng
         now = self.now
         n = len(self.ids)
-        if kind == "partition":
+        if kind == "single":
+            self._apply_single(args[0])
+        elif kind == "crash-now":
+            self._crash(args[0])
+        elif kind == "partition":
             if n < 2:
                 return
             order = list(self.ids)
@@ -391,6 +412,68 @@ class World:
             node.step = total - node.skew
             self.stats["clock_steps"] += 1
             self.events.append(f"{now} clock_step {r} {delta} -> offset {total}")
+
+    def _apply_single(self, kind: str) -> None:
+        """Strike the single fault of a single-fault run (see relay/sim/single.py)."""
+        rng = self.fault_rng
+        victim = rng.choice(self.ids)
+        other = rng.choice([r for r in self.ids if r != victim])
+        node = self.nodes[victim]
+        self.single_victims = (victim,)
+        links: list[tuple[int, int]] = []
+        if kind == "crash":
+            self._crash(victim)
+        elif kind == "pause":
+            node.paused_until = self.end + 1
+        elif kind == "isolate":
+            links = [(victim, o) for o in self.ids if o != victim]
+            links += [(o, victim) for o in self.ids if o != victim]
+        elif kind == "oneway-out":
+            links = [(victim, o) for o in self.ids if o != victim]
+        elif kind == "oneway-in":
+            links = [(o, victim) for o in self.ids if o != victim]
+        elif kind in ("cut-link", "cut-then-crash"):
+            links = [(victim, other), (other, victim)]
+            self.single_victims = (victim, other)
+            if kind == "cut-then-crash":
+                self._at(self.now + rng.randint(*CRASH_AFTER_CUT_MS), "crash-now", victim)
+        elif kind == "cut-link-oneway":
+            links = [(victim, other)]
+            self.single_victims = (victim, other)
+        elif kind in ("clock-back", "clock-forward"):
+            node.step += CLOCK_STEP_MS if kind == "clock-forward" else -CLOCK_STEP_MS
+            self.stepped.add(victim)
+        elif kind == "restart-clock-back":
+            node.step -= CLOCK_STEP_MS
+            self.stepped.add(victim)
+            self.emptied.add(victim)
+            self._crash(victim)
+            self._restart(victim)
+        else:
+            raise ValueError(f"unknown single fault {kind!r}")
+        if links:
+            self.network.cut(links)
+        self.events.append(f"{self.now} single {kind} {self.single_victims} links {links}")
+
+    def single_info(self) -> SingleFaultInfo:
+        """The connected majority of every stream at the end of a single-fault run."""
+        assert self.single is not None
+        able = {
+            r
+            for r, node in self.nodes.items()
+            if node.core is not None
+            and node.paused_until < 0
+            and r not in self.stepped
+            and r not in self.emptied
+        }
+        works = {(a, b) for a in able for b in able if a != b and not self.network.is_cut(a, b)}
+        groups = strongly_connected(able, works)
+        info = SingleFaultInfo(self.single, self.safety_end, self.liveness_end)
+        for stream, members in self.members.items():
+            for group in groups:
+                if len(group & set(members)) >= quorum(len(members)):
+                    info.majorities[stream] = frozenset(group)
+        return info
 
     def may_crash(self, r: int) -> bool:
         """The tolerated fault model: after crashing `r`, every stream it serves keeps a
@@ -530,7 +613,7 @@ class World:
         return self._finish()
 
     def _step(self, now: int, bound: int) -> None:
-        if now == self.safety_end:
+        if now == self.safety_end and self.single is None:
             self.heal()
         if now == self.liveness_end:
             for p in self.producers:
@@ -593,7 +676,9 @@ class World:
             liveness_end_ms=self.liveness_end,
             heal_bound_ms=self.heal_bound_ms,
             # liveness needs a fault-free phase and time after the heal bound to observe
-            check_liveness=self.liveness_end > self.safety_end
+            # (a single-fault run never heals: relay/sim/single.py checks it instead)
+            check_liveness=self.single is None
+            and self.liveness_end > self.safety_end
             and self.end > self.safety_end + self.heal_bound_ms,
         )
 

@@ -1,0 +1,138 @@
+"""Single persistent faults, and the liveness rule they are checked against.
+
+The availability rule (docs/protocol.md section 7): whenever a majority of a stream's
+members are running, have their memory and can reach each other (directly or through
+another member), the stream commits again within a bound, whatever the other members do.
+A single-fault run checks it: the mesh warms up, one fault strikes at `fault_at_ms` and
+stays to the end of the run (nothing heals), and the producers keep writing.
+
+    crash                one relay dies and stays down
+    pause                one relay stops (SIGSTOP) and never resumes
+    isolate              every link from and to one relay is cut
+    oneway-out           one relay's outgoing links are cut (it still hears the others)
+    oneway-in            one relay's incoming links are cut (the others still hear it)
+    cut-link             the link between two relays is cut both ways
+    cut-link-oneway      the link from one relay to another is cut
+    cut-then-crash       a link a<->b is cut; a keeps coordinating, then dies
+    clock-back           one relay's wall clock steps back by minutes
+    clock-forward        one relay's wall clock steps forward by minutes
+    restart-clock-back   one relay restarts (empty) with its wall clock minutes behind
+
+The checker: for every stream, the relays that are up, not stepped, hold their memory and
+form a strongly connected group (over the links that still work) are its majority, if they
+include a quorum of its members. Every produce attempt sent to such a relay from
+RESUME_BOUND_MS after the fault on (until the producers stop) must be answered
+`committed` within ANSWER_BOUND_MS; the usual safety checkers run as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relay.sim.history import COMMITTED, History
+
+SINGLE_FAULTS: tuple[str, ...] = (
+    "crash",
+    "pause",
+    "isolate",
+    "oneway-out",
+    "oneway-in",
+    "cut-link",
+    "cut-link-oneway",
+    "cut-then-crash",
+    "clock-back",
+    "clock-forward",
+    "restart-clock-back",
+)
+CLOCK_STEP_MS = 120_000  # "minutes": far beyond max_clock_ahead_ms
+CRASH_AFTER_CUT_MS = (20, 1_500)  # cut-then-crash: how long the cut relay coordinates on
+# Commits resume within suspect_timeout_ms plus a few round trips of the fault (retries
+# of joins, repairs and syncs happen every repair_retry_ms).
+RESUME_BOUND_MS = 600
+ANSWER_BOUND_MS = 400  # a produce to the majority is answered committed within this
+
+
+def parse_single(text: str) -> tuple[str, ...]:
+    """`all` or a comma list of single-fault names; ValueError names an unknown one."""
+    spec = text.strip().lower()
+    if spec == "all":
+        return SINGLE_FAULTS
+    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    for name in names:
+        if name not in SINGLE_FAULTS:
+            raise ValueError(
+                f"unknown single fault {name!r}; choose from all, " + ", ".join(SINGLE_FAULTS)
+            )
+    if not names:
+        raise ValueError("no single fault named")
+    return names
+
+
+@dataclass
+class SingleFaultInfo:
+    """What the single-fault checker needs of a run."""
+
+    kind: str
+    fault_at_ms: int
+    issue_end_ms: int  # producers stop issuing here
+    # stream -> the relays of its connected majority (empty: it has none, nothing to check)
+    majorities: dict[str, frozenset[int]] = field(default_factory=dict)
+
+
+def strongly_connected(nodes: set[int], works: set[tuple[int, int]]) -> list[set[int]]:
+    """The strongly connected groups of `nodes` over the directed links in `works`."""
+    groups: list[set[int]] = []
+    left = set(nodes)
+    while left:
+        start = min(left)
+        forward = _reach(start, nodes, works, reverse=False)
+        backward = _reach(start, nodes, works, reverse=True)
+        group = forward & backward
+        groups.append(group)
+        left -= group
+    return groups
+
+
+def _reach(start: int, nodes: set[int], works: set[tuple[int, int]], *, reverse: bool) -> set[int]:
+    seen = {start}
+    todo = [start]
+    while todo:
+        a = todo.pop()
+        for b in nodes:
+            link = (b, a) if reverse else (a, b)
+            if b not in seen and link in works:
+                seen.add(b)
+                todo.append(b)
+    return seen
+
+
+def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
+    """Produces sent to a stream's connected majority commit promptly after the fault."""
+    out: list[str] = []
+    start = info.fault_at_ms + RESUME_BOUND_MS
+    late: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for a in history.attempts:
+        majority = info.majorities.get(a.stream)
+        if not majority or a.relay not in majority or not start <= a.sent_ms < info.issue_end_ms:
+            continue
+        ok = a.outcome == COMMITTED and a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS
+        if ok:
+            continue
+        late[a.stream] = late.get(a.stream, 0) + 1
+        if a.stream not in first:
+            answer = (
+                f"{a.outcome} after {a.answer_ms - a.sent_ms} ms"
+                if a.answer_ms >= 0
+                else "no answer"
+            )
+            first[a.stream] = (
+                f"{a.pid.decode()}#{a.pseq} sent to relay {a.relay} at {a.sent_ms} ms: {answer}"
+            )
+    for stream in sorted(late):
+        out.append(
+            f"stall: {info.kind} at {info.fault_at_ms} ms: {late[stream]} produce(s) to the "
+            f"connected majority {sorted(info.majorities[stream])} of {stream} not committed "
+            f"within {ANSWER_BOUND_MS} ms (first: {first[stream]})"
+        )
+    return out
