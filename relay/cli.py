@@ -378,7 +378,7 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
 
     import zmq
 
-    from relay.errors import ConfigError
+    from relay.errors import AcceptorMemoryError, ConfigError
     from relay.node import RelayNode
     from relay.topology import load
 
@@ -410,6 +410,9 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
             f"{spec.client_endpoint}: {e}",
             err=True,
         )
+        sys.exit(1)
+    except AcceptorMemoryError as e:
+        click.echo(f"error: {e}; the relay stopped", err=True)
         sys.exit(1)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -569,6 +572,14 @@ def _counters_text(status: dict[str, Any]) -> str:
     return "\n".join(parts) or "-"
 
 
+def _stall_text(stall: dict[str, Any] | None) -> str:
+    """`not_admitted, relays 0 1, 2.4 s` for a stream that cannot commit here, else `-`."""
+    if not stall:
+        return "-"
+    waiting = " ".join(str(r) for r in stall.get("waiting_for") or []) or "-"
+    return f"[yellow]{stall['reason']}[/yellow], relays {waiting}, {stall['for_ms'] / 1000:.1f} s"
+
+
 def _print_status(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -577,7 +588,16 @@ def _print_status(doc: dict[str, Any]) -> None:
     for name in ("relay", "reachable", "peers heard", "fenced streams", "key counters"):
         relays.add_column(name)
     streams = Table(title="streams")
-    for name in ("relay", "stream", "joined", "fenced", "committed seq", "held", "held bytes"):
+    for name in (
+        "relay",
+        "stream",
+        "joined",
+        "fenced",
+        "stalled (why, waiting for, for)",
+        "committed seq",
+        "held",
+        "held bytes",
+    ):
         streams.add_column(
             name, justify="right" if name.startswith(("committed", "held")) else "left"
         )
@@ -602,6 +622,7 @@ def _print_status(doc: dict[str, Any]) -> None:
                 name,
                 "yes" if info.get("joined") else "[yellow]no[/yellow]",
                 "[yellow]yes[/yellow]" if info.get("fenced") else "no",
+                _stall_text(info.get("stall")),
                 str(info.get("committed", "-")),
                 str(info.get("held", "-")),
                 str(info.get("held_bytes", "-")),

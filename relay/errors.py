@@ -24,6 +24,12 @@ class ConfigError(RelayError):
     """A topology or limit is invalid. The message names the file, field and problem."""
 
 
+class AcceptorMemoryError(RelayError):
+    """The relay could not keep its acceptor memory on disk (docs/protocol.md 5.12). It
+    stops rather than send an answer it might forget: the message names the file and the
+    OS error. Final: the disk (or data_dir's permissions) must be fixed first."""
+
+
 # --- frames from the network --------------------------------------------------------------
 
 

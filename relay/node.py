@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
+from relay.acceptors import AcceptorFiles
 from relay.core import (
     EPOCH_MS,
     CommittedRecord,
@@ -53,7 +54,7 @@ from relay.core import (
     RelayCore,
     drain,
 )
-from relay.errors import MalformedFrame
+from relay.errors import AcceptorMemoryError, MalformedFrame
 from relay.service import ClientService
 from relay.sockets import DisconnectMonitor, ReadableWaiter
 
@@ -106,6 +107,7 @@ def mono_ms() -> int:
 class _StreamView:
     joined: bool = False
     fenced: bool = True
+    fence_reason: str = ""
 
 
 @dataclass
@@ -184,6 +186,7 @@ class RelayNode:
         # epoch do (unless the wall clock steps back across a restart).
         self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
         self.core = RelayCore(core_config, self.incarnation, now)
+        self._acceptors = self._open_acceptor_memory()
         self.counters: Counter[str] = Counter()
         self.clients = ClientService(
             self.core,
@@ -543,6 +546,40 @@ class RelayNode:
             return False
         return True
 
+    # --- acceptor memory (docs/protocol.md 5.12) ------------------------------------------
+
+    def _open_acceptor_memory(self) -> AcceptorFiles | None:
+        """Give the core what earlier incarnations kept. Without a usable directory the
+        relay runs without acceptor memory: after a restart it then abstains from each
+        stream's next view change, as the protocol requires of a relay that forgot."""
+        try:
+            files = AcceptorFiles.of_relay(self.config.data_dir, self.id)
+            records = files.load()
+        except OSError as e:
+            log.error("relay=%d runs without acceptor memory: %s", self.id, e)
+            return None
+        forgotten = self.core.remember_acceptors(records)
+        if forgotten:
+            log.error(
+                "relay=%d unreadable acceptor records in %s for %s: abstaining from their "
+                "next view change",
+                self.id,
+                files.directory,
+                ", ".join(sorted(forgotten)),
+            )
+        return files
+
+    def _persist_acceptor(self, stream: str, record: bytes) -> None:
+        assert self._acceptors is not None  # the core asks only once it was given memory
+        try:
+            self._acceptors.save(stream, record)
+        except OSError as e:
+            self.counters["acceptor_save_failed"] += 1
+            raise AcceptorMemoryError(
+                f"relay {self.id}: cannot keep the acceptor record of stream {stream!r} in "
+                f"{self._acceptors.directory}: {e}"
+            ) from e
+
     # --- core output ------------------------------------------------------------------------
 
     def _flush(self, socks: _Sockets) -> None:
@@ -618,14 +655,15 @@ class RelayNode:
                     "joined" if joined else "rejoining",
                     self.core.committed_point(stream),
                 )
-            if fenced != view.fenced:
-                view.fenced = fenced
+            why, waiting = self.core.stall(stream) if fenced else ("", ())
+            if fenced != view.fenced or why != view.fence_reason:
+                view.fenced, view.fence_reason = fenced, why
                 log.log(
                     logging.WARNING if fenced and joined else logging.INFO,
                     "relay=%d stream=%s %s",
                     self.id,
                     stream,
-                    "fenced: fewer than a quorum of members heard" if fenced else "unfenced",
+                    f"fenced: {why}, waiting for relays {list(waiting)}" if fenced else "unfenced",
                 )
                 if fenced:
                     self.clients.wake(stream)
@@ -663,6 +701,9 @@ class _Outlet:
         self.node = node
         self.socks = socks
 
+    def persist(self, stream: str, record: bytes) -> None:
+        self.node._persist_acceptor(stream, record)
+
     def publish(self, out: Outgoing) -> None:
         self.node._publish(self.socks, out)
 
@@ -679,4 +720,3 @@ class _Outlet:
 def _spool_record(record: CommittedRecord) -> SpoolRecord:
     seq, digest, tx, duplicate = record
     return (seq, digest, tx.producer_id, tx.producer_seq, tx.key, tx.value, tx.kind, duplicate)
-

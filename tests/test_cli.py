@@ -183,8 +183,10 @@ def test_up_status_and_sigint_stops_every_relay(tmp_path: Path) -> None:
         assert proc.wait(timeout=15) == 0, (tmp_path / "up.err").read_text()
         wait_until(
             lambda: not any(running(pid) for pid in children),
-            lambda: "every relay to exit with `relay up`; still running: "
-            f"{[pid for pid in children if running(pid)]}",
+            lambda: (
+                "every relay to exit with `relay up`; still running: "
+                f"{[pid for pid in children if running(pid)]}"
+            ),
         )
 
         code, doc = status_json(topology, timeout=0.3)

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from relay.core.codec import TYPE_CODES, decode, encode
+from relay.core.codec import TYPE_CODES, decode, decode_acceptor, encode, encode_acceptor
 from relay.core.messages import (
     Forward,
     ForwardReply,
     Heartbeat,
+    Interval,
     JoinReply,
     JoinRequest,
     Outcome,
-    Refusal,
     RepairReply,
     RepairRequest,
     RepairStatus,
@@ -27,6 +27,11 @@ from relay.core.messages import (
     StreamStatus,
     Transaction,
     TxBatch,
+    ViewDecided,
+    ViewPhase,
+    ViewReply,
+    ViewRequest,
+    ViewValue,
 )
 from relay.errors import (
     FieldError,
@@ -40,6 +45,7 @@ MAX = 64 * 1024 * 1024
 U63 = 2**63 - 1
 U64 = 2**64 - 1
 D = b"\x11" * 16
+T = Transaction(b"p", 1, None, b"v")
 
 # --- strategies -----------------------------------------------------------------------------
 
@@ -70,6 +76,10 @@ transactions = st.builds(
 entries = st.lists(st.tuples(u63, transactions), max_size=5).map(tuple)
 report_points = st.lists(st.tuples(u63, digests), max_size=5).map(tuple)
 acks = st.lists(st.tuples(relay_ids, u63), max_size=5).map(tuple)
+intervals = st.builds(Interval, relay_ids, u64, u63_or_none, u63_or_none)
+view_values = st.builds(
+    ViewValue, u63, u63_or_none, u63_or_none, st.lists(intervals, max_size=4).map(tuple), entries
+)
 stream_statuses = st.builds(
     StreamStatus,
     streams,
@@ -80,6 +90,8 @@ stream_statuses = st.builds(
     acks,
     report_points,
     u63_or_none,
+    u63,
+    st.booleans(),
 )
 dedupe_keys = st.tuples(producer_ids, u64, u63)
 
@@ -104,6 +116,8 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         incarnations,
         u63,
         st.lists(stream_statuses, max_size=4).map(tuple),
+        u63,
+        st.lists(relay_ids, max_size=5).map(tuple),
     ),
     Forward: st.builds(
         Forward, relay_ids, incarnations, u63, relay_ids, streams, u63, transactions
@@ -133,6 +147,7 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         u63_or_none,
         st.none() | st.lists(dedupe_keys, max_size=4).map(tuple),
         report_points,
+        st.none() | view_values,
     ),
     RepairRequest: st.builds(
         RepairRequest,
@@ -161,7 +176,40 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         entries,
         report_points,
     ),
-    Refusal: st.builds(Refusal, relay_ids, incarnations, u63, relay_ids, reasons),
+    ViewRequest: st.builds(
+        ViewRequest,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        streams,
+        st.sampled_from(ViewPhase),
+        u63,
+        u63,
+        st.lists(relay_ids, max_size=4).map(tuple),
+        st.none() | view_values,
+    ),
+    ViewReply: st.builds(
+        ViewReply,
+        relay_ids,
+        incarnations,
+        u63,
+        relay_ids,
+        streams,
+        st.sampled_from(ViewPhase),
+        u63,
+        u63,
+        st.booleans(),
+        u63_or_none,
+        u63_or_none,
+        u63_or_none,
+        u63_or_none,
+        st.none() | view_values,
+        entries,
+    ),
+    ViewDecided: st.builds(
+        ViewDecided, relay_ids, incarnations, u63, relay_ids, streams, view_values
+    ),
 }
 any_message = st.one_of(*messages.values())
 
@@ -228,7 +276,9 @@ def test_type_codes() -> None:
         JoinReply: 7,
         RepairRequest: 8,
         RepairReply: 9,
-        Refusal: 10,
+        ViewRequest: 11,
+        ViewReply: 12,
+        ViewDecided: 13,
     }
     assert expected == TYPE_CODES
 
@@ -280,19 +330,45 @@ def test_wire_layout() -> None:
     reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)))
     assert as_list(reports)[-1] == [[6, 7], [8, 9]]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
-    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1]]]
-    hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8),))
-    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8]]]
+    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, False]], 0, []]
+    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True)
+    hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2))
+    assert as_list(hb) == [
+        4,
+        1,
+        2,
+        3,
+        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True]],
+        10,
+        [0, 2],
+    ]
     assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1]
     reply = ForwardReply(1, 2, 3, 4, 5, Outcome.REJECTED, -1, "late", (7, 8))
     assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
     join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
-    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, []]
+    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [], None]
     join = dataclasses.replace(join, dedupe=((b"p", 1, 2),), your_votes=((6, D),))
-    assert as_list(join)[-2:] == [[[b"p", 1, 2]], [[6, D]]]
+    assert as_list(join)[-3:-1] == [[[b"p", 1, 2]], [[6, D]]]
     rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
     assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
-    assert as_list(Refusal(1, 2, 3, 4, "clock ahead")) == [10, 1, 2, 3, 4, "clock ahead"]
+    value = ViewValue(5, 6, 7, (Interval(1, 2, 3), Interval(0, 1, 2, 6)), ((7, T),))
+    wire_value = [5, 6, 7, [[1, 2, 3, -1], [0, 1, 2, 6]], [[7, b"p", 1, None, b"v", 0]]]
+    request = ViewRequest(1, 2, 3, 4, "s", ViewPhase.ACCEPT, 5, 6, (0,), value)
+    assert as_list(request) == [11, 1, 2, 3, 4, "s", "accept", 5, 6, [0], wire_value]
+    promise = ViewReply(1, 2, 3, 4, "s", ViewPhase.PROMISE, 5, 6, True, 7, 8, 9, 10, None, ())
+    assert as_list(promise) == [12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, []]
+    assert as_list(ViewDecided(1, 2, 3, 4, "s", value)) == [13, 1, 2, 3, 4, "s", wire_value]
+
+
+def test_acceptor_record_round_trip() -> None:
+    value = ViewValue(5, 6, 7, (Interval(1, 2, 3),), ((7, T),))
+    for accepted in (None, value):
+        record = encode_acceptor(5, 1026, 1026 if accepted else -1, accepted)
+        assert decode_acceptor(record, MAX) == (5, 1026, 1026 if accepted else -1, accepted)
+    with pytest.raises(FrameError):
+        decode_acceptor(b"\x93\x01\x02\x03", MAX)  # a 3-array, not a record
+    with pytest.raises(FrameError):
+        decode_acceptor(encode(tx_batch()), MAX)  # a message is not a record
 
 
 def test_bytes_use_the_bin_type() -> None:
@@ -469,10 +545,11 @@ def test_wrong_array_lengths() -> None:
     for status in (
         ["s", 4, -1, D],
         ["s", 4, -1, D, True],  # the layout before acks and inherited votes
+        ["s", 4, -1, D, True, [], [], -1],  # the layout before views
         ["s", 4, -1, D, True, [], [], -1, 0],
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
-            decode(frame_of(4, 1, 2, 3, [status]), MAX)
+            decode(frame_of(4, 1, 2, 3, [status], 0, []), MAX)
     with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
         decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None, b"v"]), MAX)
 
@@ -517,7 +594,11 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1]]), MAX)
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1, 0, False]], 0, []), MAX)
+    with pytest.raises(FieldError, match="want_in"):
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, 1]], 0, []), MAX)
+    with pytest.raises(FieldError, match="hears"):
+        decode(frame_of(4, 1, 2, 3, [], 0, [True]), MAX)
 
 
 def test_negative_relay_id() -> None:
@@ -533,7 +614,7 @@ def test_relay_id_1024() -> None:
     with pytest.raises(FieldError, match="sender"):
         decode(frame_of(*items), MAX)
     with pytest.raises(FieldError, match="target"):
-        decode(frame_of(10, 1, 2, 3, 1024, "why"), MAX)
+        decode(frame_of(6, 1, 2, 3, 1024, 5, "rejected", -1, "why", []), MAX)
     with pytest.raises(FieldError, match="redirect"):
         decode(frame_of(6, 1, 2, 3, 4, 5, "fenced", -1, "", [1, 1024]), MAX)
 
@@ -573,7 +654,7 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="committed_point"):
         decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, []), MAX)
     with pytest.raises(FieldError, match="max_seen_reported"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, []), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, [], None), MAX)
 
 
 def test_forward_reply_seq_may_be_minus_one() -> None:
@@ -629,27 +710,27 @@ def test_bad_enum_values() -> None:
 
 
 def test_bad_dedupe_keys() -> None:
-    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], []), MAX)
+    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], [], None), MAX)
     assert isinstance(ok, JoinReply)
     assert ok.dedupe == ((b"p", 1, 2),)
     with pytest.raises(MalformedFrame, match=r"dedupe\[0\]"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]], []), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]], [], None), MAX)
     with pytest.raises(FieldError, match="producer_id"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]], []), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]], [], None), MAX)
     with pytest.raises(MalformedFrame, match="dedupe"):  # dedupe must be nil or an array
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", []), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", [], None), MAX)
 
 
 def test_reason_must_be_str() -> None:
     with pytest.raises(FieldError, match="reason"):
-        decode(frame_of(10, 1, 2, 3, 4, b"why"), MAX)
+        decode(frame_of(6, 1, 2, 3, 4, 5, "rejected", -1, b"why", []), MAX)
 
 
 def test_maps_and_extensions_where_fields_belong() -> None:
     with pytest.raises(FrameError):
-        decode(frame_of(10, 1, 2, 3, 4, {"a": 1}), MAX)
+        decode(frame_of(6, 1, 2, 3, 4, 5, "rejected", -1, {"a": 1}, []), MAX)
     with pytest.raises(FrameError):
-        decode(frame_of(10, 1, 2, 3, 4, msgpack.ExtType(5, b"x")), MAX)
+        decode(frame_of(6, 1, 2, 3, 4, 5, "rejected", -1, msgpack.ExtType(5, b"x"), []), MAX)
     with pytest.raises(MalformedFrame):  # a map with an int key (strict_map_key)
         decode(msgpack.packb([10, 1, 2, 3, 4, {1: 2}]), MAX)
 
@@ -673,9 +754,11 @@ def reports_frame(acks: Any) -> bytes:
 
 
 def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any = -1) -> bytes:
-    """A heartbeat with one stream status, with the given acks and inherited votes."""
+    """A heartbeat with one stream status, with the given acks and inherited votes (view 0,
+    not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
-    return frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, acks, inherited, votes_final_through]])
+    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False]
+    return frame_of(4, 1, 2, 3, [status], 0, [])
 
 
 def heartbeat_frame(acks: Any) -> bytes:
@@ -763,10 +846,10 @@ def test_bad_inherited_and_your_votes() -> None:
         decode(status_frame(inherited=([6, D, 7],)), MAX)
     with pytest.raises(MalformedFrame, match="inherited"):
         decode(status_frame(inherited=None), MAX)
-    votes = decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, D]]), MAX)
+    votes = decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, D]], None), MAX)
     assert isinstance(votes, JoinReply)
     assert votes.your_votes == ((6, D),)
     with pytest.raises(FieldError, match=r"your_votes\[0\]\.digest"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]]), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]], None), MAX)
     with pytest.raises(MalformedFrame, match="your_votes"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None, None), MAX)

@@ -263,8 +263,10 @@ class Reader(Worker):
 
         wait_until(
             reached,
-            lambda: f"the reader on {sorted(self.relays)} to reach seq {seq} (at "
-            f"{self.last_seq()}, {len(self.records)} records; stats {dict(self.stats)})",
+            lambda: (
+                f"the reader on {sorted(self.relays)} to reach seq {seq} (at "
+                f"{self.last_seq()}, {len(self.records)} records; stats {dict(self.stats)})"
+            ),
             timeout_s=timeout_s,
             poll_s=0.02,
         )
@@ -374,8 +376,10 @@ def wait_status(mesh: Mesh, relay_id: int, stream: str, *, fenced: bool, timeout
 
     wait_until(
         reached,
-        lambda: f"relay {relay_id} to report {stream} joined and "
-        f"{'fenced' if fenced else 'unfenced'} (last status {seen})",
+        lambda: (
+            f"relay {relay_id} to report {stream} joined and "
+            f"{'fenced' if fenced else 'unfenced'} (last status {seen})"
+        ),
         timeout_s=timeout_s,
         poll_s=0.05,
     )
@@ -668,8 +672,10 @@ def test_a_relay_cut_off_from_its_quorum_answers_fenced_then_recovers(
 
             first_fenced = wait_until(
                 fenced_at,
-                lambda: f"relay {alone} to answer fenced (suspect_timeout_ms "
-                f"{suspect_s * 1000:g}); answers so far: {raw.answers}",
+                lambda: (
+                    f"relay {alone} to answer fenced (suspect_timeout_ms "
+                    f"{suspect_s * 1000:g}); answers so far: {raw.answers}"
+                ),
                 poll_s=0,
             )
             print(f"first fenced answer {first_fenced - stopped_at:.3f} s after SIGSTOP")
@@ -698,8 +704,10 @@ def test_a_relay_cut_off_from_its_quorum_answers_fenced_then_recovers(
 
             wait_until(
                 all_answered,
-                lambda: f"an answer to every produce; unanswered: "
-                f"{[sent[r] for r in sent if r not in raw.answers]}",
+                lambda: (
+                    f"an answer to every produce; unanswered: "
+                    f"{[sent[r] for r in sent if r not in raw.answers]}"
+                ),
                 poll_s=0,
             )
             outcomes = Counter(raw.answers[r][1].outcome for r in sent)

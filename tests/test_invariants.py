@@ -86,9 +86,10 @@ def test_nothing_invented() -> None:
     assert invariants.nothing_invented([("r0", "s", [(1, A)])], produced) == []
     assert "never produced" in invariants.nothing_invented([("r0", "s", [(2, B)])], produced)[0]
     forged = Transaction(b"p0", 1, None, b"forged")
-    assert "unlike the produced" in invariants.nothing_invented(
-        [("r0", "s", [(1, forged)])], produced
-    )[0]
+    assert (
+        "unlike the produced"
+        in invariants.nothing_invented([("r0", "s", [(1, forged)])], produced)[0]
+    )
     assert invariants.nothing_invented([("r0", "t", [(1, A)])], produced)  # another stream
 
 

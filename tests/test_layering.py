@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
-    ("service", "engines", "spool", "sockets"),
+    ("service", "engines", "spool", "sockets", "acceptors"),
     ("wire", "topology", "store"),
     ("segment",),
     ("core",),

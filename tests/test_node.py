@@ -574,8 +574,10 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
 
                 await wait_until_async(
                     junk_counted,
-                    lambda: "every relay to count 10 bad peer frames: "
-                    f"{[n.counters['peer_bad_parts'] for n in nodes.values()]}",
+                    lambda: (
+                        "every relay to count 10 bad peer frames: "
+                        f"{[n.counters['peer_bad_parts'] for n in nodes.values()]}"
+                    ),
                     poll_s=0.02,
                 )
                 # Above MAXMSGSIZE: the transport drops that link (and reconnects).

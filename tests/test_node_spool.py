@@ -50,8 +50,10 @@ async def run_mesh(config: MeshConfig, values: list[bytes]) -> tuple[list[int], 
         # its segment is older than segment_max_age_ms (closing would write it anyway).
         await wait_until_async(
             lambda: all(spooled_records(node) >= len(values) for node in nodes),
-            lambda: f"every relay to spool {len(values)} records by age: "
-            f"{[spooled_records(node) for node in nodes]}",
+            lambda: (
+                f"every relay to spool {len(values)} records by age: "
+                f"{[spooled_records(node) for node in nodes]}"
+            ),
             poll_s=0.02,
         )
     finally:

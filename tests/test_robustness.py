@@ -41,15 +41,19 @@ from relay.core.config import Limits
 from relay.core.messages import (
     Forward,
     Heartbeat,
+    Interval,
     JoinRequest,
     Outcome,
     ReadStatus,
-    Refusal,
     RepairRequest,
     Reports,
     StreamStatus,
     Transaction,
     TxBatch,
+    ViewDecided,
+    ViewPhase,
+    ViewRequest,
+    ViewValue,
 )
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
@@ -183,9 +187,7 @@ class Live:
         return self.node_counter("peer_link_closed")
 
     def node_counter(self, name: str) -> dict[int, int]:
-        return {
-            r: int(self.clients[r].status()["node"]["counters"].get(name, 0)) for r in RELAYS
-        }
+        return {r: int(self.clients[r].status()["node"]["counters"].get(name, 0)) for r in RELAYS}
 
     def commit_probe(self, relay_id: int) -> int:
         """Produce one transaction through `relay_id` itself; it must commit there (a
@@ -383,6 +385,17 @@ tx = st.builds(
 peer_streams = st.sampled_from([*STREAMS, "orders.us", "hostile", "nosuch"])
 targets = st.integers(min_value=0, max_value=4)
 floors = st.integers(min_value=0, max_value=MAX_U63)
+# A view that would cut every member, from a relay that is not one: never adopted.
+hostile_views = st.builds(
+    ViewValue,
+    st.integers(min_value=1, max_value=1_000),
+    u63,
+    u63,
+    st.lists(
+        st.builds(Interval, st.sampled_from([*RELAYS, HOSTILE]), u63, u63, u63), max_size=4
+    ).map(tuple),
+    st.lists(st.tuples(u63, tx), max_size=2).map(tuple),
+)
 valid_peer_frames = st.one_of(
     st.builds(
         Heartbeat,
@@ -427,7 +440,20 @@ valid_peer_frames = st.one_of(
         u63,
         st.integers(min_value=-1, max_value=4),
     ),
-    st.builds(Refusal, st.just(HOSTILE), u63, floors, targets, st.text(max_size=16)),
+    st.builds(
+        ViewRequest,
+        st.just(HOSTILE),
+        u63,
+        floors,
+        targets,
+        peer_streams,
+        st.sampled_from(ViewPhase),
+        u63,
+        u63,
+        st.lists(st.sampled_from(RELAYS), max_size=3).map(tuple),
+        st.none() | hostile_views,
+    ),
+    st.builds(ViewDecided, st.just(HOSTILE), u63, floors, targets, peer_streams, hostile_views),
 ).map(codec.encode)
 
 

@@ -57,6 +57,7 @@ def _report(results: list) -> str:
 
 # --- harness self-tests -------------------------------------------------------------------
 
+
 def short_world(seed: int, relays: int, faults: str, **kwargs: Any) -> World:
     """A world with short phases."""
     return World(

@@ -5,9 +5,11 @@ Fields follow the dataclass field order. Nested values:
     Transaction   -> [producer_id, producer_seq, key (nil or bin), value, kind]
     Entry         -> [seq, producer_id, producer_seq, key, value, kind]   (flattened)
     Report        -> [point, digest]
-    StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined]
+    StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined,
+                      acks, inherited, votes_final_through, view, want_in]
     DedupeKey     -> [producer_id, producer_seq, seq]
     enums         -> their `.value` string;  `dedupe=None` -> nil
+    view changes  -> relay/core/codec_views.py
 
 `encode` trusts its input (it comes from our own core) and is on the hot path: one
 hand-written function per type, no reflection. `decode` is where remote bytes enter: it
@@ -35,6 +37,17 @@ from typing import Any, TypeVar
 import msgpack
 
 from relay.core import fields
+from relay.core.codec_views import (
+    dec_value,
+    dec_view_decided,
+    dec_view_reply,
+    dec_view_request,
+    enc_entries,
+    enc_value,
+    enc_view_decided,
+    enc_view_reply,
+    enc_view_request,
+)
 from relay.core.fields import array as _array
 from relay.core.fields import enum as _enum
 from relay.core.fields import producer_id as _producer_id
@@ -48,14 +61,16 @@ from relay.core.messages import (
     JoinRequest,
     Outcome,
     PeerMessage,
-    Refusal,
     RepairReply,
     RepairRequest,
     RepairStatus,
     Reports,
     StreamStatus,
-    Transaction,
     TxBatch,
+    ViewDecided,
+    ViewReply,
+    ViewRequest,
+    ViewValue,
 )
 from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
 
@@ -71,7 +86,10 @@ TYPE_CODES: dict[type, int] = {
     JoinReply: 7,
     RepairRequest: 8,
     RepairReply: 9,
-    Refusal: 10,
+    # 10 was Refusal (clocks too far apart were refused; now they fence themselves, 5.2)
+    ViewRequest: 11,
+    ViewReply: 12,
+    ViewDecided: 13,
 }
 
 T = TypeVar("T")
@@ -83,12 +101,8 @@ T = TypeVar("T")
 # handed to the packer as they are.
 
 
-def _enc_entries(entries: tuple[tuple[int, Transaction], ...]) -> list[tuple[Any, ...]]:
-    return [(s, t.producer_id, t.producer_seq, t.key, t.value, t.kind) for s, t in entries]
-
-
 def _enc_tx_batch(m: TxBatch) -> tuple[Any, ...]:
-    return (1, m.sender, m.incarnation, m.floor, m.stream, m.link_seq, _enc_entries(m.entries))
+    return (1, m.sender, m.incarnation, m.floor, m.stream, m.link_seq, enc_entries(m.entries))
 
 
 def _enc_reports(m: Reports) -> tuple[Any, ...]:
@@ -121,10 +135,12 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.acks,
             s.inherited,
             s.votes_final_through,
+            s.view,
+            s.want_in,
         )
         for s in m.streams
     ]
-    return (4, m.sender, m.incarnation, m.floor, streams)
+    return (4, m.sender, m.incarnation, m.floor, streams, m.wall_ms, m.hears)
 
 
 def _enc_forward(m: Forward) -> tuple[Any, ...]:
@@ -162,6 +178,7 @@ def _enc_join_reply(m: JoinReply) -> tuple[Any, ...]:
         m.max_seen_reported,
         m.dedupe,
         m.your_votes,
+        enc_value(m.view),
     )
 
 
@@ -193,13 +210,9 @@ def _enc_repair_reply(m: RepairReply) -> tuple[Any, ...]:
         m.lo,
         m.hi,
         m.more,
-        _enc_entries(m.entries),
+        enc_entries(m.entries),
         m.reports,
     )
-
-
-def _enc_refusal(m: Refusal) -> tuple[Any, ...]:
-    return (10, m.sender, m.incarnation, m.floor, m.target, m.reason)
 
 
 _ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
@@ -212,7 +225,9 @@ _ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     JoinReply: _enc_join_reply,
     RepairRequest: _enc_repair_request,
     RepairReply: _enc_repair_reply,
-    Refusal: _enc_refusal,
+    ViewRequest: enc_view_request,
+    ViewReply: enc_view_reply,
+    ViewDecided: enc_view_decided,
 }
 
 # Packers are reused (building one per call costs more than packing a small message).
@@ -297,7 +312,9 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             acks,
             inherited,
             votes_final_through,
-        ) = _array(s, f"Heartbeat.streams[{i}]", 8)
+            view,
+            want_in,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 10)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -309,6 +326,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 fields.acks(acks, name + ".acks"),
                 fields.reports(inherited, name + ".inherited"),
                 fields.u63_or_none(votes_final_through, name + ".votes_final_through"),
+                fields.u63(view, name + ".view"),
+                fields.boolean(want_in, name + ".want_in"),
             )
         )
     return Heartbeat(
@@ -316,6 +335,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
         fields.u64(a[2], "Heartbeat.incarnation"),
         fields.u63(a[3], "Heartbeat.floor"),
         tuple(streams),
+        fields.u63(a[5], "Heartbeat.wall_ms"),
+        fields.relay_ids(a[6], "Heartbeat.hears"),
     )
 
 
@@ -378,6 +399,7 @@ def _dec_join_reply(a: list[Any]) -> JoinReply:
         fields.u63_or_none(a[9], "JoinReply.max_seen_reported"),
         dedupe,
         fields.reports(a[11], "JoinReply.your_votes"),
+        dec_value(a[12], "JoinReply.view"),
     )
 
 
@@ -415,16 +437,6 @@ def _dec_repair_reply(a: list[Any]) -> RepairReply:
     )
 
 
-def _dec_refusal(a: list[Any]) -> Refusal:
-    return Refusal(
-        fields.relay_id(a[1], "Refusal.sender"),
-        fields.u64(a[2], "Refusal.incarnation"),
-        fields.u63(a[3], "Refusal.floor"),
-        fields.relay_id(a[4], "Refusal.target"),
-        fields.string(a[5], "Refusal.reason"),
-    )
-
-
 _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
     TxBatch: _dec_tx_batch,
     Reports: _dec_reports,
@@ -435,7 +447,9 @@ _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
     JoinReply: _dec_join_reply,
     RepairRequest: _dec_repair_request,
     RepairReply: _dec_repair_reply,
-    Refusal: _dec_refusal,
+    ViewRequest: dec_view_request,
+    ViewReply: dec_view_reply,
+    ViewDecided: dec_view_decided,
 }
 
 # type code -> (message type, array length including the code, decoder)
@@ -448,6 +462,39 @@ _DECODERS_BY_NAME = {code: (cls.__name__, n, dec) for code, (cls, n, dec) in _DE
 
 assert set(_ENCODERS) == set(TYPE_CODES) == set(_DECODER_OF)
 assert len(set(TYPE_CODES.values())) == len(TYPE_CODES)
+
+
+ACCEPTOR_RECORD_CODE = 20  # not a message: a relay's acceptor memory on its own disk
+
+
+def encode_acceptor(
+    number: int, promised: int, accepted_ballot: int, accepted: ViewValue | None
+) -> bytes:
+    """What a relay must remember of its part in view change `number` (5.12) to take part
+    in it again after a restart: one msgpack array."""
+    body = (ACCEPTOR_RECORD_CODE, number, promised, accepted_ballot, enc_value(accepted))
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_acceptor(record: bytes, max_frame_bytes: int) -> tuple[int, int, int, ViewValue | None]:
+    """(number, promised, accepted ballot, accepted value) from `encode_acceptor`'s bytes;
+    raises only `FrameError` subclasses, for any input."""
+    out: tuple[int, int, int, ViewValue | None] = decode_with(
+        record, max_frame_bytes, _ACCEPTOR_DECODERS, "acceptor record"
+    )
+    return out
+
+
+def _dec_acceptor(a: list[Any]) -> tuple[int, int, int, ViewValue | None]:
+    return (
+        fields.u63(a[1], "AcceptorRecord.number"),
+        fields.u63_or_none(a[2], "AcceptorRecord.promised"),
+        fields.u63_or_none(a[3], "AcceptorRecord.accepted_ballot"),
+        dec_value(a[4], "AcceptorRecord.accepted"),
+    )
+
+
+_ACCEPTOR_DECODERS = {ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 5, _dec_acceptor)}
 
 
 def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:

@@ -113,8 +113,8 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
     tl = st.timeline
     if st.join is not None or st.repair is not None or st.reset is not None:
         return
-    if st.reports_paused:
-        return
+    if st.reports_paused or st.acceptor.promised >= 0:
+        return  # a split seen (5.7), or frozen by a view change under way (5.12)
     w = watermark(core, st, now_ms)
     # We report only above what we reported and above our promise; transactions may
     # still enter between the two (we never reported there).

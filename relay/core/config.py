@@ -24,7 +24,9 @@ class Limits:
     repair_grace_ms: int = 50  # a commit above our watermark waits this long before repair
     checkpoint_interval_ms: int = 10  # aligned report points while a stream is unsettled
     max_checkpoints_per_report: int = 8
-    max_clock_ahead_ms: int = 5_000  # a peer whose floor runs further ahead is refused
+    # no floor is taken further ahead of the majority's clock; a relay whose clock is
+    # further from it is an outlier and fences itself (5.2, 5.9)
+    max_clock_ahead_ms: int = 5_000
     buffer_max_entries: int = 1_000_000
     buffer_max_bytes: int = 256 * 1024 * 1024
     late_max_entries: int = 10_000

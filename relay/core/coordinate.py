@@ -10,6 +10,7 @@ relays to try, or `unknown` when the outcome cannot be known in time.
 
 from __future__ import annotations
 
+from relay.core import fencing
 from relay.core.fencing import redirect_for
 from relay.core.links import is_live
 from relay.core.messages import (
@@ -37,8 +38,10 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
     if not core.can_open(stream):
         return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
     st = core.stream(stream)
-    if st.join is not None or st.fenced:
+    why = fencing.reason(core, st, now_ms)
+    if why:
         core.counters["produce_fenced"] += 1
+        core.counters["produce_fenced_" + why] += 1
         return answer(core, waiter, Outcome.FENCED, redirect=redirect_for(core, st))
     tl = st.timeline
     first = tl.dedupe.first_copy(tx.producer_id, tx.producer_seq)

@@ -1,28 +1,51 @@
 """Fencing and redirects (docs/protocol.md section 5.9).
 
-A relay that has heard fewer than a quorum of a stream's members (itself included, peers
-that refuse its messages excluded) within suspect_timeout_ms fences the stream: produces
-and reads are answered `fenced` with members to try, at once, instead of hanging. It
-unfences as soon as enough are heard again. What a fence means for the produces being
-coordinated is the coordinator's rule (coordinate.abandon_pending).
+A relay that has heard fewer than a quorum of a stream's members (itself included) within
+their timeouts fences the stream: produces and reads are answered `fenced` with members to
+try, at once, instead of hanging; it unfences as soon as enough are heard again. It may
+coordinate a produce only when, besides, the view admits it (5.12) and its clock agrees
+with the majority's (5.2); otherwise produces are answered `fenced`, naming why. What a
+fence means for the produces being coordinated is the coordinator's rule
+(coordinate.abandon_pending).
 """
 
 from __future__ import annotations
 
-from relay.core.links import is_live
-from relay.core.state import RelayState, StreamState
+from relay.core.links import clock_outlier, is_live
+from relay.core.state import RelayState, StreamState, open_interval
+
+# Why a relay does not coordinate a stream's produces (`reason`).
+QUORUM = "quorum"  # fewer than a quorum of members heard
+JOINING = "joining"  # no history of the stream yet
+NOT_ADMITTED = "not_admitted"  # the view does not admit this relay (yet, or any more)
+CLOCK = "clock"  # this relay's clock is too far from the majority's
+# Why a stream that is not fenced still cannot commit through this relay (`stall`).
+VIEW_CHANGE = "view_change"  # a view change we promised holds our reports (5.12)
+SPLIT = "split"  # reports held back while a split is rebuilt (5.7)
+
+
+def heard(core: RelayState, st: StreamState, now_ms: int) -> int:
+    """The members heard within their timeouts, this relay included."""
+    return 1 + sum(1 for m in st.peers if is_live(core, core.peers[m], now_ms))
+
+
+def reason(core: RelayState, st: StreamState, now_ms: int) -> str:
+    """Why this relay may not coordinate the stream's produces now; "" when it may."""
+    if st.fenced:
+        return QUORUM
+    if st.join is not None:
+        return JOINING
+    mine = open_interval(st.view, core.id)
+    if mine is None or mine.incarnation != core.incarnation:
+        return NOT_ADMITTED
+    if clock_outlier(core, now_ms):
+        return CLOCK
+    return ""
 
 
 def update_fence(core: RelayState, st: StreamState, now_ms: int) -> bool:
     """Fence or unfence the stream by who was heard; True if it fenced just now."""
-    timeout_ms = core.limits.suspect_timeout_ms
-    heard = 1 + sum(
-        1
-        for m in st.peers
-        if is_live(core, core.peers[m], now_ms)
-        and now_ms - core.peers[m].refused_us_ms >= timeout_ms
-    )
-    fenced = heard < st.q
+    fenced = heard(core, st, now_ms) < st.q
     if fenced == st.fenced:
         return False
     core.counters["fenced" if fenced else "unfenced"] += 1
@@ -38,3 +61,41 @@ def redirect_for(core: RelayState, st: StreamState) -> tuple[int, ...]:
         if is_live(core, core.peers[m], core.now_ms) and core.peers[m].joined.get(st.stream)
     ]
     return tuple(live) if live else st.peers
+
+
+def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[int, ...]]:
+    """Why the stream cannot commit through this relay now ("" if nothing holds it), and
+    the relays it waits for (5.9): for `quorum` the members not heard; for `joining` the
+    members whose answer is missing or cannot serve as a base; for `not_admitted` the
+    admitted members, which must agree to a view change; for `clock` this relay; for
+    `view_change` the proposer it promised."""
+    why = reason(core, st, now_ms)
+    if why == QUORUM:
+        return why, tuple(m for m in st.peers if not is_live(core, core.peers[m], now_ms))
+    if why == JOINING:
+        join = st.join
+        assert join is not None
+        missing = [m for m in st.peers if m not in join.replies]
+        if join.first_round_done:
+            missing += [
+                m for m, r in join.replies.items() if r.fresh or r.committed_point < join.need_point
+            ]
+        return why, tuple(sorted(missing))
+    if why == NOT_ADMITTED:
+        return why, tuple(i.member for i in st.view.intervals if i.cut < 0)
+    if why == CLOCK:
+        return why, (core.id,)
+    acc = st.acceptor
+    if acc.promised >= 0:
+        return VIEW_CHANGE, (acc.promised_to[0],) if acc.promised_to[0] >= 0 else ()
+    if st.reports_paused or st.reset is not None:
+        return SPLIT, ()
+    return "", ()
+
+
+def track_stall(core: RelayState, st: StreamState, now_ms: int) -> None:
+    """Note when the stream's stall reason last changed (for status and logs)."""
+    why = stall(core, st, now_ms)[0]
+    if why != st.stall_reason:
+        st.stall_reason = why
+        st.stall_since_ms = now_ms

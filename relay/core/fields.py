@@ -71,6 +71,10 @@ def relay_id(v: Any, name: str) -> int:
     return v
 
 
+def relay_ids(v: Any, name: str) -> tuple[int, ...]:
+    return tuple(relay_id(r, f"{name}[{i}]") for i, r in enumerate(array(v, name)))
+
+
 def u63(v: Any, name: str) -> int:
     if type(v) is not int or not 0 <= v <= MAX_U63:
         bad(name, "int 0..2**63-1", v)

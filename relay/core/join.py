@@ -16,10 +16,19 @@ stream (relay/core/repair.py), as after any new commit.
 from __future__ import annotations
 
 from relay.core import digest as dg
+from relay.core import links, view
 from relay.core.commit import count_votes
 from relay.core.coordinate import resolve_excluded
 from relay.core.messages import JoinReply, JoinRequest, Report
-from relay.core.state import GENESIS_POINT, NEVER, JoinState, RelayState, StreamState
+from relay.core.state import (
+    FIRST_INCARNATION,
+    GENESIS_POINT,
+    NEVER,
+    Acceptor,
+    JoinState,
+    RelayState,
+    StreamState,
+)
 from relay.core.timeline import DedupeWindow
 
 
@@ -81,6 +90,7 @@ def on_join_request(core: RelayState, st: StreamState, msg: JoinRequest) -> None
             max_seen_reported=max(st.votes.max_seen, tl.reported),
             dedupe=keys,
             your_votes=votes_of(st, msg.sender),
+            view=st.view if st.view.number > 0 else None,
         )
     )
 
@@ -103,6 +113,8 @@ def on_join_reply(core: RelayState, st: StreamState, msg: JoinReply, now_ms: int
     join = st.join
     if join is None:
         return False
+    if msg.view is not None and msg.view.number > st.view.number:
+        view.adopt(core, st, msg.view, now_ms)  # the members' view, to follow from the base
     join.replies[msg.sender] = msg
     return on_join_round(core, st, now_ms)
 
@@ -133,7 +145,7 @@ def on_join_round(core: RelayState, st: StreamState, now_ms: int) -> bool:
         # Fewer than a quorum of members hold any state, so nothing can commit
         # without the joiners: take the best state the holders have (the empty
         # genesis if none), and still never vote where anyone already reported.
-        join_without_quorum(core, st, holders, highest)
+        join_without_quorum(core, st, holders, highest, now_ms)
         return True
     join.need_point = max(highest, 0)
     if try_join_base(core, st, join, now_ms):
@@ -143,7 +155,7 @@ def on_join_round(core: RelayState, st: StreamState, now_ms: int) -> bool:
 
 
 def join_without_quorum(
-    core: RelayState, st: StreamState, holders: list[JoinReply], highest: int
+    core: RelayState, st: StreamState, holders: list[JoinReply], highest: int, now_ms: int
 ) -> None:
     core.counters["joined_without_quorum"] += 1
     capacity = core.limits.dedupe_window_entries
@@ -169,7 +181,16 @@ def join_without_quorum(
         core.counters["joined_from_seed"] += 1
         point, digest = max(seeds)
         window = DedupeWindow(capacity)  # the store keeps no dedupe window
-    adopt_base(core, st, point, digest, window, max(highest, point))
+    adopt_base(core, st, point, digest, window, max(highest, point), now_ms)
+
+
+def forgot_acceptor(core: RelayState, stream: str) -> bool:
+    """Whether this start may have lost what an earlier incarnation promised or accepted
+    in the stream's view changes: not on a first start (section 3: nothing to forget),
+    nor when the shell kept the acceptor memory and it could be read."""
+    if core.incarnation <= FIRST_INCARNATION:
+        return False
+    return core.acceptor_memory is None or stream in core.acceptor_forgotten
 
 
 def try_join_base(core: RelayState, st: StreamState, join: JoinState, now_ms: int) -> bool:
@@ -180,8 +201,18 @@ def try_join_base(core: RelayState, st: StreamState, join: JoinState, now_ms: in
             and reply.committed_point >= join.need_point
         ):
             window = DedupeWindow(core.limits.dedupe_window_entries, reply.dedupe)
+            if join.amnesiac and forgot_acceptor(core, st.stream):
+                # We may have promised or accepted in the next view change before we lost
+                # our memory: take no part in it as an acceptor (5.12).
+                st.abstain_through = st.view.number + 1
             adopt_base(
-                core, st, reply.committed_point, reply.committed_digest, window, join.need_point
+                core,
+                st,
+                reply.committed_point,
+                reply.committed_digest,
+                window,
+                join.need_point,
+                now_ms,
             )
             return True
     return False
@@ -194,6 +225,7 @@ def adopt_base(
     digest: bytes,
     window: DedupeWindow,
     never_report_through: int,
+    now_ms: int,
 ) -> None:
     core.counters["base_adopted"] += 1
     tl = st.timeline
@@ -204,11 +236,20 @@ def adopt_base(
     st.votes_final_through = max(st.votes_final_through, never_report_through)
     st.votes.settle_through(point)
     st.join = None
+    if st.acceptor.number > st.view.number + 1:
+        # Remembered from a history the members no longer hold (the whole mesh restarted
+        # and began again): it cannot count in theirs, and would refuse their changes.
+        st.acceptor = Acceptor(number=st.view.number + 1)
     st.end_repair()
     st.mismatch_since_ms = NEVER
     if point > st.known_commit[0]:
         st.known_commit = (point, digest)
     resolve_excluded(core, st, point, prefix_seen=False)
+    # What the admitted members coordinated after the base may have passed before our
+    # links began: fetch it, so that we hold all of it below every point we report.
+    for interval in st.view.intervals:
+        if interval.cut < 0 and interval.member != core.id:
+            links.refill(core, st, interval.member, point, now_ms)
 
 
 def promise(st: StreamState) -> tuple[Report, ...]:

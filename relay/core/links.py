@@ -1,39 +1,46 @@
-"""Receiving, floors and gaps (docs/protocol.md section 5.2).
+"""Receiving, floors, gaps, clocks and liveness (docs/protocol.md section 5.2).
 
 Each ordered pair of relays is one FIFO link. Per peer and stream, a relay tracks the
 peer's message counter (`link_seq`) and the peer's floor as of its last message that
 followed all earlier ones. A jump in the counter opens a *hole*: the peer's transactions
 above its last contiguous floor may be missing, so its floor stops advancing the watermark
 and the relay asks the peer for them (a gap fill). The *watermark* W is the lowest such
-floor among the live members (and the relay's own): below W, the relay holds every
-transaction a live member coordinated. A member that goes silent is *suspected*; before W
-leaves it out, the relay fetches from the other live members what the suspect sent them
-(the suspicion sync).
+floor among the members the view admits (and the relay's own): below W, the relay holds
+every transaction they coordinated. A member is never left out of W here: only a view
+change excludes it (relay/core/view.py, 5.12).
+
+A member is *suspected* once silent for longer than its timeout: suspect_timeout_ms, or
+more when its heartbeats have been arriving late (a stalled scheduler), and a relay that
+itself stalled does not count its own sleep as the others' silence. Clocks: every
+heartbeat carries the sender's wall clock; the median offset of the relays heard is the
+majority's clock. A relay never lets its floor run more than max_clock_ahead_ms ahead of
+the majority's clock, and one whose clock is that far from the majority's is an outlier:
+it fences itself (5.9) and follows the others' floors.
 """
 
 from __future__ import annotations
 
-from relay.core.messages import (
-    PeerMessage,
-    Refusal,
-    RepairReply,
-    RepairStatus,
-    TxBatch,
-)
-from relay.core.seq import MAX_SEQ, relay_of
+from relay.core.messages import PeerMessage, RepairReply, RepairStatus, TxBatch
+from relay.core.seq import end_of_ms, ms_of, wall_ms
 from relay.core.state import (
+    NEVER,
     LinkState,
     PeerState,
     Purpose,
     RelayState,
     StreamState,
-    SuspectSync,
+    admits,
+    open_interval,
 )
 from relay.core.timeline import Insert
 
-# A suspicion sync waits at most this many repair_retry_ms rounds for the members it
-# asked, then lets the watermark leave the suspected member out anyway.
-SYNC_MAX_ROUNDS = 3
+# A peer's timeout: this many times the longest recent gap between its heartbeats, at
+# least suspect_timeout_ms and at most SUSPECT_MAX_FACTOR times it.
+HEARTBEAT_GAP_FACTOR = 3
+SUSPECT_MAX_FACTOR = 8
+GAP_DECAY_SHIFT = 3  # the gap maximum decays by 1/8 per heartbeat
+# A tick this many heartbeat intervals late means this relay itself stalled.
+SELF_STALL_INTERVALS = 3
 
 
 # --- admitting a peer's message --------------------------------------------------------------
@@ -41,49 +48,41 @@ SYNC_MAX_ROUNDS = 3
 
 def admit(core: RelayState, msg: PeerMessage, peer: PeerState, now_ms: int) -> bool:
     """Whether to act on a valid message from `peer`: not from an older incarnation than
-    one seen, and not from a clock too far ahead (refused, 5.2). Raises our floor to the
-    sender's and notes that we heard it."""
+    one seen. Notes that we heard it, and raises our floor to the sender's, unless that
+    runs more than max_clock_ahead_ms ahead of the majority's clock (an outlier's)."""
     if msg.incarnation < peer.incarnation:
         core.counters["stale_incarnation"] += 1
-        return False
-    ahead_ms = core.clock.ahead_by_ms(msg.floor, core.wall_ms)
-    if ahead_ms > core.limits.max_clock_ahead_ms:
-        refuse(core, peer, msg.sender, f"clock ahead by {ahead_ms} ms", now_ms)
         return False
     if msg.incarnation > peer.incarnation:
         new_incarnation(core, msg.sender, peer, msg.incarnation)
     peer.last_heard_ms = now_ms
-    core.clock.raise_floor(msg.floor)
+    if msg.floor > floor_cap(core, now_ms):
+        core.counters["floor_not_followed"] += 1
+    else:
+        core.clock.raise_floor(msg.floor)
     return True
-
-
-def refuse(core: RelayState, peer: PeerState, sender: int, reason: str, now_ms: int) -> None:
-    """Drop a peer's message and tell it why, at most once per heartbeat interval."""
-    core.counters["refused_clock_ahead"] += 1
-    if now_ms - peer.refusal_sent_ms >= core.limits.heartbeat_interval_ms:
-        peer.refusal_sent_ms = now_ms
-        core.send(
-            Refusal(
-                sender=core.id,
-                incarnation=core.incarnation,
-                floor=core.clock.floor,
-                target=sender,
-                reason=reason,
-            )
-        )
 
 
 def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation: int) -> None:
     """First contact with a peer, or the peer restarted with empty memory (section 3)."""
     restarted = peer.incarnation >= 0
     peer.incarnation = incarnation
-    peer.links.clear()
     peer.joined.clear()
+    peer.want_in.clear()
+    peer.hears = frozenset()
+    peer.heartbeat_ms = NEVER  # whom it hears is not known until its first heartbeat
     # On first contact we join its message streams wherever they are; after a restart
     # they begin again at 1, and anything missing from there is a real gap.
     peer.sync_links = not restarted
     for st in core.streams.values():
         st.requests.close(Purpose.GAP_FILL, peer=sender)  # its links are gone
+        held = open_interval(st.view, sender)
+        state = peer.links.get(st.stream)
+        if restarted and held is not None and held.incarnation != incarnation:
+            # The view still counts the old incarnation: its floor holds W where it
+            # stopped, until a view change cuts it (5.12).
+            st.stale_floors[(sender, held.incarnation)] = state.contig_floor if state else 0
+    peer.links.clear()
     if not restarted:
         return
     for st in core.streams.values():
@@ -95,22 +94,80 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
             )
 
 
-# --- liveness ----------------------------------------------------------------------------------
+# --- liveness and clocks -----------------------------------------------------------------------
+
+
+def timeout_ms(core: RelayState, peer: PeerState) -> int:
+    """How long `peer` may be silent before it is suspected."""
+    base = core.limits.suspect_timeout_ms
+    return min(max(base, HEARTBEAT_GAP_FACTOR * peer.gap_max_ms), SUSPECT_MAX_FACTOR * base)
 
 
 def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
-    """Heard within suspect_timeout_ms: not suspected."""
-    return now_ms - peer.last_heard_ms < core.limits.suspect_timeout_ms
+    """Heard within its timeout: not suspected."""
+    return now_ms - peer.last_heard_ms < timeout_ms(core, peer)
+
+
+def on_heartbeat(core: RelayState, peer: PeerState, sent_wall_ms: int, now_ms: int) -> None:
+    """Note a heartbeat's arrival (its gap since the last one) and the sender's clock."""
+    if peer.heartbeat_ms > 0:
+        gap = now_ms - peer.heartbeat_ms
+        decayed = peer.gap_max_ms - (peer.gap_max_ms >> GAP_DECAY_SHIFT)
+        peer.gap_max_ms = max(gap, decayed)
+    peer.heartbeat_ms = now_ms
+    if sent_wall_ms > 0:
+        peer.wall_offset_ms = sent_wall_ms - core.wall_ms
+
+
+def forgive_stall(core: RelayState, now_ms: int) -> None:
+    """This relay did not run for a while (its process was stopped or starved): the
+    others' silence during that time is not theirs. Shift their last-heard times by it."""
+    stall = now_ms - core.last_tick_ms - core.limits.heartbeat_interval_ms
+    if stall > SELF_STALL_INTERVALS * core.limits.heartbeat_interval_ms:
+        core.counters["self_stall"] += 1
+        for peer in core.peers.values():
+            if peer.last_heard_ms > 0:
+                peer.last_heard_ms = min(now_ms, peer.last_heard_ms + stall)
+    core.last_tick_ms = now_ms
+
+
+def majority_offset_ms(core: RelayState, now_ms: int) -> int:
+    """The majority's clock minus ours: the median offset over us and the peers heard."""
+    offsets = sorted(
+        [0]
+        + [
+            p.wall_offset_ms
+            for p in core.peers.values()
+            if p.wall_offset_ms is not None and is_live(core, p, now_ms)
+        ]
+    )
+    return offsets[(len(offsets) - 1) // 2]
+
+
+def floor_cap(core: RelayState, now_ms: int) -> int:
+    """The highest floor we take from peers: max_clock_ahead_ms past the majority's clock."""
+    majority_ms = wall_ms(core.wall_ms + majority_offset_ms(core, now_ms))
+    return end_of_ms(majority_ms + core.limits.max_clock_ahead_ms)
+
+
+def clock_outlier(core: RelayState, now_ms: int) -> bool:
+    """Our clock, or our floor, is more than max_clock_ahead_ms from the majority's clock:
+    we may not coordinate (5.9) until it is back."""
+    bound = core.limits.max_clock_ahead_ms
+    offset = majority_offset_ms(core, now_ms)
+    if abs(offset) > bound:
+        return True
+    return ms_of(core.clock.floor) - wall_ms(core.wall_ms + offset) > bound
 
 
 def peer_lost(core: RelayState, relay_id: int, now_ms: int) -> None:
     """The shell saw the connection to a peer close: suspect it now rather than after
-    suspect_timeout_ms of silence. Hearing from it again makes it live again."""
+    its timeout. Hearing from it again makes it live again."""
     peer = core.peers.get(relay_id)
     if peer is None:
         core.counters["peer_lost_unknown"] += 1
         return
-    silent_since = now_ms - core.limits.suspect_timeout_ms
+    silent_since = now_ms - timeout_ms(core, peer)
     if peer.last_heard_ms > silent_since:
         peer.last_heard_ms = silent_since
         core.counters["peer_lost"] += 1
@@ -205,6 +262,22 @@ def close_hole(st: StreamState, sender: int, state: LinkState) -> None:
     st.requests.close(Purpose.GAP_FILL, peer=sender)
 
 
+def refill(core: RelayState, st: StreamState, member: int, lo: int, now_ms: int) -> None:
+    """Fetch again from `member` its transactions above `lo` on this stream: we may have
+    missed them (we joined after they were sent, or the view did not count them yet)."""
+    peer = core.peers.get(member)
+    if peer is None:
+        return
+    state = peer.links.get(st.stream)
+    if state is None or state.contig_floor <= lo:
+        return  # nothing of its can be behind us yet: the link brings what follows
+    if state.hole_lo < 0 or lo < state.hole_lo:
+        state.hole_lo = lo
+        state.hole_hi = max(state.hole_hi, state.latest_floor)
+        state.contig_floor = lo
+        request_fill(core, st, member, state, lo, now_ms)
+
+
 def on_fill_reply(
     core: RelayState, st: StreamState, state: LinkState, msg: RepairReply, now_ms: int
 ) -> bool:
@@ -212,6 +285,9 @@ def on_fill_reply(
     (The reports in the reply count as the sender's votes: the caller counts them.)"""
     if msg.status is RepairStatus.OK:
         for seq, tx in msg.entries:
+            if not admits(st.view, msg.sender, msg.incarnation, seq):
+                core.counters["fill_not_admitted"] += 1
+                continue
             outcome = st.timeline.insert(seq, tx)
             core.counters["fill_" + outcome.value] += 1
         if msg.more or state.hole_hi > msg.hi:
@@ -239,6 +315,9 @@ def on_tx_batch(core: RelayState, st: StreamState, msg: TxBatch) -> None:
     """A coordinator's transactions: inserted above what we reported, else kept late."""
     tl = st.timeline
     for seq, tx in msg.entries:
+        if not admits(st.view, msg.sender, msg.incarnation, seq):
+            core.counters["tx_not_admitted"] += 1
+            continue
         outcome = tl.insert(seq, tx)
         if outcome is not Insert.INSERTED:
             core.counters["tx_" + outcome.value] += 1
@@ -250,98 +329,18 @@ def on_tx_batch(core: RelayState, st: StreamState, msg: TxBatch) -> None:
 
 
 def watermark(core: RelayState, st: StreamState, now_ms: int) -> int:
-    """W: no live member will coordinate at or below it that we have not received."""
+    """W: no member the view admits will coordinate at or below it that we lack."""
     w = core.clock.floor
-    for m in st.peers:
+    for interval in st.view.intervals:
+        m = interval.member
+        if interval.cut >= 0 or m == core.id:
+            continue
         peer = core.peers[m]
-        if now_ms - peer.last_heard_ms >= core.limits.suspect_timeout_ms:
-            sync = st.syncs.get(m)
-            if sync is not None and sync.done and sync.heard_ms == peer.last_heard_ms:
-                continue  # suspected and synced: left out (liveness; digests keep us safe)
-            # Suspected, but what it sent others is not fetched yet: hold at its floor.
-        state = peer.links.get(st.stream)
-        floor = state.contig_floor if state is not None else 0
+        if peer.incarnation == interval.incarnation:
+            state = peer.links.get(st.stream)
+            floor = state.contig_floor if state is not None else 0
+        else:  # restarted (or not heard yet): where the admitted incarnation stopped
+            floor = st.stale_floors.get((m, interval.incarnation), 0)
         if floor < w:
             w = floor
     return w
-
-
-# --- the suspicion sync ----------------------------------------------------------------------
-
-
-def tick_syncs(core: RelayState, st: StreamState, now_ms: int) -> None:
-    for m in st.peers:
-        peer = core.peers[m]
-        sync = st.syncs.get(m)
-        if is_live(core, peer, now_ms):
-            if sync is not None:
-                st.end_sync(m)  # heard again: its own link speaks for it
-            continue
-        if sync is None or sync.heard_ms != peer.last_heard_ms:
-            start_sync(core, st, m, now_ms)
-        elif not sync.done:
-            retry_sync(core, st, m, sync, now_ms)
-
-
-def start_sync(core: RelayState, st: StreamState, suspect: int, now_ms: int) -> None:
-    peer = core.peers[suspect]
-    state = peer.links.get(st.stream)
-    floor = state.contig_floor if state is not None else 0
-    # Below our committed point the suspect's transactions are settled for us.
-    lo = max(floor, st.timeline.committed_point, 0)
-    # Heard and silent again since an earlier sync: start over (its requests are void).
-    st.requests.close(Purpose.SUSPECT_SYNC, about=suspect)
-    sync = st.syncs[suspect] = SuspectSync(
-        heard_ms=peer.last_heard_ms, lo=lo, started_ms=now_ms, sent_ms=now_ms
-    )
-    core.counters["suspect_sync_started"] += 1
-    for m in st.peers:
-        if m != suspect and is_live(core, core.peers[m], now_ms):
-            send_sync_request(core, st, suspect, m, lo)
-    if not st.requests.asked(Purpose.SUSPECT_SYNC, suspect):
-        sync.done = True
-
-
-def send_sync_request(
-    core: RelayState, st: StreamState, suspect: int, member: int, lo: int
-) -> None:
-    core.ask(st, Purpose.SUSPECT_SYNC, member, lo, MAX_SEQ, origin=suspect, about=suspect)
-
-
-def retry_sync(
-    core: RelayState, st: StreamState, suspect: int, sync: SuspectSync, now_ms: int
-) -> None:
-    retry_ms = core.limits.repair_retry_ms
-    # A member that went silent too has its own sync; one that does not answer in time
-    # must not hold the watermark (and so every commit) for ever.
-    for member in st.requests.asked(Purpose.SUSPECT_SYNC, suspect):
-        if not is_live(core, core.peers[member], now_ms):
-            st.requests.close(Purpose.SUSPECT_SYNC, peer=member, about=suspect)
-    asked = st.requests.asked(Purpose.SUSPECT_SYNC, suspect)
-    if asked and now_ms - sync.started_ms >= SYNC_MAX_ROUNDS * retry_ms:
-        core.counters["suspect_sync_gave_up"] += 1
-        st.requests.close(Purpose.SUSPECT_SYNC, about=suspect)
-        asked = []
-    if not asked:
-        sync.done = True
-        return
-    if now_ms - sync.sent_ms >= retry_ms:
-        sync.sent_ms = now_ms
-        st.requests.close(Purpose.SUSPECT_SYNC, about=suspect)
-        for member in asked:
-            send_sync_request(core, st, suspect, member, sync.lo)
-
-
-def on_sync_reply(core: RelayState, st: StreamState, suspect: int, msg: RepairReply) -> None:
-    """What a member holds of the suspect's transactions (its request is closed)."""
-    sync = st.syncs[suspect]
-    if msg.status is RepairStatus.OK:
-        for seq, tx in msg.entries:
-            if relay_of(seq) == suspect:
-                core.counters["sync_" + st.timeline.insert(seq, tx).value] += 1
-        if msg.more:
-            send_sync_request(core, st, suspect, msg.sender, msg.hi)
-            return
-    if not st.requests.asked(Purpose.SUSPECT_SYNC, suspect):
-        sync.done = True
-        core.counters["suspect_sync_done"] += 1

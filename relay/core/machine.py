@@ -25,7 +25,20 @@ to the rule that owns it, and composes the rules where one event concerns severa
 
 from __future__ import annotations
 
-from relay.core import codec, commit, coordinate, fencing, heartbeat, join, links, repair, reset
+from collections.abc import Mapping
+
+from relay.core import (
+    codec,
+    commit,
+    coordinate,
+    fencing,
+    heartbeat,
+    join,
+    links,
+    repair,
+    reset,
+    view,
+)
 from relay.core.config import CoreConfig
 from relay.core.messages import (
     Forward,
@@ -35,17 +48,20 @@ from relay.core.messages import (
     JoinRequest,
     PeerMessage,
     ReadStatus,
-    Refusal,
     RepairReply,
     RepairRequest,
     RepairStatus,
     Reports,
     TxBatch,
+    ViewDecided,
+    ViewReply,
+    ViewRequest,
 )
 from relay.core.seq import relay_of
 from relay.core.shell import ProduceRequest, ReadResult, Ready
 from relay.core.state import (
     GENESIS_POINT,
+    Acceptor,
     PeerState,
     Purpose,
     RelayState,
@@ -66,6 +82,30 @@ class RelayCore(RelayState):
         named = [p for p in topology.subscriptions[self.id] if not any(c in p for c in "*?[")]
         for stream in named + [s for s in config.declared_streams if topology.serves(self.id, s)]:
             self.stream(stream)  # named and declared streams join at start; others on first use
+
+    def remember_acceptors(self, records: Mapping[str, bytes]) -> list[str]:
+        """The shell keeps acceptor memory (Ready.acceptors) and gives back what it kept
+        before this start. Call it once, before any input. From then on the relay takes
+        part in view changes at once after a restart. Returns the streams whose record
+        could not be read: those it treats as forgotten (it abstains from their next view
+        change, as a relay without acceptor memory does)."""
+        memory: dict[str, Acceptor] = {}
+        broken: list[str] = []
+        for stream, record in records.items():
+            try:
+                number, promised, ballot, value = codec.decode_acceptor(
+                    record, self.limits.max_frame_bytes
+                )
+            except FrameError:
+                broken.append(stream)
+                continue
+            memory[stream] = Acceptor(number, promised, accepted_ballot=ballot, accepted=value)
+        self.acceptor_memory = memory
+        self.acceptor_forgotten = set(broken)
+        for stream, st in self.streams.items():
+            if stream in memory:
+                st.acceptor = memory[stream]
+        return broken
 
     # === inputs ==========================================================================
 
@@ -108,6 +148,7 @@ class RelayCore(RelayState):
     def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
         """Time passed: heartbeats, retries, deadlines, fencing."""
         now_ms = self._set_time(now_ms, mono_ms)
+        links.forgive_stall(self, now_ms)
         self.clock.follow_wall(self.wall_ms)
         if now_ms - self.last_heartbeat_ms >= self.limits.heartbeat_interval_ms:
             heartbeat.send_heartbeat(self, now_ms)
@@ -194,8 +235,23 @@ class RelayCore(RelayState):
         return list(self.streams)
 
     def fenced(self, stream: str) -> bool:
+        """Joined or not, this relay may not coordinate the stream's produces now: too few
+        members heard, not admitted by the view, or its clock is an outlier (5.9)."""
+        return self.fence_reason(stream) not in ("", fencing.JOINING)
+
+    def fence_reason(self, stream: str) -> str:
+        """Why this relay may not coordinate the stream's produces ("" if it may)."""
         st = self.streams.get(stream)
-        return st is None or st.fenced
+        if st is None:
+            return fencing.QUORUM
+        return fencing.reason(self, st, self.now_ms)
+
+    def stall(self, stream: str) -> tuple[str, tuple[int, ...]]:
+        """Why nothing commits through this relay, and whom it waits for (5.9)."""
+        st = self.streams.get(stream)
+        if st is None:
+            return fencing.QUORUM, ()
+        return fencing.stall(self, st, self.now_ms)
 
     def joined(self, stream: str) -> bool:
         st = self.streams.get(stream)
@@ -213,7 +269,8 @@ class RelayCore(RelayState):
             "streams": {
                 name: {
                     "joined": st.join is None,
-                    "fenced": st.fenced,
+                    # Produces are answered `fenced` (joined or not): see fence_reason.
+                    "fenced": self.fenced(name),
                     "committed": st.timeline.committed_point,
                     "reported": st.timeline.reported,
                     "held": len(st.timeline),
@@ -224,8 +281,16 @@ class RelayCore(RelayState):
                     # A split seen (5.7): reports held back, then the zone rebuilt.
                     "reports_paused": st.reports_paused,
                     "rebuilding": st.reset is not None,
-                    # Suspected members whose transactions are still being fetched (5.2).
-                    "syncing": sorted(m for m, sync in st.syncs.items() if not sync.done),
+                    # Why produces are answered `fenced` here ("" when they are not), 5.9.
+                    "fence_reason": fencing.reason(self, st, self.now_ms),
+                    # Why nothing commits through this relay, whom it waits for, since
+                    # when (relay's wall clock): deliverable of issue 10, 5.9.
+                    "stall": self._stall_status(st),
+                    # The view (5.12): its number, the members it admits, and whether a
+                    # view change under way holds our reports.
+                    "view": st.view.number,
+                    "admitted": sorted(i.member for i in st.view.intervals if i.cut < 0),
+                    "view_frozen": st.acceptor.promised >= 0,
                     # Reports that contradict the same member's earlier one at a point: a
                     # member breaking rule 2 of section 6 (counted, never used).
                     "vote_conflicts": st.votes.conflicts,
@@ -236,6 +301,18 @@ class RelayCore(RelayState):
                 r for r, p in self.peers.items() if links.is_live(self, p, self.now_ms)
             ),
             "counters": dict(self.counters),
+        }
+
+    def _stall_status(self, st: StreamState) -> dict[str, object] | None:
+        why, waiting = fencing.stall(self, st, self.now_ms)
+        if not why:
+            return None
+        since_ms = st.stall_since_ms if st.stall_reason == why else self.now_ms
+        return {
+            "reason": why,
+            "waiting_for": list(waiting),
+            "for_ms": self.now_ms - since_ms,
+            "since_unix_ms": self.wall_ms - (self.now_ms - since_ms),
         }
 
     # === validation of what a peer sent ================================================
@@ -253,6 +330,8 @@ class RelayCore(RelayState):
         if stream is not None and not isinstance(msg, Forward):
             if not self.topology.serves(self.id, stream):
                 raise FieldError(f"relay {self.id} does not serve stream {stream!r}")
+            # Replies are matched to our own requests; everything else, a view decided
+            # included, is taken only from the stream's members.
             if not isinstance(
                 msg, (ForwardReply, RepairReply, JoinReply)
             ) and not self.topology.serves(msg.sender, stream):
@@ -310,9 +389,14 @@ class RelayCore(RelayState):
             repair.on_repair_request(self, self.stream(msg.stream), msg)
         elif isinstance(msg, RepairReply):
             self._on_repair_reply(self.stream(msg.stream), msg, now_ms)
-        elif isinstance(msg, Refusal):
-            peer.refused_us_ms = now_ms
-            self.counters["refused_by_peer"] += 1
+        elif isinstance(msg, ViewRequest):
+            view.on_request(self, self.stream(msg.stream), msg, now_ms)
+        elif isinstance(msg, ViewReply):
+            view.on_reply(self, self.stream(msg.stream), msg, now_ms)
+        elif isinstance(msg, ViewDecided):
+            st = self.stream(msg.stream)
+            view.on_decided(self, st, msg, now_ms)
+            repair.advance(self, st, now_ms)
 
     def _on_repair_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
         """Hand a reply to the rule that asked for it (the table of requests says which)."""
@@ -328,8 +412,6 @@ class RelayCore(RelayState):
                 commit.count_votes(st, msg.sender, msg.reports)
             if closed:
                 commit.update_known_through(self, st, msg.sender)
-        elif asked.purpose is Purpose.SUSPECT_SYNC:
-            links.on_sync_reply(self, st, asked.about, msg)
         elif asked.purpose is Purpose.RESET:
             reset.on_reset_reply(self, st, msg, now_ms)
         else:
@@ -338,6 +420,7 @@ class RelayCore(RelayState):
     def _tick_stream(self, st: StreamState, now_ms: int) -> None:
         if fencing.update_fence(self, st, now_ms) and st.join is None:
             coordinate.abandon_pending(self, st)
+        fencing.track_stall(self, st, now_ms)
         joining = st.join
         if joining is not None and not st.peers and joining.amnesiac:
             # A stream of one: nobody to ask.
@@ -350,6 +433,6 @@ class RelayCore(RelayState):
         repair.tick_repair(self, st, now_ms)
         reset.tick_reset(self, st, now_ms)
         reset.maybe_reset(self, st, now_ms)
-        links.tick_syncs(self, st, now_ms)
+        view.tick(self, st, now_ms)
         links.retry_fills(self, st, now_ms)
         repair.advance(self, st, now_ms)

@@ -127,17 +127,22 @@ class StreamStatus:
     # joining, and while it holds its reports back because of a split. -1: no promise.
     inherited: tuple[Report, ...] = ()
     votes_final_through: int = -1
+    view: int = 0  # the number of the sender's view of the stream (5.12)
+    want_in: bool = False  # the sender has joined and asks to be admitted to the view
 
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Liveness and floor, sent on `hb` every heartbeat interval (and promptly when the
-    floor moves while nothing else is being sent)."""
+    floor moves while nothing else is being sent). `wall_ms` is the sender's wall clock
+    when it sent it: members compare clocks (5.2)."""
 
     sender: int
     incarnation: int
     floor: int
     streams: tuple[StreamStatus, ...]
+    wall_ms: int = 0
+    hears: tuple[int, ...] = ()  # the peers the sender hears directly (not suspected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +184,7 @@ class JoinReply:
     max_seen_reported: int  # highest point the sender has seen reported by anyone, -1 none
     dedupe: tuple[DedupeKey, ...] | None  # the dedupe window as of committed_point, if asked
     your_votes: tuple[Report, ...] = ()  # reports of the requester's earlier incarnations seen
+    view: ViewValue | None = None  # the sender's view of the stream (5.12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,14 +225,89 @@ class RepairReply:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
-    """Tells a peer its messages are being dropped, and why (e.g. its clock runs ahead)."""
+class Interval:
+    """One admission of a member to a stream's view: the transactions it coordinated in
+    incarnation `incarnation` with since < seq (and seq <= cut, once cut) count; its
+    floor holds the watermark while the interval is open (cut = -1)."""
+
+    member: int
+    incarnation: int
+    since: int
+    cut: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ViewValue:
+    """A stream's view as a view change decided it (5.12): every member's admissions,
+    from `start` on; and `entries`, every transaction with lo < seq <= cut of the members
+    whose interval this change cut, so that every member holds exactly those."""
+
+    number: int
+    start: int
+    lo: int
+    intervals: tuple[Interval, ...]
+    entries: tuple[Entry, ...] = ()
+
+
+class ViewPhase(enum.Enum):
+    PREPARE = "prepare"  # proposer -> acceptor: promise ballot, freeze, say what you hold
+    PROMISE = "promise"  # acceptor -> proposer
+    ACCEPT = "accept"  # proposer -> acceptor: accept this value
+    ACCEPTED = "accepted"  # acceptor -> proposer
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRequest:
+    """A view change's proposer to one member (PREPARE or ACCEPT) for instance `view`.
+    `excluding`: the members whose open intervals the proposer means to cut (the promise
+    returns their transactions); `value` only with ACCEPT."""
 
     sender: int
     incarnation: int
     floor: int
     target: int
-    reason: str
+    stream: str
+    phase: ViewPhase
+    view: int
+    ballot: int
+    excluding: tuple[int, ...] = ()
+    value: ViewValue | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ViewReply:
+    """A member's answer (PROMISE or ACCEPTED) to a ViewRequest. Not `ok`: it promised a
+    higher ballot (`promised`), or its view is not `view` - 1. A promise carries the
+    member's last reported point and committed point, what it accepted before in this
+    instance, and the transactions it holds of the members to be excluded."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    phase: ViewPhase
+    view: int
+    ballot: int
+    ok: bool
+    promised: int = -1
+    reported: int = -1
+    committed: int = -1
+    accepted_ballot: int = -1
+    accepted: ViewValue | None = None
+    entries: tuple[Entry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ViewDecided:
+    """A decided view, sent to every member (and again to any member seen behind)."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    stream: str
+    value: ViewValue
 
 
 PeerMessage = (
@@ -239,5 +320,7 @@ PeerMessage = (
     | JoinReply
     | RepairRequest
     | RepairReply
-    | Refusal
+    | ViewRequest
+    | ViewReply
+    | ViewDecided
 )

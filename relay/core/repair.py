@@ -1,5 +1,5 @@
 """Advancing to known commits, repair and rebase (docs/protocol.md section 5.5), and serving
-every RepairRequest (gap fills, suspicion syncs, repairs and resets all ask for entries).
+every RepairRequest (gap fills, repairs and resets all ask for entries).
 
 `advance` is what follows any event that may make a newer commit known: deliver up to it
 if our prefix matches there, else repair. A repair first tries our own entries plus the

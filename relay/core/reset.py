@@ -15,7 +15,8 @@ from __future__ import annotations
 from relay.core.commit import resume_reports
 from relay.core.links import is_live
 from relay.core.messages import RepairReply, RepairStatus
-from relay.core.state import Purpose, RelayState, ResetState, StreamState
+from relay.core.seq import relay_of
+from relay.core.state import Purpose, RelayState, ResetState, StreamState, admits_seq
 
 # A rebuild waits at most this many repair_retry_ms for the members it asked, then goes on
 # with the answers it has.
@@ -118,7 +119,8 @@ def finish_reset(core: RelayState, st: StreamState, now_ms: int) -> None:
         return  # a commit arrived meanwhile: it decides, not the union
     union = dict(tl.entries_between(reset.lo, reset.hi))
     for seq, tx in list(reset.entries.items()) + list(tl.late.items()):
-        if reset.lo < seq <= reset.hi:
+        # Only what the view admits: a transaction a view change cut stays out (5.12).
+        if reset.lo < seq <= reset.hi and admits_seq(st.view, relay_of(seq), seq):
             union.setdefault(seq, tx)
     entries = sorted(union.items())
     tl.replace_range(reset.lo, reset.hi, entries)

@@ -88,6 +88,11 @@ class ReadResult:
 class Ready:
     """What the shell must do after the inputs so far, in this order:
 
+    0. `acceptors`: for each (stream, record), keep the record durably as the relay's
+       acceptor memory of the stream (replacing the one before), before anything below is
+       sent: the relay's answers in a view change count on it (docs/protocol.md 5.12).
+       A shell that keeps no acceptor memory never gets any (see
+       `RelayCore.remember_acceptors`);
     1. `outgoing`: publish every frame, in order (`recipients` says to whom);
     2. `replies`: answer each produce's client;
     3. `rebases`: for each (stream, point), the relay's delivered history of the stream now
@@ -97,6 +102,7 @@ class Ready:
     4. `deliveries`: hand the entries to the stream's consumers (wake parked reads).
     """
 
+    acceptors: list[tuple[str, bytes]] = field(default_factory=list)
     outgoing: list[Outgoing] = field(default_factory=list)
     replies: list[ProduceReply] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
@@ -117,6 +123,8 @@ def recipients(out: Outgoing, topology: Topology, sender: int) -> tuple[int, ...
 class Sink(Protocol):
     """Where a shell puts what `Ready` asks for."""
 
+    def persist(self, stream: str, record: bytes) -> None: ...
+
     def publish(self, out: Outgoing) -> None: ...
 
     def reply(self, reply: ProduceReply) -> None: ...
@@ -133,6 +141,8 @@ class HasReady(Protocol):
 def drain(core: HasReady, sink: Sink) -> Ready:
     """Take the core's `ready()` and act on it in the contract's order; returns it."""
     ready = core.ready()
+    for stream, record in ready.acceptors:
+        sink.persist(stream, record)
     for out in ready.outgoing:
         sink.publish(out)
     for reply in ready.replies:

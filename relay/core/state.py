@@ -18,11 +18,15 @@ from relay.core import codec
 from relay.core.config import CoreConfig, Limits
 from relay.core.messages import (
     Entry,
+    Interval,
     JoinReply,
     PeerMessage,
     RepairRequest,
     Report,
     Transaction,
+    ViewPhase,
+    ViewReply,
+    ViewValue,
 )
 from relay.core.quorum import VoteTally, quorum
 from relay.core.seq import HybridClock
@@ -31,6 +35,9 @@ from relay.core.timeline import NO_DIGEST, Timeline
 
 GENESIS_POINT = 0
 NEVER = -(1 << 62)  # a time long before anything happened
+# A relay's incarnation on the first start of its identity (section 3): it never ran
+# before, so it has nothing to forget. Each restart takes a higher one.
+FIRST_INCARNATION = 1
 REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across restarts
 
 ProducerKey = tuple[bytes, int]  # (producer id, producer seq)
@@ -56,11 +63,18 @@ class LinkState:
 class PeerState:
     incarnation: int = -1
     last_heard_ms: int = NEVER
-    refused_us_ms: int = NEVER
-    refusal_sent_ms: int = NEVER
     links: dict[str, LinkState] = field(default_factory=dict)
     joined: dict[str, bool] = field(default_factory=dict)
+    # stream -> (view number, floor) of its last heartbeat that asked to be admitted (5.12)
+    want_in: dict[str, tuple[int, int]] = field(default_factory=dict)
     sync_links: bool = True  # a new link takes the first link_seq it sees as its start
+    # 5.2 failure detection: its last heartbeat, and a decaying maximum of the gaps
+    # between its heartbeats (a scheduling stall there widens its timeout)
+    heartbeat_ms: int = NEVER
+    gap_max_ms: int = 0
+    # 5.2 clocks: its wall clock minus ours, as of its last heartbeat (None: not known)
+    wall_offset_ms: int | None = None
+    hears: frozenset[int] = frozenset()  # the peers it heard directly, as of its heartbeat
 
 
 # --- requests we sent and still want an answer to -----------------------------------------
@@ -70,7 +84,6 @@ class Purpose(enum.Enum):
     """Why a RepairRequest was sent: decides what its reply is used for."""
 
     GAP_FILL = "gap_fill"  # 5.2: a peer's own transactions lost on its link to us
-    SUSPECT_SYNC = "suspect_sync"  # 5.2: what a suspected member sent the others
     REPAIR = "repair"  # 5.5: the committed prefix we failed to match
     RESET = "reset"  # 5.7: what a member holds in a zone being rebuilt
 
@@ -79,7 +92,6 @@ class Purpose(enum.Enum):
 class Outstanding:
     purpose: Purpose
     peer: int  # the relay asked; only its reply counts
-    about: int = -1  # SUSPECT_SYNC: the suspected member whose transactions were asked for
 
 
 class Requests:
@@ -90,8 +102,8 @@ class Requests:
     def __init__(self) -> None:
         self._open: dict[int, Outstanding] = {}  # in request order (ids only grow)
 
-    def open(self, request_id: int, purpose: Purpose, peer: int, about: int = -1) -> None:
-        self._open[request_id] = Outstanding(purpose, peer, about)
+    def open(self, request_id: int, purpose: Purpose, peer: int) -> None:
+        self._open[request_id] = Outstanding(purpose, peer)
 
     def take(self, request_id: int, sender: int) -> Outstanding | None:
         """The request `sender` answered, now closed; None if it is not one we await."""
@@ -101,18 +113,14 @@ class Requests:
         del self._open[request_id]
         return found
 
-    def asked(self, purpose: Purpose, about: int = -1) -> list[int]:
-        """The peers with a request of `purpose` (about `about`) open, in request order."""
-        return [o.peer for o in self._open.values() if o.purpose is purpose and o.about == about]
+    def asked(self, purpose: Purpose) -> list[int]:
+        """The peers with a request of `purpose` open, in request order."""
+        return [o.peer for o in self._open.values() if o.purpose is purpose]
 
-    def close(self, purpose: Purpose, *, peer: int = -1, about: int = -1) -> None:
-        """Close every request of `purpose` (to `peer`, about `about`, when given)."""
+    def close(self, purpose: Purpose, *, peer: int = -1) -> None:
+        """Close every request of `purpose` (to `peer`, when given)."""
         for request_id, o in list(self._open.items()):
-            if (
-                o.purpose is purpose
-                and (peer < 0 or o.peer == peer)
-                and (about < 0 or o.about == about)
-            ):
+            if o.purpose is purpose and (peer < 0 or o.peer == peer):
                 del self._open[request_id]
 
 
@@ -201,16 +209,71 @@ class ResetState:
 
 
 @dataclass
-class SuspectSync:
-    """Before the watermark leaves out a suspected member, fetch from the live members the
-    transactions it coordinated above the floor we last had from it (5.2): a frame it sent
-    to only some members before it died then reaches all of them, and they agree."""
+class Acceptor:
+    """This relay as an acceptor of the instance that decides view `number` (5.12). Having
+    promised any ballot, it adds no report until it adopts a view of that number."""
 
-    heard_ms: int  # the member's last_heard_ms at the start: hearing it again ends the sync
-    lo: int
+    number: int
+    promised: int = -1  # the highest ballot promised; -1: none (not frozen)
+    seen: int = -1  # the highest ballot seen refused to us (a proposal must top it)
+    accepted_ballot: int = -1
+    accepted: ViewValue | None = None
+    frozen_ms: int = NEVER  # when it first promised
+    active_ms: int = NEVER  # when it last promised or accepted: the instance still moved
+    promised_to: tuple[int, int] = (-1, -1)  # (relay, incarnation) whose ballot it promised
+
+
+# A member to admit: (member, incarnation, the floor it asked at; its interval starts
+# above it).
+Admission = tuple[int, int, int]
+
+
+@dataclass
+class Proposal:
+    """This relay proposing view `number` with `ballot` (5.12)."""
+
+    number: int
+    ballot: int
+    excluding: tuple[int, ...]
+    including: tuple[Admission, ...]
     started_ms: int
     sent_ms: int
-    done: bool = False
+    phase: ViewPhase = ViewPhase.PREPARE
+    promises: dict[int, ViewReply] = field(default_factory=dict)
+    accepted_by: set[int] = field(default_factory=set)
+    value: ViewValue | None = None
+
+
+EMPTY_VIEW = ViewValue(number=0, start=-1, lo=-1, intervals=())
+
+
+def open_interval(view: ViewValue, member: int) -> Interval | None:
+    """The member's admission still open in `view` (its floor holds the watermark)."""
+    for interval in view.intervals:
+        if interval.member == member and interval.cut < 0:
+            return interval
+    return None
+
+
+def admits(view: ViewValue, member: int, incarnation: int, seq: int) -> bool:
+    """Whether `view` counts the transaction `seq` that `member` coordinated in
+    `incarnation` (5.12): it lies in one of the member's intervals of that incarnation."""
+    for i in view.intervals:
+        if (
+            i.member == member
+            and i.incarnation == incarnation
+            and seq > i.since
+            and (i.cut < 0 or seq <= i.cut)
+        ):
+            return True
+    return False
+
+
+def admits_seq(view: ViewValue, member: int, seq: int) -> bool:
+    """Like `admits`, for a transaction whose incarnation is not known (any interval)."""
+    return any(
+        i.member == member and seq > i.since and (i.cut < 0 or seq <= i.cut) for i in view.intervals
+    )
 
 
 @dataclass
@@ -236,7 +299,7 @@ class StreamState:
         self.q = quorum(len(members))
         self.timeline = Timeline(stream, limits.dedupe_window_entries, limits.late_max_entries)
         self.requests = Requests()
-        self.fenced = True  # 5.9
+        self.fenced = True  # 5.9: fewer than a quorum heard
         # 5.1 coordinating: what we issued and not yet published, and who waits for it
         self.link_seq_out = 0  # our messages on this stream's topic (5.2)
         self.out_entries: list[Entry] = []
@@ -260,8 +323,21 @@ class StreamState:
         self.own_unacked: deque[Report] = deque()
         self.own_acked_through = -1
         self.acks_sent: dict[int, int] = {}
-        # 5.2 suspicion sync: suspected member -> its sync
-        self.syncs: dict[int, SuspectSync] = {}
+        # 5.12 views: the view adopted, this relay as acceptor and proposer of the next
+        self.view = EMPTY_VIEW
+        self.acceptor = Acceptor(number=1)
+        self.proposal: Proposal | None = None
+        self.view_wanted_ms = NEVER  # since when this relay wants a view change
+        self.view_adopted_ms = NEVER  # when this relay adopted its current view
+        self.stall_reason = ""  # fencing.stall's reason, as of the last tick
+        self.stall_since_ms = NEVER  # since when it holds
+        self.view_pushed: dict[int, int] = {}  # peer -> when we last sent it our view
+        # (member, incarnation) -> that incarnation's last contiguous floor here, once a
+        # newer incarnation was heard while the view still admits the older one
+        self.stale_floors: dict[tuple[int, int], int] = {}
+        # Instances this relay takes no part in as an acceptor: a restarted relay may have
+        # promised or accepted in them before it lost its memory.
+        self.abstain_through = 0
         # 5.5 repair
         self.repair: RepairState | None = None
         self.mismatch_since_ms = NEVER
@@ -288,10 +364,6 @@ class StreamState:
         self.reset = None
         self.requests.close(Purpose.RESET)
 
-    def end_sync(self, suspect: int) -> None:
-        del self.syncs[suspect]
-        self.requests.close(Purpose.SUSPECT_SYNC, about=suspect)
-
 
 # --- the relay ------------------------------------------------------------------------------
 
@@ -310,6 +382,7 @@ class RelayState:
         self.wall_ms = now_ms
         self.now_ms = now_ms  # monotonic time; the first input with mono_ms replaces it
         self.counters: Counter[str] = Counter()
+        self.last_tick_ms = self.now_ms  # a late tick means this relay itself stalled
         self.peers: dict[int, PeerState] = {
             r: PeerState() for r in self.topology.relay_ids if r != self.id
         }
@@ -323,6 +396,10 @@ class RelayState:
         self.last_heartbeat_ms = NEVER
         self.floor_sent = -1  # the highest floor any message carried
         self.announce_floor = False  # transactions arrived: tell the floor promptly
+        # 5.12 acceptor memory: None while the shell keeps none (a restart then abstains
+        # from the next view change); else stream -> what was remembered at the start.
+        self.acceptor_memory: dict[str, Acceptor] | None = None
+        self.acceptor_forgotten: set[str] = set()  # streams whose record was unreadable
 
     def send(self, msg: PeerMessage, stream: str | None = None) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,
@@ -330,6 +407,15 @@ class RelayState:
         target = getattr(msg, "target", None)
         self.floor_sent = max(self.floor_sent, msg.floor)
         self.outbox.outgoing.append(Outgoing(codec.encode(msg), stream=stream, target=target))
+
+    def remember(self, st: StreamState) -> None:
+        """The stream's acceptor changed: the shell must keep it durably before it sends
+        anything this relay said after (Ready.acceptors), if it keeps acceptor memory."""
+        if self.acceptor_memory is None:
+            return
+        acc = st.acceptor
+        record = codec.encode_acceptor(acc.number, acc.promised, acc.accepted_ballot, acc.accepted)
+        self.outbox.acceptors.append((st.stream, record))
 
     def request_id(self) -> int:
         self.last_request_id += 1
@@ -344,12 +430,11 @@ class RelayState:
         hi: int,
         *,
         origin: int = -1,
-        about: int = -1,
     ) -> None:
         """Ask `peer` for its entries of the stream in (lo, hi] (only those `origin`
         coordinated, if set), noting the request and its purpose in the stream's table."""
         request_id = self.request_id()
-        st.requests.open(request_id, purpose, peer, about)
+        st.requests.open(request_id, purpose, peer)
         self.send(
             RepairRequest(
                 sender=self.id,
@@ -370,6 +455,8 @@ class RelayState:
         if st is None:
             members = self.topology.members(stream)
             st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
+            if self.acceptor_memory is not None and stream in self.acceptor_memory:
+                st.acceptor = self.acceptor_memory[stream]
         return st
 
     def can_open(self, stream: str) -> bool:

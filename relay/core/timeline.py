@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
+from collections.abc import Callable
 
 from relay.core import digest as dg
 from relay.core.messages import DedupeKey, Entry, Transaction
@@ -205,6 +206,12 @@ class Timeline:
         b = self.index_after(hi)
         keep = {seq for seq, _ in entries}
         dropped = [s for s in self.seqs[a:b] if s not in keep]
+        self._splice(a, b, entries)
+        self.reported = max(self.reported, hi)
+        return dropped
+
+    def _splice(self, a: int, b: int, entries: list[Entry]) -> None:
+        """Held entries at indexes [a, b) become `entries` (sorted, in (seqs[a-1], seqs[b]))."""
         for tx in self.txs[a:b]:
             self.held_bytes -= tx.size_bytes()
         self.seqs[a:b] = [s for s, _ in entries]
@@ -217,8 +224,6 @@ class Timeline:
         self.digested = min(self.digested, a)
         for seq, _ in entries:
             self.late.pop(seq, None)
-        self.reported = max(self.reported, hi)
-        return dropped
 
     def adopt_base(self, point: int, digest: bytes, dedupe: DedupeWindow) -> list[int]:
         """Start over from a committed point: drop everything at or below it. Returns the
@@ -241,6 +246,34 @@ class Timeline:
         self.dedupe = dedupe
         self._drop_late_through(point)
         return dropped
+
+    def apply_view(
+        self, decided: int, admits: Callable[[int], bool], entries: tuple[Entry, ...]
+    ) -> tuple[list[int], int]:
+        """Make the uncommitted region above `decided` what a view change decided (5.12):
+        drop the entries it no longer admits, add those it carries. At and below `decided`
+        the view's promisers had all committed, so nothing there is the view's to change
+        (a relay behind them learns that history by the commit rule and repair). Returns
+        the dropped seqs and the lowest seq where the region changed (-1: unchanged). A
+        change at or below `reported` voids our reports from there on (5.12: no quorum
+        used them)."""
+        floor = max(self.committed_point, decided)
+        start = self.index_after(floor)
+        old = self.seqs[start:]
+        region = {seq: tx for seq, tx in zip(old, self.txs[start:], strict=True) if admits(seq)}
+        dropped = [seq for seq in old if seq not in region]
+        for seq, tx in entries:
+            if seq > floor:
+                region.setdefault(seq, tx)
+        for seq in [s for s in self.late if s > floor and not admits(s)]:
+            del self.late[seq]
+        merged = sorted(region.items())
+        new = [seq for seq, _ in merged]
+        if new == old:
+            return dropped, -1
+        changed_at = min(set(old) ^ set(new))
+        self._splice(start, len(self.seqs), merged)
+        return dropped, changed_at
 
     # --- bounding -----------------------------------------------------------------------
 

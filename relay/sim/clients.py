@@ -226,7 +226,13 @@ class Producer:
             op = issued.op
             outcome, seq, committed = final_outcome(self.by_pseq.get(op.pseq, []))
             final = Final(
-                self.pid, op.pseq, issued.stream, issued.tx, issued.issued_ms, outcome, seq,
+                self.pid,
+                op.pseq,
+                issued.stream,
+                issued.tx,
+                issued.issued_ms,
+                outcome,
+                seq,
                 committed,
             )
             if not op.done:
@@ -282,9 +288,9 @@ class Consumer:
         if engine.endpoint is not None and self.rng.random() < DISCONNECT_P:
             self.history.event(f"{now} disconnect c{self.cid} {engine.endpoint}")
             engine.on_disconnect(engine.endpoint, now / 1000)
-        engine.step(now / 1000, lambda endpoint, frame: port.send(
-            self.client_id, relay_of(endpoint), frame
-        ))
+        engine.step(
+            now / 1000, lambda endpoint, frame: port.send(self.client_id, relay_of(endpoint), frame)
+        )
         self._take(now)
         if engine.error is not None:
             # Nothing can serve its position any more: a new reader from the beginning.

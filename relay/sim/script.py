@@ -42,8 +42,9 @@ Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
     skew R MS                    set R's clock offset to MS
     step R MS                    add MS to R's clock offset (a clock jump)
     show [R ...]                 per relay: the peers it hears and its watched counters;
-                                 per stream: joined, fenced, committed point, delivered
-                                 values (and late, pending, repairing when there are any)
+                                 per stream: joined, fenced (and why), the view's number
+                                 and admitted members, committed point, delivered values
+                                 (and late, pending, repairing when there are any)
     watch [+|-]PATTERN ...       the counters `show` prints: PATTERN replaces the list,
                                  +PATTERN adds, -PATTERN removes (default DEFAULT_WATCH)
     replies                      producer replies since the last `replies`
@@ -89,7 +90,6 @@ from relay.core.messages import (
     Outcome,
     PeerMessage,
     ReadStatus,
-    Refusal,
     RepairReply,
     RepairRequest,
     Reports,
@@ -128,7 +128,7 @@ DEFAULT_WATCH = (
     "dedupe_skipped",
     "stale_incarnation",
 )
-BACKGROUND = (Heartbeat, Refusal)  # what `stabilize` does not count as activity
+BACKGROUND = (Heartbeat,)  # what `stabilize` does not count as activity
 
 
 class ScriptError(Exception):
@@ -197,6 +197,9 @@ class _MeshSink:
     def __init__(self, mesh: Mesh, rid: int) -> None:
         self.mesh = mesh
         self.rid = rid
+
+    def persist(self, stream: str, record: bytes) -> None:
+        """Scripted relays keep no acceptor memory (a restart abstains), so none comes."""
 
     def publish(self, out: Outgoing) -> None:
         self.mesh._route(self.rid, out)
@@ -759,10 +762,13 @@ class Interpreter:
             assert isinstance(streams, dict)
             for stream, st in streams.items():
                 values = " ".join(self.m.value(s) for s in self.m.delivered(r, stream))
+                reason = st["fence_reason"]
+                admitted = " ".join(map(str, st["admitted"]))
                 line = (
                     f"  {stream}: "
                     f"{'joined' if core.joined(stream) else 'joining'} "
-                    f"{'fenced' if st['fenced'] else 'unfenced'} "
+                    f"{f'fenced:{reason}' if reason else 'unfenced'} "
+                    f"view={st['view']}[{admitted}] "
                     f"committed={self.m.point(stream, st['committed'])} "
                     f"delivered=[{values}]"
                 )

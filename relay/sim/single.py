@@ -22,14 +22,17 @@ The checker: for every stream, the relays that are up, not stepped, hold their m
 form a strongly connected group (over the links that still work) are its majority, if they
 include a quorum of its members. Every produce attempt sent to such a relay from
 RESUME_BOUND_MS after the fault on (until the producers stop) must be answered
-`committed` within ANSWER_BOUND_MS; the usual safety checkers run as well.
+`committed` within ANSWER_BOUND_MS, or `fenced` by a member the view leaves out (a relay
+that cannot hear another member, 5.12), whose redirect the client follows: then the same
+write must be committed through another relay within ANSWER_BOUND_MS of that attempt. The
+usual safety checkers run as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from relay.sim.history import COMMITTED, History
+from relay.sim.history import COMMITTED, FENCED, History
 
 SINGLE_FAULTS: tuple[str, ...] = (
     "crash",
@@ -112,11 +115,20 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
     start = info.fault_at_ms + RESUME_BOUND_MS
     late: dict[str, int] = {}
     first: dict[str, str] = {}
+    committed_ms: dict[tuple[bytes, int], int] = {}
+    for a in history.attempts:
+        if a.outcome == COMMITTED:
+            key = (a.pid, a.pseq)
+            committed_ms[key] = min(committed_ms.get(key, a.answer_ms), a.answer_ms)
     for a in history.attempts:
         majority = info.majorities.get(a.stream)
         if not majority or a.relay not in majority or not start <= a.sent_ms < info.issue_end_ms:
             continue
-        ok = a.outcome == COMMITTED and a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS
+        if a.outcome == COMMITTED:
+            ok = a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS
+        else:
+            done = committed_ms.get((a.pid, a.pseq), -1)
+            ok = a.outcome == FENCED and 0 <= done - a.sent_ms <= ANSWER_BOUND_MS
         if ok:
             continue
         late[a.stream] = late.get(a.stream, 0) + 1

@@ -77,6 +77,8 @@ class Node:
     # connection closed) or (None, (client, frame)) from a client.
     inbox: list[tuple[int | None, Any]] = field(default_factory=list)
     counters: Counter[str] = field(default_factory=Counter)  # the client service's
+    # The relay's disk, which a crash keeps: its acceptor memory per stream (5.12).
+    disk: dict[str, bytes] = field(default_factory=dict)
     skew: int = 0
     step: int = 0
     streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
@@ -113,6 +115,9 @@ class _WorldSink:
     def __init__(self, world: World, node: Node) -> None:
         self.world = world
         self.node = node
+
+    def persist(self, stream: str, record: bytes) -> None:
+        self.node.disk[stream] = record
 
     def publish(self, out: Outgoing) -> None:
         world = self.world
@@ -520,6 +525,7 @@ class World:
     def _start(self, r: int) -> None:
         node = self.nodes[r]
         core = node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
+        core.remember_acceptors(node.disk)
         node.service = ClientService(
             core,
             self.limits,

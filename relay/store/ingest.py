@@ -67,4 +67,3 @@ def ingest(
         summaries = tasks.mapPartitions(check_ranges).collect()
         spark.sparkContext.setJobDescription(None)
     return finish_ingest(store_path, plan, summaries, staging, before_commit)
-

@@ -92,4 +92,3 @@ def snapshot(
     ]
     spark.sparkContext.setJobDescription(None)
     return finish_snapshot(store_path, manifest, targets, written, staging, before_commit)
-

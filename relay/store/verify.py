@@ -93,4 +93,3 @@ def judge(manifest: Manifest, summaries: list[dict[str, object]]) -> dict[str, t
             problems=tuple(problems),
         )
     return points
-

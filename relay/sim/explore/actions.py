@@ -76,6 +76,9 @@ class _Observer:
         self.rebases = 0
         self.timeline = core.streams[STREAM].timeline
 
+    def persist(self, stream: str, record: bytes) -> None:
+        """The explorer's relays keep no acceptor memory, so none comes."""
+
     def publish(self, o: Outgoing) -> None:
         p, rid, tl = self.problems, self.rid, self.timeline
         try:
@@ -254,6 +257,9 @@ class _Prefix:
         self.floor_sent = -1
         self.last_report = -1
         self.final_sent = -1
+
+    def persist(self, stream: str, record: bytes) -> None:
+        """The explorer's relays keep no acceptor memory, so none comes."""
 
     def publish(self, o: Outgoing) -> None:
         msg = codec.decode(o.frame, self.ctx.max_frame)

@@ -1,0 +1,527 @@
+"""Views: which members' transactions and floors count, changed only by agreement
+(docs/protocol.md section 5.12).
+
+A stream's view lists, per member, the intervals of its transactions that count: an open
+interval (its floor holds the watermark, its new transactions count) or a cut one (its
+transactions up to the cut count, later ones never). A relay never leaves a member out of
+its watermark on its own: a member that cannot be heard is excluded by a view change, which
+a quorum of members agrees on. So all members that adopted a view hold the same
+transactions below every point they report, and two of them never report different
+digests at a point: no split can form among a majority, whatever the other members do.
+
+A view change is one instance of single-decree Paxos per view number:
+
+1. The proposer sends PREPARE(ballot, the members it means to cut) to every member.
+2. An acceptor that has not promised a higher ballot promises: it adds no report from now
+   until it adopts that view (it is *frozen*), and answers with its last reported point,
+   its committed point, what it accepted earlier in this instance, and the transactions it
+   holds of the members to be cut.
+3. With promises from a quorum, the proposer takes the value accepted with the highest
+   ballot, if any; else it makes the value: the start s = the highest point any promiser
+   reported; the cut members' intervals end at s, and the value carries every transaction
+   of theirs the promisers hold up to s (the promiser that reported s held all of them,
+   since their floors held its watermark); admitted members' intervals begin at s.
+4. It sends ACCEPT(ballot, value); with acceptances from a quorum the value is decided, and
+   the proposer sends it to every member, which adopts it: it drops the transactions the
+   view no longer counts (none of them reported: they lie above s), adds those the value
+   carries, and reports again.
+
+Proposers are staggered by rank (the lowest live admitted member first), a frozen acceptor
+that sees no decision takes over, and members that fall behind are sent the current view.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from relay.core import coordinate, links
+from relay.core.fencing import heard
+from relay.core.links import clock_outlier, is_live
+from relay.core.messages import (
+    Entry,
+    Interval,
+    Outcome,
+    RejectReason,
+    Report,
+    ViewDecided,
+    ViewPhase,
+    ViewReply,
+    ViewRequest,
+    ViewValue,
+)
+from relay.core.seq import relay_of
+from relay.core.state import (
+    NEVER,
+    Acceptor,
+    Admission,
+    Proposal,
+    RelayState,
+    StreamState,
+    admits_seq,
+    open_interval,
+)
+
+VIEW_STAGGER_MS = 20  # per rank: how long a member lets lower-ranked ones propose first
+VIEW_ROUND_MS = 400  # a proposal without a decision this long starts again, higher ballot
+VIEW_TAKEOVER_MS = 600  # a frozen acceptor without a decision this long proposes itself
+BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per proposer
+
+
+# --- what the view says -----------------------------------------------------------------------
+
+
+def admitted(core: RelayState, st: StreamState) -> bool:
+    """This relay may coordinate: the view admits its current incarnation."""
+    interval = open_interval(st.view, core.id)
+    return interval is not None and interval.incarnation == core.incarnation
+
+
+def wants_in(core: RelayState, st: StreamState, now_ms: int) -> bool:
+    """Joined, with a clock that agrees with the majority's, and not admitted: this relay
+    asks to be admitted (in its heartbeats, and by proposing it)."""
+    return st.join is None and not admitted(core, st) and not clock_outlier(core, now_ms)
+
+
+# --- the acceptor -----------------------------------------------------------------------------
+
+
+def on_request(core: RelayState, st: StreamState, msg: ViewRequest, now_ms: int) -> None:
+    if msg.view <= st.view.number:
+        push_view(core, st, msg.sender, now_ms, force=True)  # decided already
+        return
+    core.send(
+        answer(
+            core, st, msg.sender, msg.phase, msg.view, msg.ballot, msg.excluding, msg.value, now_ms
+        )
+    )
+
+
+def answer(
+    core: RelayState,
+    st: StreamState,
+    target: int,
+    phase: ViewPhase,
+    number: int,
+    ballot: int,
+    excluding: tuple[int, ...],
+    value: ViewValue | None,
+    now_ms: int,
+) -> ViewReply:
+    """This relay's answer, as an acceptor, to `target`'s PREPARE or ACCEPT for view
+    `number` (the proposer's own acceptor answers it directly)."""
+    acc = st.acceptor
+    promise = phase is ViewPhase.PREPARE
+    out_phase = ViewPhase.PROMISE if promise else ViewPhase.ACCEPTED
+    ok = (
+        number == acc.number
+        and number > st.abstain_through
+        # A proposer that does not hear us would never get our answer: promising it
+        # would only freeze us (it is also refused by everyone else, and gives up).
+        and _hears(core, target, core.id, now_ms)
+        # A promise tells what we reported and committed; still joining after a restart
+        # we do not know what our earlier incarnation reported (and a quorum may have
+        # committed with it), so the value must not be made from our word.
+        and (st.join is None or not promise)
+        # A member the view admits does not promise its own cut: whoever proposes it hears
+        # us (else we would not get its PREPARE), so it judged on stale word of whom we
+        # hear. The cut never needs our promise: the members staying are a quorum.
+        and not (promise and core.id in excluding and admitted(core, st))
+        and (ballot > acc.promised if promise else ballot >= acc.promised)
+    )
+    if not ok:
+        core.counters["view_refused"] += 1
+        return _reply(core, st, target, out_phase, number, ballot, ok=False)
+    if acc.frozen_ms == NEVER:
+        acc.frozen_ms = now_ms
+    acc.active_ms = now_ms
+    acc.promised = ballot
+    acc.promised_to = (
+        target,
+        core.incarnation if target == core.id else core.peers[target].incarnation,
+    )
+    if not promise:
+        acc.accepted_ballot = ballot
+        acc.accepted = value
+    core.remember(st)  # durably, before the answer leaves (Ready.acceptors)
+    if promise:
+        tl = st.timeline
+        held: list[Entry] = [
+            (seq, tx)
+            for seq, tx in tl.entries_between(tl.committed_point, tl.last_seq())
+            if relay_of(seq) in excluding
+        ]
+        return _reply(
+            core,
+            st,
+            target,
+            out_phase,
+            number,
+            ballot,
+            ok=True,
+            reported=tl.reported,
+            committed=tl.committed_point,
+            entries=tuple(held),
+        )
+    return _reply(core, st, target, out_phase, number, ballot, ok=True)
+
+
+def _reply(
+    core: RelayState,
+    st: StreamState,
+    target: int,
+    phase: ViewPhase,
+    number: int,
+    ballot: int,
+    *,
+    ok: bool,
+    reported: int = -1,
+    committed: int = -1,
+    entries: tuple[Entry, ...] = (),
+) -> ViewReply:
+    acc = st.acceptor
+    return ViewReply(
+        sender=core.id,
+        incarnation=core.incarnation,
+        floor=core.clock.floor,
+        target=target,
+        stream=st.stream,
+        phase=phase,
+        view=number,
+        ballot=ballot,
+        ok=ok,
+        promised=acc.promised if acc.number == number else -1,
+        reported=reported,
+        committed=committed,
+        accepted_ballot=acc.accepted_ballot if acc.number == number else -1,
+        accepted=acc.accepted if acc.number == number else None,
+        entries=entries,
+    )
+
+
+# --- the proposer -----------------------------------------------------------------------------
+
+
+def wanted(core: RelayState, st: StreamState, now_ms: int) -> tuple[list[int], list[Admission]]:
+    """The changes this relay wants: members to cut (silent, or restarted: the view still
+    admits an older incarnation) and members to admit (asking at our view, heard; itself,
+    joined), each with the floor it asked at."""
+    excluding: list[int] = []
+    asking: list[Admission] = []
+    # Only a member the view admits cuts others for silence: one left out (say, for a
+    # cut link) would otherwise cut the member it cannot hear to take its place, and the
+    # two would swap places for as long as the link is down.
+    judges = admitted(core, st)
+    for m in st.members:
+        interval = open_interval(st.view, m)
+        if m == core.id:
+            if interval is not None and interval.incarnation != core.incarnation:
+                excluding.append(m)  # our own earlier incarnation
+            if wants_in(core, st, now_ms):
+                asking.append((m, core.incarnation, core.clock.floor))
+            continue
+        peer = core.peers[m]
+        if interval is not None:
+            restarted = peer.incarnation > interval.incarnation
+            if restarted or (judges and _cut_off(core, st, m, now_ms)):
+                excluding.append(m)
+            if not restarted:
+                continue
+        asked = peer.want_in.get(st.stream)
+        # Only an ask made at our view counts: one made before an earlier admission may
+        # carry a floor below what the member coordinated since.
+        if asked is not None and asked[0] == st.view.number and is_live(core, peer, now_ms):
+            asking.append((m, peer.incarnation, asked[1]))
+    staying = [i.member for i in st.view.intervals if i.cut < 0 and i.member not in excluding]
+    including = [a for a in asking if all(_mutual(core, a[0], o, now_ms) for o in staying)]
+    return excluding, including
+
+
+def _mutual(core: RelayState, a: int, b: int, now_ms: int) -> bool:
+    """Whether `a` and `b` hear each other directly (as far as this relay knows). A member
+    is admitted only if it and every member staying in hear each other: one that cannot
+    hear another (a cut link, one way or both) would suspect it and cut it again at once,
+    and every such round rejects what was in flight. It waits, fenced, until the link
+    works (clients are redirected to the members that serve)."""
+    return _hears(core, a, b, now_ms) and _hears(core, b, a, now_ms)
+
+
+def _cut_off(core: RelayState, st: StreamState, m: int, now_ms: int) -> bool:
+    """Member `m` and this relay do not hear each other, by what we heard ourselves and
+    what `m` said in a heartbeat sent after we adopted the view. (An older heartbeat may
+    predate a heal that the view change admitting us followed: judged on it, a relay just
+    admitted would cut the members that admitted it.)"""
+    if not _hears(core, core.id, m, now_ms):
+        return True
+    peer = core.peers[m]
+    return peer.heartbeat_ms > st.view_adopted_ms and core.id not in peer.hears
+
+
+def _hears(core: RelayState, listener: int, speaker: int, now_ms: int) -> bool:
+    if listener == speaker:
+        return True
+    if listener == core.id:
+        return is_live(core, core.peers[speaker], now_ms)
+    peer = core.peers[listener]
+    # Before its first heartbeat a peer has not said whom it hears: take that it does.
+    return speaker in peer.hears or peer.heartbeat_ms == NEVER
+
+
+def rank(core: RelayState, st: StreamState, now_ms: int) -> int:
+    """This relay's place among the admitted members it hears (and itself): lower ranks
+    propose first."""
+    ahead = 0
+    for i in st.view.intervals:
+        if i.cut < 0 and i.member < core.id and i.member != core.id:
+            peer = core.peers.get(i.member)
+            if peer is not None and is_live(core, peer, now_ms):
+                ahead += 1
+    return ahead
+
+
+def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
+    """Start, retry or take over a view change when one is due."""
+    prop = st.proposal
+    if prop is not None and prop.number != st.view.number + 1:
+        st.proposal = prop = None
+    if st.join is not None or heard(core, st, now_ms) < st.q:
+        # Cut off: a proposal could not complete, and its requests would only freeze the
+        # members that hear it. One under way is given up.
+        st.proposal = None
+        st.view_wanted_ms = NEVER
+        return
+    if prop is not None and now_ms - prop.started_ms >= VIEW_ROUND_MS:
+        # Given up: what to change is judged again below, on what we hear now (a new
+        # ballot still carries any value accepted in this instance).
+        core.counters["view_round_timeout"] += 1
+        st.proposal = prop = None
+    if prop is not None:
+        if now_ms - prop.sent_ms >= core.limits.repair_retry_ms:
+            _send_requests(core, st, prop, now_ms)
+        return
+    excluding, including = wanted(core, st, now_ms)
+    acc = st.acceptor
+    # Taken over when the instance stopped moving (not since the first promise: two
+    # members frozen that long would otherwise outbid each other on every tick), at once
+    # when the proposer we promised is gone; staggered by rank so that one goes first.
+    wait_ms = rank(core, st, now_ms) * VIEW_STAGGER_MS
+    if not _proposer_gone(core, acc, now_ms):
+        wait_ms += VIEW_TAKEOVER_MS
+    stalled = acc.promised >= 0 and now_ms - acc.active_ms >= wait_ms
+    if not excluding and not including and not stalled:
+        st.view_wanted_ms = NEVER
+        return
+    if st.view_wanted_ms == NEVER:
+        st.view_wanted_ms = now_ms
+    if acc.promised >= 0 and not stalled:
+        return  # another proposal is under way
+    if not stalled and now_ms - st.view_wanted_ms < rank(core, st, now_ms) * VIEW_STAGGER_MS:
+        return
+    if stalled:
+        core.counters["view_takeover"] += 1
+    propose(core, st, tuple(excluding), tuple(including), now_ms)
+
+
+def _proposer_gone(core: RelayState, acc: Acceptor, now_ms: int) -> bool:
+    """The relay whose ballot we promised is silent or restarted: its proposal is over."""
+    relay, incarnation = acc.promised_to
+    if relay < 0 or relay == core.id:
+        return False
+    peer = core.peers[relay]
+    return peer.incarnation != incarnation or not is_live(core, peer, now_ms)
+
+
+def propose(
+    core: RelayState,
+    st: StreamState,
+    excluding: tuple[int, ...],
+    including: tuple[Admission, ...],
+    now_ms: int,
+) -> None:
+    number = st.view.number + 1
+    round_ = (max(st.acceptor.promised, st.acceptor.seen, 0) >> BALLOT_ROUND_SHIFT) + 1
+    ballot = (round_ << BALLOT_ROUND_SHIFT) | core.id
+    prop = st.proposal = Proposal(number, ballot, excluding, including, now_ms, now_ms)
+    core.counters["view_proposed"] += 1
+    mine = answer(core, st, core.id, ViewPhase.PREPARE, number, ballot, excluding, None, now_ms)
+    if mine.ok:
+        prop.promises[core.id] = mine
+    _send_requests(core, st, prop, now_ms)
+    _advance(core, st, prop, now_ms)
+
+
+def _send_requests(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
+    prop.sent_ms = now_ms
+    done = prop.promises if prop.phase is ViewPhase.PREPARE else prop.accepted_by
+    for m in st.peers:
+        if m in done:
+            continue
+        core.send(
+            ViewRequest(
+                sender=core.id,
+                incarnation=core.incarnation,
+                floor=core.clock.floor,
+                target=m,
+                stream=st.stream,
+                phase=prop.phase,
+                view=prop.number,
+                ballot=prop.ballot,
+                excluding=prop.excluding,
+                value=prop.value if prop.phase is ViewPhase.ACCEPT else None,
+            )
+        )
+
+
+def on_reply(core: RelayState, st: StreamState, msg: ViewReply, now_ms: int) -> None:
+    prop = st.proposal
+    if prop is None or msg.view != prop.number or msg.ballot != prop.ballot:
+        core.counters["view_reply_unmatched"] += 1
+        return
+    if not msg.ok:
+        if msg.promised > prop.ballot:
+            st.acceptor.seen = max(st.acceptor.seen, msg.promised)
+            st.proposal = None  # a higher ballot is under way: leave it the instance
+        return
+    if msg.phase is ViewPhase.PROMISE and prop.phase is ViewPhase.PREPARE:
+        prop.promises[msg.sender] = msg
+    elif msg.phase is ViewPhase.ACCEPTED and prop.phase is ViewPhase.ACCEPT:
+        prop.accepted_by.add(msg.sender)
+    _advance(core, st, prop, now_ms)
+
+
+def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
+    if prop.phase is ViewPhase.PREPARE and len(prop.promises) >= st.q:
+        prop.value = _value(st, prop)
+        prop.phase = ViewPhase.ACCEPT
+        mine = answer(
+            core, st, core.id, ViewPhase.ACCEPT, prop.number, prop.ballot, (), prop.value, now_ms
+        )
+        if mine.ok:
+            prop.accepted_by.add(core.id)
+        _send_requests(core, st, prop, now_ms)
+    if prop.phase is ViewPhase.ACCEPT and len(prop.accepted_by) >= st.q:
+        value = prop.value
+        assert value is not None
+        core.counters["view_decided"] += 1
+        st.proposal = None
+        for m in st.peers:
+            _send_decided(core, st, m, value)
+        adopt(core, st, value, now_ms)
+
+
+def _value(st: StreamState, prop: Proposal) -> ViewValue:
+    """The value to accept: one accepted before in this instance, else a new one."""
+    earlier = [p for p in prop.promises.values() if p.accepted is not None]
+    if earlier:
+        best = max(earlier, key=lambda p: p.accepted_ballot)
+        assert best.accepted is not None
+        return best.accepted
+    start = max(p.reported for p in prop.promises.values())
+    # Decided history only grows: through the last view's lo every promiser of that view
+    # had committed, so a promiser behind it does not pull lo back (the intervals pruned at
+    # that lo would otherwise be missed by a relay applying this view from below it).
+    lo = max(st.view.lo, min(p.committed for p in prop.promises.values()))
+    cut_now: set[int] = set(prop.excluding)
+    intervals: list[Interval] = []
+    for i in st.view.intervals:
+        if i.cut < 0 and i.member in cut_now:
+            intervals.append(Interval(i.member, i.incarnation, i.since, max(start, i.since)))
+        elif i.cut < 0 or i.cut > lo:
+            intervals.append(i)  # still open, or its transactions not all committed yet
+    for member, incarnation, floor in prop.including:
+        if open_interval(ViewValue(0, 0, 0, tuple(intervals)), member) is None:
+            # Above all it coordinated before: those were cut, or never counted.
+            intervals.append(Interval(member, incarnation, max(start, floor)))
+    cut = ViewValue(prop.number, start, lo, tuple(intervals))
+    union: dict[int, Entry] = {}
+    for p in prop.promises.values():
+        for seq, tx in p.entries:
+            if seq > lo and admits_seq(cut, relay_of(seq), seq):
+                union.setdefault(seq, (seq, tx))
+    entries = tuple(union[seq] for seq in sorted(union))
+    return ViewValue(prop.number, start, lo, tuple(intervals), entries)
+
+
+# --- learning -------------------------------------------------------------------------------
+
+
+def on_decided(core: RelayState, st: StreamState, msg: ViewDecided, now_ms: int) -> None:
+    if msg.value.number <= st.view.number:
+        return
+    adopt(core, st, msg.value, now_ms)
+
+
+def push_view(
+    core: RelayState, st: StreamState, peer: int, now_ms: int, *, force: bool = False
+) -> None:
+    """Send `peer`, seen behind, our view (at most once per repair_retry_ms)."""
+    if st.view.number == 0:
+        return
+    last = st.view_pushed.get(peer, NEVER)
+    if not force and now_ms - last < core.limits.repair_retry_ms:
+        return
+    st.view_pushed[peer] = now_ms
+    _send_decided(core, st, peer, st.view)
+
+
+def _send_decided(core: RelayState, st: StreamState, peer: int, value: ViewValue) -> None:
+    core.send(
+        ViewDecided(
+            sender=core.id,
+            incarnation=core.incarnation,
+            floor=core.clock.floor,
+            target=peer,
+            stream=st.stream,
+            value=value,
+        )
+    )
+
+
+def adopt(core: RelayState, st: StreamState, value: ViewValue, now_ms: int) -> None:
+    """Take a decided view: drop what it no longer counts, add what it carries."""
+    core.counters["view_adopted"] += 1
+    before = set(st.view.intervals)
+    st.view = value
+    if st.acceptor.number != value.number + 1:  # (one remembered for the next stays)
+        st.acceptor = Acceptor(number=value.number + 1)
+    if st.proposal is not None and st.proposal.number <= value.number:
+        st.proposal = None
+    st.view_wanted_ms = NEVER
+    st.view_adopted_ms = now_ms
+    tl = st.timeline
+    dropped, changed_at = tl.apply_view(
+        value.lo, lambda seq: admits_seq(value, relay_of(seq), seq), value.entries
+    )
+    if 0 <= changed_at <= tl.reported:
+        # We reported past the view's start without having promised (a promiser reported
+        # at most there): those reports are void, no quorum can have used them. Forget
+        # them so they are neither sent, counted, nor taken for a split.
+        core.counters["view_voided_reports"] += 1
+        st.out_reports = [r for r in st.out_reports if r[0] < changed_at]
+        _drop_from(st.report_log, changed_at)
+        _drop_from(st.own_unacked, changed_at)
+    for seq in dropped:
+        pending = st.pending.take(seq)
+        if pending is not None:  # ours, cut by the view: no adopter will ever count it
+            core.counters["produce_rejected_cut"] += 1
+            coordinate.answer_all(
+                core, pending.waiters, Outcome.REJECTED, -1, RejectReason.LATE.value
+            )
+    for member, incarnation in list(st.stale_floors):
+        still = open_interval(value, member)
+        if still is None or still.incarnation != incarnation:
+            del st.stale_floors[(member, incarnation)]  # that incarnation no longer counts
+    for interval in value.intervals:
+        if interval.cut >= 0 or interval in before:
+            continue
+        if interval.member == core.id:
+            if interval.incarnation == core.incarnation:
+                core.clock.raise_floor(interval.since)  # ours come after the admission
+        else:
+            # Newly admitted: what it coordinated since is fetched from it, in case it
+            # arrived before we adopted the view (and was not taken in then).
+            links.refill(core, st, interval.member, interval.since, now_ms)
+
+
+def _drop_from(reports: deque[Report], point: int) -> None:
+    while reports and reports[-1][0] >= point:
+        reports.pop()

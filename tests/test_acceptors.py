@@ -1,0 +1,106 @@
+"""Acceptor memory (docs/protocol.md 5.12): what a relay promised or accepted in a view
+change survives its restart, on disk (relay/acceptors.py) and in the core
+(RelayCore.remember_acceptors); a relay that lost it abstains from the next change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.acceptors import SUFFIX, AcceptorFiles
+from relay.core import CoreConfig, Limits, RelayCore, Topology, codec
+from relay.core.join import forgot_acceptor
+from relay.core.messages import Interval, ViewValue
+from relay.core.state import FIRST_INCARNATION
+from relay.errors import FrameError
+
+T0 = 1_800_000_000_000
+TOPOLOGY = Topology({0: ("s", "t"), 1: ("s", "t"), 2: ("s", "t")})
+
+
+def core_of(incarnation: int) -> RelayCore:
+    return RelayCore(CoreConfig(0, TOPOLOGY, Limits()), incarnation, T0)
+
+
+def record(number: int, promised: int, ballot: int = -1, value: ViewValue | None = None) -> bytes:
+    return codec.encode_acceptor(number, promised, ballot, value)
+
+
+# --- the files ---------------------------------------------------------------------------------
+
+
+def test_records_round_trip_and_replace(tmp_path: Path) -> None:
+    files = AcceptorFiles.of_relay(tmp_path, 4)
+    files.save("orders.eu", b"one")
+    files.save("a/b c", b"two")  # any stream name gives a safe file name
+    files.save("orders.eu", b"three")  # replaces the earlier record
+    assert files.load() == {"orders.eu": b"three", "a/b c": b"two"}
+    assert sorted(p.name for p in files.directory.iterdir()) == sorted(
+        [b"orders.eu".hex() + SUFFIX, b"a/b c".hex() + SUFFIX]
+    )  # no temporary file left behind
+    # A second AcceptorFiles on the same directory (the restarted relay) reads the same.
+    assert AcceptorFiles.of_relay(tmp_path, 4).load() == files.load()
+    assert AcceptorFiles.of_relay(tmp_path, 5).load() == {}
+
+
+def test_files_that_are_not_records_are_skipped(tmp_path: Path) -> None:
+    files = AcceptorFiles.of_relay(tmp_path, 0)
+    files.save("s", b"kept")
+    (files.directory / ("zz-not-hex" + SUFFIX)).write_bytes(b"x")
+    (files.directory / "notes.txt").write_bytes(b"x")
+    assert files.load() == {"s": b"kept"}
+
+
+# --- the codec ---------------------------------------------------------------------------------
+
+
+def test_acceptor_record_round_trips_with_an_accepted_value() -> None:
+    value = ViewValue(3, 1_000, 900, (Interval(0, 1, 0), Interval(1, 2, 50, 1_000)))
+    decoded = codec.decode_acceptor(record(4, 2049, 2049, value), 1 << 20)
+    assert decoded == (4, 2049, 2049, value)
+    assert codec.decode_acceptor(record(1, -1), 1 << 20) == (1, -1, -1, None)
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x00", b"\x92\x01\x02", b"not msgpack at all"])
+def test_a_broken_record_is_a_frame_error(junk: bytes) -> None:
+    with pytest.raises(FrameError):
+        codec.decode_acceptor(junk, 1 << 20)
+
+
+# --- the core ----------------------------------------------------------------------------------
+
+
+def test_a_remembered_acceptor_is_taken_back_and_nothing_is_forgotten() -> None:
+    core = core_of(FIRST_INCARNATION + 1)
+    broken = core.remember_acceptors({"s": record(2, (3 << 10) | 1)})
+    assert broken == []
+    acc = core.streams["s"].acceptor
+    assert (acc.number, acc.promised) == (2, (3 << 10) | 1)
+    assert not forgot_acceptor(core, "s")
+    assert not forgot_acceptor(core, "t")  # no record: it never promised anything there
+
+
+def test_an_unreadable_record_counts_as_forgotten() -> None:
+    core = core_of(FIRST_INCARNATION + 1)
+    assert core.remember_acceptors({"s": b"\xc1garbage", "t": record(1, -1)}) == ["s"]
+    assert forgot_acceptor(core, "s")
+    assert not forgot_acceptor(core, "t")
+
+
+def test_without_acceptor_memory_only_a_restart_forgets() -> None:
+    # A first start has nothing to forget; a later start without memory may have promised.
+    assert not forgot_acceptor(core_of(FIRST_INCARNATION), "s")
+    assert forgot_acceptor(core_of(FIRST_INCARNATION + 1), "s")
+
+
+def test_a_changed_acceptor_is_handed_to_the_shell_only_when_it_keeps_memory() -> None:
+    without = core_of(FIRST_INCARNATION)
+    without.remember(without.streams["s"])
+    assert without.outbox.acceptors == []
+    keeping = core_of(FIRST_INCARNATION)
+    keeping.remember_acceptors({})
+    keeping.remember(keeping.streams["s"])
+    [(stream, kept)] = keeping.outbox.acceptors
+    assert stream == "s"
+    assert codec.decode_acceptor(kept, 1 << 20)[0] == keeping.streams["s"].acceptor.number
