@@ -3,16 +3,16 @@ and 5.9's effect on pending produces).
 
 A produce reaching a member is given the next sequence number of the member's hybrid clock,
 inserted, and published in the next `TxBatch`; its producer waits until the committed
-prefix reaches it. A produce reaching a non-member is forwarded once to a live member. Every
-produce gets exactly one answer (G3): `committed(seq)`, `rejected(reason)`, `fenced` with
-relays to try, or `unknown` when the outcome cannot be known in time.
+prefix reaches it. A produce reaching a non-member is forwarded once to a live member that
+hears us. Every produce gets exactly one answer (G3): `committed(seq)`, `rejected(reason)`,
+`fenced` with relays to try, or `unknown` when the outcome cannot be known in time.
 """
 
 from __future__ import annotations
 
 from relay.core import fencing
 from relay.core.fencing import redirect_for
-from relay.core.links import is_live
+from relay.core.links import hears_us, is_live
 from relay.core.messages import (
     Forward,
     ForwardReply,
@@ -74,7 +74,10 @@ def forward(
 ) -> None:
     if waiter.origin is not None:  # never forward twice
         return answer(core, waiter, Outcome.FENCED, redirect=members)
-    live = [m for m in members if is_live(core, core.peers[m], now_ms)]
+    # A member we hear but that does not hear us (a one-way cut) would never get it.
+    live = [
+        m for m in members if is_live(core, core.peers[m], now_ms) and hears_us(core, core.peers[m])
+    ]
     if not live:
         return answer(core, waiter, Outcome.FENCED, redirect=members)
     forward_id = core.request_id()

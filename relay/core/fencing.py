@@ -12,6 +12,7 @@ fence means for the produces being coordinated is the coordinator's rule
 from __future__ import annotations
 
 from relay.core.links import clock_outlier, is_live
+from relay.core.messages import ViewPhase
 from relay.core.state import RelayState, StreamState, open_interval
 
 # Why a relay does not coordinate a stream's produces (`reason`).
@@ -68,7 +69,8 @@ def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[in
     the relays it waits for (5.9): for `quorum` the members not heard; for `joining` the
     members whose answer is missing or cannot serve as a base; for `not_admitted` the
     admitted members, which must agree to a view change; for `clock` this relay; for
-    `view_change` the proposer it promised."""
+    `view_change` the members whose answer our proposal lacks (a member still joining
+    after a restart does not promise), or the proposer we promised."""
     why = reason(core, st, now_ms)
     if why == QUORUM:
         return why, tuple(m for m in st.peers if not is_live(core, core.peers[m], now_ms))
@@ -85,6 +87,10 @@ def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[in
         return why, tuple(i.member for i in st.view.intervals if i.cut < 0)
     if why == CLOCK:
         return why, (core.id,)
+    prop = st.proposal
+    if prop is not None:  # ours: the members whose answer it still needs
+        done = prop.promises if prop.phase is ViewPhase.PREPARE else prop.accepted_by
+        return VIEW_CHANGE, tuple(m for m in st.peers if m not in done)
     acc = st.acceptor
     if acc.promised >= 0:
         return VIEW_CHANGE, (acc.promised_to[0],) if acc.promised_to[0] >= 0 else ()

@@ -108,6 +108,12 @@ def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
     return now_ms - peer.last_heard_ms < timeout_ms(core, peer)
 
 
+def hears_us(core: RelayState, peer: PeerState) -> bool:
+    """`peer` said in its last heartbeat that it hears us (before its first heartbeat it
+    has said nothing: take that it does)."""
+    return core.id in peer.hears or peer.heartbeat_ms == NEVER
+
+
 def on_heartbeat(core: RelayState, peer: PeerState, sent_wall_ms: int, now_ms: int) -> None:
     """Note a heartbeat's arrival (its gap since the last one) and the sender's clock."""
     if peer.heartbeat_ms > 0:

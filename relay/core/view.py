@@ -36,7 +36,7 @@ from collections import deque
 
 from relay.core import coordinate, links
 from relay.core.fencing import heard
-from relay.core.links import clock_outlier, is_live
+from relay.core.links import clock_outlier, hears_us, is_live
 from relay.core.messages import (
     Entry,
     Interval,
@@ -262,6 +262,8 @@ def _hears(core: RelayState, listener: int, speaker: int, now_ms: int) -> bool:
     if listener == core.id:
         return is_live(core, core.peers[speaker], now_ms)
     peer = core.peers[listener]
+    if speaker == core.id:
+        return hears_us(core, peer)
     # Before its first heartbeat a peer has not said whom it hears: take that it does.
     return speaker in peer.hears or peer.heartbeat_ms == NEVER
 
