@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from relay import wire
-from relay.core import Limits, Outcome, ReadStatus
+from relay.core import Limits, Outcome, ReadStatus, RejectReason
 from relay.core.fields import MAX_STREAM_NAME_BYTES, MAX_U63, MAX_U64
 from relay.errors import (
     ClientError,
@@ -191,6 +191,7 @@ class Op:
         "key",
         "kind",
         "last_fenced",
+        "last_late",
         "notes",
         "pseq",
         "retry_same",
@@ -220,6 +221,7 @@ class Op:
         self.rounds = 0
         self.saw_unknown = False  # an attempt may have reached a relay without an answer
         self.last_fenced: tuple[int, ...] | None = None  # the last answer's redirect if fenced
+        self.last_late = False  # the last answer was `rejected (late)`
         self.candidates: deque[str] = deque()
         # Tuples, not a set and a list: they are rarely more than one item long, and fewer
         # containers per transaction leave the garbage collector less to walk.
@@ -448,6 +450,12 @@ class ProduceEngine:
             self.stats["stale_answers"] += 1
             if outcome is Outcome.UNKNOWN:
                 op.saw_unknown = True
+        elif outcome is Outcome.REJECTED and reason.split(" ", 1)[0] == RejectReason.LATE.value:
+            # That copy will never be delivered (a committed prefix, or a view change,
+            # left it out): another attempt with the same producer seq is safe, and is
+            # what a producer wants, as after `fenced`.
+            self.stats["rejected_late"] += 1
+            self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, late=True)
         elif outcome is Outcome.REJECTED:
             self._finish(op, error=self._rejected(op, endpoint, reason))
         elif outcome is Outcome.FENCED:
@@ -600,6 +608,7 @@ class ProduceEngine:
         unknown: bool,
         redirect: tuple[int, ...] = (),
         fenced: bool = False,
+        late: bool = False,
     ) -> None:
         """The current attempt failed: go on with the next relay (redirects first)."""
         self._forget_batch(op)
@@ -610,6 +619,7 @@ class ProduceEngine:
         op.notes.append(note)
         op.saw_unknown = op.saw_unknown or unknown
         op.last_fenced = redirect if fenced else None
+        op.last_late = late
         if self._preferred.get(op.stream) == op.endpoint:
             del self._preferred[op.stream]
             self._orders.pop(op.stream, None)
@@ -666,6 +676,11 @@ class ProduceEngine:
             return Unknown(
                 f"{self._what(op)}: no definite answer {why}; retrying with the same "
                 "producer id and producer seq is safe"
+            )
+        if op.last_late:
+            return Rejected(
+                f"{self._what(op)}: every copy was left out {why}: "
+                f"{_REJECT_TEXT['late']}; no copy will be delivered"
             )
         if op.last_fenced is not None:
             return Fenced(

@@ -258,26 +258,37 @@ def test_rejected_is_final_unless_an_earlier_attempt_was_unknown() -> None:
         FakeRelay(produce_answer(Outcome.REJECTED, reason="late")) as late,
         FakeRelay(produce_answer(Outcome.REJECTED, reason="unknown_stream")) as nobody,
         FakeRelay(silent) as mute,
+        FakeRelay(produce_answer(Outcome.COMMITTED, seq=9)) as fine,
+        FakeRelay(produce_answer(Outcome.REJECTED, reason="too_large")) as big,
     ):
-        with Producer([late.endpoint]) as p, pytest.raises(Rejected, match="late"):
+        # `late` is retried (that copy will never be delivered); only when every attempt
+        # until the deadline was left out is it final.
+        with (
+            Producer([late.endpoint], request_timeout_s=0.3) as p,
+            pytest.raises(Rejected, match="every copy was left out"),
+        ):
             p.send("s", b"v")
+        assert len(late.requests) >= 2
+        with Producer([late.endpoint, fine.endpoint]) as p:
+            assert p.send("s", b"v") == 9
+            assert p.stats["rejected_late"] == 1
         with Producer([nobody.endpoint]) as p, pytest.raises(UnknownStream):
             p.send("s", b"v")
         # unknown, then rejected by the next relay: the first copy may still commit.
-        with Producer([unknown.endpoint, late.endpoint]) as p:
+        with Producer([unknown.endpoint, big.endpoint]) as p:
             with pytest.raises(Unknown, match="may still commit"):
                 p.send("s", b"v")
             assert p.next_producer_seq == 1
         # A timeout counts as unknown too.
         with (
-            Producer([mute.endpoint, late.endpoint], request_timeout_s=0.2) as p,
+            Producer([mute.endpoint, big.endpoint], request_timeout_s=0.2) as p,
             pytest.raises(Unknown, match="may still commit"),
         ):
             p.send("s", b"v")
-        retried = unknown.requests + late.requests + mute.requests
+        retried = unknown.requests + big.requests + mute.requests
         assert all(isinstance(m, wire.ProduceReq) for m in retried)
         # Within one send, every attempt carries the same producer id and seq.
-        last = late.requests[-1]
+        last = big.requests[-1]
         assert isinstance(last, wire.ProduceReq)
         same = [
             m
