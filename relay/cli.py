@@ -1150,6 +1150,13 @@ def bench(
 @click.option("--consumers", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--json-file",
+    "json_file",
+    default=None,
+    metavar="FILE",
+    help="Also write the JSON document to FILE (the table still goes to stdout).",
+)
 @click.option("--keep-logs", is_flag=True, help="Keep every scenario's relay logs.")
 def chaos(
     relays: str,
@@ -1159,6 +1166,7 @@ def chaos(
     consumers: int,
     seed: int,
     as_json: bool,
+    json_file: str | None,
     keep_logs: bool,
 ) -> None:
     """Run real relays under real faults, then check the history they kept (as root).
@@ -1185,6 +1193,7 @@ def chaos(
             consumers=consumers,
             seed=seed,
             as_json=as_json,
+            json_file=json_file,
             keep_logs=keep_logs,
         )
     )

@@ -892,6 +892,7 @@ def run_cli(
     seed: int,
     as_json: bool,
     keep_logs: bool,
+    json_file: str | None = None,
     out: IO[str] | None = None,
 ) -> int:
     out = sys.stdout if out is None else out
@@ -911,9 +912,17 @@ def run_cli(
         return EXIT_HARNESS
     finally:
         signal.signal(signal.SIGTERM, previous)
+    doc = json.dumps(document(options, results), indent=2)
+    if json_file is not None:
+        Path(json_file).write_text(doc + "\n", encoding="utf-8")
     if as_json:
-        print(json.dumps(document(options, results), indent=2), file=out)
+        print(doc, file=out)
     else:
+        print(
+            f"relay chaos: {options.relays} relays, {options.duration_s:g} s per scenario, "
+            f"{options.producers} producers, {options.consumers} consumers, seed {options.seed}",
+            file=out,
+        )
         print(table(results), file=out)
         for r in results:
             for problem in r.problems:
