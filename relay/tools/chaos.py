@@ -31,10 +31,17 @@ FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) f
 start, so the offset of a running relay can be rewritten.
 
 Printed per scenario: attempts, committed, unknown, fenced, lost, dup, phantom, divergent
-(relays and consumers), max_gap_s (the longest time without a commit acknowledgement over
-all producers, from their start to their stop) and recover_s (heal to the next commit:
-max and median). Exit codes: 0; 1 if any scenario lost, duplicated, invented or diverged;
-2 usage; 3 if the harness could not run (not root, tools missing, a mesh did not start).
+(relays and consumers), stuck (relays not joined, unfenced and caught up within
+CONVERGE_TIMEOUT_S after the run, or whose history could not be read from them alone),
+max_gap_s (the longest time without a commit acknowledgement over all producers, from
+their start to their stop), recover_s (heal to the next commit: max and median) and
+rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
+which that did not happen within the settle time, before the next fault). `--json` adds
+the fault times, each relay's history span, `unverified` (acknowledged writes older than
+anything any relay or live consumer still shows: without a store, a history every relay
+has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
+lost, duplicated, invented, diverged or got stuck; 2 usage; 3 if the harness could not
+run (not root, tools missing).
 Namespaces, links, rules and relay processes are always removed, also on failure and
 Ctrl-C; a crashed run's leftovers are removed at the next start.
 """
@@ -529,6 +536,7 @@ class ScenarioResult:
     rejected: int = 0
     unknown_appeared: int = 0
     lost: int = 0
+    unverified: int = 0  # acknowledged, older than any relay's memory and any consumer's log
     dup: int = 0
     phantom: int = 0
     divergent: list[str] = field(default_factory=list)
@@ -536,7 +544,7 @@ class ScenarioResult:
     recover_s: float | None = None  # the longest heal-to-commit time
     recover_median_s: float | None = None
     rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
-    rejoin_missed: int = 0  # heals after which not every relay was ready before the next fault
+    rejoin_missed: int = 0  # heals after which not every relay was ready within the settle time
     converged: bool = False
     stuck: list[str] = field(default_factory=list)  # relays not converged or not readable
     held: dict[str, list[int]] = field(default_factory=dict)  # "stream@relay": count, first, last
@@ -633,8 +641,8 @@ def _inject(
     while time.monotonic() < end:
         kind = rng.choice(FAULT_KINDS) if name == "mix" else name
         hold = rng.uniform(min(HOLD_S[0], hold_max), hold_max)
-        if time.monotonic() + hold > end:
-            break
+        if time.monotonic() + hold + min(SETTLE_S[0], settle_max) > end:
+            break  # no room to settle after the heal
         event = FaultEvent(kind, "", round(time.monotonic() - t0, 3))
         event.detail = faults.apply(kind)
         result.faults.append(event)
@@ -760,6 +768,7 @@ def _fill(
     result.rejected = verdict.rejected
     result.unknown_appeared = verdict.unknown_appeared
     result.lost = verdict.lost
+    result.unverified = verdict.unverified
     result.dup = verdict.duplicates
     result.phantom = verdict.phantom
     result.divergent = verdict.divergent
@@ -831,7 +840,7 @@ def _cell(result: ScenarioResult, key: str) -> str:
     if key in ("divergent", "stuck"):
         return str(len(getattr(result, key)))
     if key == "rejoin_s" and result.rejoin_missed:
-        return f"{_cell(result, 'rejoin_s_only')} ({result.rejoin_missed} never)"
+        return f"{_cell(result, 'rejoin_s_only')} ({result.rejoin_missed} late)"
     if key == "rejoin_s_only":
         key = "rejoin_s"
     if key == "recover_s":
@@ -863,7 +872,8 @@ def table(results: Sequence[ScenarioResult]) -> str:
 def _summary_line(r: ScenarioResult) -> str:
     return (
         f"{r.attempts} attempts, {r.committed} committed, {r.unknown} unknown, "
-        f"{r.fenced} fenced, {r.lost} lost, {r.dup} dup, {r.phantom} phantom, "
+        f"{r.fenced} fenced, {r.lost} lost ({r.unverified} unverified), {r.dup} dup, "
+        f"{r.phantom} phantom, "
         f"divergent {r.divergent or 'none'}, stuck {r.stuck or 'none'}, "
         f"max gap {_cell(r, 'max_gap_s')} s, "
         f"recover {_cell(r, 'recover_s')} s, rejoin {_cell(r, 'rejoin_s')} s"

@@ -7,8 +7,12 @@ during the run (`ConsumerLog`). `check` compares them:
 
 - every acknowledged write appears exactly once, at the seq its producer was told, on every
   relay whose history covers that seq (a relay restarted with an empty memory holds only a
-  suffix: it covers the seqs from its first record on), and on at least one relay: a write
-  held nowhere is `lost`;
+  suffix: it covers the seqs from its first record on; one restarted after the last write
+  holds nothing, which the harness's convergence wait on committed points vouches for),
+  and on at least one relay: a write
+  held nowhere is `lost`. Where no relay covers a seq any more (each was restarted since;
+  without a store nothing keeps the old history) the live consumers' logs are the
+  evidence; a write older than all of them is `unverified`, not lost;
 - every relay holds the same write at every seq it shares with the others, and no relay
   lacks a seq the others hold inside its own range: where relays disagree the minority
   (every side on a tie) is `divergent`, as is a relay still missing acknowledged writes
@@ -114,6 +118,7 @@ class Verdict:
     rejected: int = 0
     unknown_appeared: int = 0  # unknown outcomes found in the history after all
     lost: int = 0
+    unverified: int = 0  # acknowledged, but older than what any relay or consumer still shows
     duplicates: int = 0
     phantom: int = 0
     divergent: list[str] = field(default_factory=list)  # "relay 2", "consumer c1"
@@ -233,6 +238,21 @@ def _check_stream(
             )
         )
 
+    # Seqs no relay covers any more (each relay was restarted since, holding a suffix):
+    # there the live consumers' logs are the evidence, again the majority of those
+    # covering a seq (the consumer check below flags the others).
+    def relay_covers(seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in span.values())
+
+    seen_by = {log.name: {r.seq: r for r in log.records} for log in consumers}
+    consumer_span = {name: (min(at), max(at)) for name, at in seen_by.items() if at}
+    for seq in sorted({q for at in seen_by.values() for q in at if not relay_covers(q)}):
+        logs = [n for n, (lo, hi) in consumer_span.items() if lo <= seq <= hi]
+        votes = Counter(seen_by[n][seq].write if seq in seen_by[n] else None for n in logs)
+        (top, top_n), *rest = votes.most_common()
+        if top is not None and not (rest and rest[0][1] == top_n):
+            reference[seq] = top
+
     # The acknowledged writes: at their seq, on every relay covering it, on at least one.
     where: dict[WriteId, list[int]] = defaultdict(list)
     for seq, write in reference.items():
@@ -242,14 +262,17 @@ def _check_stream(
             duplicated.add(write)
             verdict.problem(f"{stream}: {_name(write)} at seqs {sorted(at)}")
     acknowledged = [a for a in attempts if a.outcome == COMMITTED]
-    if not histories:
-        if acknowledged:
-            verdict.problem(f"{stream}: no relay's history could be read; nothing to check")
-        return
-    for relay in sorted(held):
-        if relay not in span and acknowledged:
-            divergent.add(_label(relay))
-            verdict.problem(f"{stream}: relay {relay} holds nothing at all")
+    if not histories and acknowledged:
+        verdict.problem(f"{stream}: no relay's history could be read")
+    relays_end = max((hi for _, hi in span.values()), default=-1)
+
+    def covered(seq: int) -> bool:
+        return (
+            relay_covers(seq)
+            or any(lo <= seq <= hi for lo, hi in consumer_span.values())
+            or (bool(held) and seq > relays_end)  # past every relay's end: missing, not gone
+        )
+
     for attempt in attempts:
         if attempt.outcome == UNKNOWN and attempt.write in where:
             verdict.unknown_appeared += 1
@@ -257,11 +280,14 @@ def _check_stream(
             continue
         assert attempt.seq is not None, "a committed attempt has its seq"
         if reference.get(attempt.seq) != attempt.write:
+            if not covered(attempt.seq) and attempt.write not in where:
+                verdict.unverified += 1  # older than every relay's memory and every log
+                continue
             verdict.lost += 1
             found = where.get(attempt.write)
             verdict.problem(
                 f"{stream}: acknowledged {_name(attempt.write)} at seq {attempt.seq} "
-                + (f"is at seq {sorted(found)} instead" if found else "is held by no relay")
+                + (f"is at seq {sorted(found)} instead" if found else "is held by no one")
             )
             continue
         for relay, (_lo, hi) in span.items():
@@ -286,7 +312,7 @@ def _check_stream(
             if record.seq <= previous_seq:
                 bad = f"yielded seq {record.seq} after {previous_seq}"
             elif reference.get(record.seq) != record.write:
-                bad = f"yielded {_name(record.write)} at seq {record.seq}, not what relays hold"
+                bad = f"yielded {_name(record.write)} at seq {record.seq}, not the majority's"
             elif previous_index is not None and position[record.seq] != previous_index + 1:
                 skipped = ordered[previous_index + 1]
                 bad = f"skipped seq {skipped} between {previous_seq} and {record.seq}"
