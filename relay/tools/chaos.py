@@ -87,7 +87,6 @@ __all__ = [
 SCENARIOS = ("kill", "pause", "partition", "partial-partition", "clock", "clock-restart", "mix")
 FAULT_KINDS = SCENARIOS[:-1]
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
-RELAY_COUNTS = (3, 5)
 STREAMS = ("chaos.a", "chaos.b")
 MESH_PORT = 7100  # every relay has its own address, so all use the same ports
 CLIENT_PORT = 7200
@@ -110,7 +109,7 @@ SETTLE_S = (3.0, 6.0)  # after a heal, before the next fault
 CLOCK_STEPS_S = (-180, -120, -60, -30, 30, 60, 120, 180)
 CLOCK_BACK_S = (30, 60, 120, 180)
 
-EXIT_OK, EXIT_BAD, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
+EXIT_OK, EXIT_BAD, EXIT_HARNESS = 0, 1, 3  # 2, usage, is click's
 
 
 class ChaosError(RuntimeError):
@@ -456,13 +455,10 @@ class FaultEvent:
 class Faults:
     """Applies one fault at a time and heals it; `heal_everything` undoes whatever is on."""
 
-    def __init__(
-        self, relays: RelayProcesses, net: ChaosNet, rng: random.Random, log: Callable[[str], None]
-    ) -> None:
+    def __init__(self, relays: RelayProcesses, net: ChaosNet, rng: random.Random) -> None:
         self.relays = relays
         self.net = net
         self.rng = rng
-        self.log = log
         self.cycle = 0
         self._heal: Callable[[], None] | None = None
 
@@ -566,7 +562,7 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     faketime = libfaketime() if name in CLOCK_SCENARIOS else None
     relays = RelayProcesses(net, write_topology(directory, net), directory, faketime=faketime)
     rng = random.Random(f"{seed}:{name}:{options.relays}")
-    faults = Faults(relays, net, rng, log)
+    faults = Faults(relays, net, rng)
     producers: list[ProducerThread] = []
     consumers: list[ConsumerThread] = []
     try:
