@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -102,6 +103,7 @@ THREAD_JOIN_S = SEND_TIMEOUT_S + 10.0
 STATUS_TIMEOUT_S = 1.0
 POLL_S = 0.1
 KILL_WAIT_S = 5.0
+CPU_SAMPLE_S = 0.5  # how long a silent relay's CPU use is watched
 
 WARMUP_FRACTION = 0.1  # of the duration, before the first fault
 HOLD_S = (3.0, 8.0)  # how long a fault lasts (at most a quarter of the duration)
@@ -260,6 +262,20 @@ class RelayProcesses:
             self.procs[relay].send_signal(signal.SIGCONT)
         self.paused.discard(relay)
 
+    def process_state(self, relay: int) -> str:
+        """The relay process's state and CPU use, to tell a busy relay from a stuck one."""
+        proc = self.procs[relay]
+        if proc.poll() is not None:
+            return f"exited with code {proc.returncode}"
+        first = _cpu_ticks(proc.pid)
+        time.sleep(CPU_SAMPLE_S)
+        second = _cpu_ticks(proc.pid)
+        if first is None or second is None:
+            return "gone"
+        ticks_s = os.sysconf("SC_CLK_TCK")
+        busy = (second[1] - first[1]) / ticks_s / CPU_SAMPLE_S
+        return f"state {second[0]}, {100 * busy:.0f}% of a core"
+
     def alive(self, relay: int) -> bool:
         return self.procs[relay].poll() is None
 
@@ -316,6 +332,16 @@ class RelayProcesses:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(KILL_WAIT_S)
             self.paused.discard(relay)
+
+
+def _cpu_ticks(pid: int) -> tuple[str, int] | None:
+    """(state letter, user + system clock ticks) of a process, from /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return fields[0], int(fields[11]) + int(fields[12])
 
 
 # --- the clients ------------------------------------------------------------------------------
@@ -537,6 +563,10 @@ class ScenarioResult:
     phantom: int = 0
     divergent: list[str] = field(default_factory=list)
     max_gap_s: float | None = None
+    # Per producer: its longest gap between acknowledgements and when it began (seconds
+    # since the producers started): all gaps at once is the mesh stalling, one alone is
+    # a producer waiting out its request or send timeout.
+    producer_gaps: dict[str, list[float]] = field(default_factory=dict)
     recover_s: float | None = None  # the longest heal-to-commit time
     recover_median_s: float | None = None
     rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
@@ -678,7 +708,7 @@ def _converge(
         behind = {}
         for relay, status in relays.statuses().items():
             if status is None:
-                behind[relay] = "no status answer"
+                behind[relay] = f"no status answer ({relays.process_state(relay)})"
                 continue
             reason = not_ready_reason(relays.config.relays[relay], status)
             if reason is not None:
@@ -773,6 +803,14 @@ def _fill(
         result.problems.append(f"... {verdict.problem_count - len(verdict.problems)} more")
     acks = [a.ended_s for a in attempts if a.outcome == history.COMMITTED]
     result.max_gap_s = round(history.commit_gaps(acks, t0, t_end), 3)
+    by_producer: dict[bytes, list[float]] = {}
+    for a in attempts:
+        if a.outcome == history.COMMITTED:
+            by_producer.setdefault(a.producer_id, []).append(a.ended_s)
+    for producer_id, times in sorted(by_producer.items()):
+        points = [t0, *sorted(times), t_end]
+        begin, end = max(itertools.pairwise(points), key=lambda p: p[1] - p[0])
+        result.producer_gaps[producer_id.decode()] = [round(end - begin, 3), round(begin - t0, 3)]
     heals = [t0 + f.heal_s for f in result.faults if f.heal_s is not None]
     worst, median = history.summary(history.recovery_times(heals, acks, t_end))
     result.recover_s = None if worst is None else round(worst, 3)
