@@ -1158,6 +1158,14 @@ def bench(
     help="Also write the JSON document to FILE (the table still goes to stdout).",
 )
 @click.option("--keep-logs", is_flag=True, help="Keep every scenario's relay logs.")
+@click.option(
+    "--relay-log-level",
+    "relay_log_level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="Log level of the relays (their logs are kept for failed scenarios).",
+)
 def chaos(
     relays: str,
     scenarios: tuple[str, ...],
@@ -1168,15 +1176,16 @@ def chaos(
     as_json: bool,
     json_file: str | None,
     keep_logs: bool,
+    relay_log_level: str,
 ) -> None:
     """Run real relays under real faults, then check the history they kept (as root).
 
     Each relay runs in its own network namespace; faults are kill -9, SIGSTOP, iptables
     partitions and libfaketime clock steps (bash scripts/chaos-deps.sh installs the tools).
     Prints per scenario: attempts, committed, unknown, fenced, lost, dup, phantom,
-    divergent, the longest gap without a commit and the time to recover after a heal.
-    Exit codes: 0; 1 if a scenario lost, duplicated, invented or diverged; 3 if the
-    harness could not run.
+    divergent, stuck, the longest gap without a commit, the time to recover after a heal
+    and to rejoin. Exit codes: 0; 1 if a scenario lost, duplicated, invented, diverged
+    or got stuck; 3 if the harness could not run.
     """
     from relay.tools.chaos import parse_scenarios, run_cli
 
@@ -1195,6 +1204,7 @@ def chaos(
             as_json=as_json,
             json_file=json_file,
             keep_logs=keep_logs,
+            relay_log_level=relay_log_level.lower(),
         )
     )
 

@@ -127,6 +127,7 @@ class Options:
     consumers: int = 2
     seed: int = 0
     keep_logs: bool = False
+    relay_log_level: str = "warning"
     log: Callable[[str], None] = field(default=lambda text: None, compare=False)
 
 
@@ -193,9 +194,16 @@ class RelayProcesses:
     (a relay dies with the thread that started it)."""
 
     def __init__(
-        self, net: ChaosNet, topology: Path, directory: Path, *, faketime: Path | None
+        self,
+        net: ChaosNet,
+        topology: Path,
+        directory: Path,
+        *,
+        faketime: Path | None,
+        log_level: str = "warning",
     ) -> None:
         self.net = net
+        self.log_level = log_level
         self.topology = topology
         self.config: MeshConfig = load(topology)
         self.directory = directory
@@ -233,7 +241,7 @@ class RelayProcesses:
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
             )
         argv = [sys.executable, "-m", "relay", "run", "--config", str(self.topology)]
-        argv += ["--relay", str(relay), "--log-level", "warning"]
+        argv += ["--relay", str(relay), "--log-level", self.log_level]
         with open(self.directory / f"relay-{relay}.log", "ab") as out:
             self.procs[relay] = subprocess.Popen(
                 self.net.command(relay, argv),
@@ -590,7 +598,13 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     directory = Path(tempfile.mkdtemp(prefix=f"relay-chaos-{name}-"))
     log = options.log
     faketime = libfaketime() if name in CLOCK_SCENARIOS else None
-    relays = RelayProcesses(net, write_topology(directory, net), directory, faketime=faketime)
+    relays = RelayProcesses(
+        net,
+        write_topology(directory, net),
+        directory,
+        faketime=faketime,
+        log_level=options.relay_log_level,
+    )
     rng = random.Random(f"{seed}:{name}:{options.relays}")
     faults = Faults(relays, net, rng)
     producers: list[ProducerThread] = []
@@ -937,6 +951,7 @@ def run_cli(
     as_json: bool,
     keep_logs: bool,
     json_file: str | None = None,
+    relay_log_level: str = "warning",
     out: IO[str] | None = None,
 ) -> int:
     out = sys.stdout if out is None else out
@@ -944,7 +959,9 @@ def run_cli(
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    options = Options(relays, scenarios, duration_s, producers, consumers, seed, keep_logs, log)
+    options = Options(
+        relays, scenarios, duration_s, producers, consumers, seed, keep_logs, relay_log_level, log
+    )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = run_scenarios(options)
