@@ -1,0 +1,997 @@
+"""`relay chaos`: real relay processes under real faults, and a check of what they kept.
+
+    sudo .venv/bin/relay chaos [--relays 3|5] [--scenario NAME ...|all] [--duration-s 90]
+        [--producers N] [--consumers N] [--seed S] [--json] [--keep-logs]
+
+For each scenario, on a fresh mesh (relay/tools/netns.py: every relay in its own network
+namespace on a bridge, at 10.77.0.10+i; the clients on the host end, 10.77.0.1):
+
+1. start the relays (`ip netns exec NS python -m relay run ...`) and wait until each has
+   joined every stream; start `--producers` producers (one transaction in flight each,
+   every relay in their list, a different one first, streams in turn) and `--consumers`
+   live consumers (from earliest, failing over between relays as the client does);
+2. after a warm-up, inject the scenario's fault, hold it, heal it, let the mesh settle,
+   again until `--duration-s` has passed; the fault start and heal times are kept;
+3. heal everything, stop the producers, wait (bounded) until every relay has committed
+   every acknowledged write, read each relay's history of each stream from that relay
+   alone, and check it (relay/tools/chaos_history.py).
+
+Scenarios (one relay or one link at a time, so a majority can always commit):
+  kill               kill -9 a relay, restart it after the hold (empty memory)
+  pause              SIGSTOP a relay, SIGCONT after the hold
+  partition          cut a relay from every other relay, both ways (clients reach it)
+  partial-partition  cut one link between two relays, both ways or (every other time) one way
+  clock              step a running relay's wall clock by -180..+180 s, back to 0 at the heal
+  clock-restart      kill -9 a relay and restart it with its clock 30..180 s back; the heal
+                     steps it to the right time
+  mix                each cycle one of the above, at random
+
+Relays of the clock scenarios (and of mix) run under libfaketime (LD_PRELOAD, a per-relay
+FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) from the
+start, so the offset of a running relay can be rewritten.
+
+Printed per scenario: attempts, committed, unknown, fenced, lost, dup, phantom, divergent
+(relays and consumers), stuck (relays not joined, unfenced and caught up within
+CONVERGE_TIMEOUT_S after the run, or whose history could not be read from them alone),
+max_gap_s (the longest time without a commit acknowledgement over all producers, from
+their start to their stop), recover_s (heal to the next commit: max and median) and
+rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
+which that did not happen within the settle time, before the next fault). `--json` adds
+the fault times, each relay's history span, `unverified` (acknowledged writes older than
+anything any relay or live consumer still shows: without a store, a history every relay
+has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
+lost, duplicated, invented, diverged or got stuck; 2 usage; 3 if the harness could not
+run (not root, tools missing).
+Namespaces, links, rules and relay processes are always removed, also on failure and
+Ctrl-C; a crashed run's leftovers are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml  # type: ignore[import-untyped, unused-ignore]
+
+from relay.client import Consumer, Producer
+from relay.errors import ClientError, Fenced, Rejected, UnknownStream
+from relay.launcher import not_ready_reason, query_status
+from relay.tools import chaos_history as history
+from relay.tools.netns import ChaosNet, NetError
+from relay.topology import MeshConfig, load
+
+__all__ = [
+    "SCENARIOS",
+    "ChaosError",
+    "Options",
+    "ScenarioResult",
+    "parse_scenarios",
+    "run_cli",
+    "run_scenarios",
+]
+
+SCENARIOS = ("kill", "pause", "partition", "partial-partition", "clock", "clock-restart", "mix")
+FAULT_KINDS = SCENARIOS[:-1]
+CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
+STREAMS = ("chaos.a", "chaos.b")
+MESH_PORT = 7100  # every relay has its own address, so all use the same ports
+CLIENT_PORT = 7200
+
+START_TIMEOUT_S = 30.0  # every relay joined
+CONVERGE_TIMEOUT_S = 30.0  # after the run: every relay committed every acknowledged write
+READ_IDLE_S = 2.0  # reading a relay's history ends after this long without a record
+READ_TIMEOUT_S = 60.0  # reading one relay's history in total
+SEND_TIMEOUT_S = 10.0  # one produce, every attempt included: then it counts as unknown
+REQUEST_TIMEOUT_S = 3.0  # one attempt (a relay answers unknown after produce_timeout_ms)
+CONSUMER_IDLE_S = 0.5  # a live consumer looks at its stop flag this often
+THREAD_JOIN_S = SEND_TIMEOUT_S + 10.0
+STATUS_TIMEOUT_S = 1.0
+POLL_S = 0.1
+KILL_WAIT_S = 5.0
+CPU_SAMPLE_S = 0.5  # how long a silent relay's CPU use is watched
+
+WARMUP_FRACTION = 0.1  # of the duration, before the first fault
+HOLD_S = (3.0, 8.0)  # how long a fault lasts (at most a quarter of the duration)
+SETTLE_S = (3.0, 6.0)  # after a heal, before the next fault
+CLOCK_STEPS_S = (-180, -120, -60, -30, 30, 60, 120, 180)
+CLOCK_BACK_S = (30, 60, 120, 180)
+
+EXIT_OK, EXIT_BAD, EXIT_HARNESS = 0, 1, 3  # 2, usage, is click's
+
+
+class ChaosError(RuntimeError):
+    """The harness could not run a scenario (a relay did not start, a tool failed)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    relays: int = 3
+    scenarios: tuple[str, ...] = SCENARIOS
+    duration_s: float = 90.0
+    producers: int = 3
+    consumers: int = 2
+    seed: int = 0
+    keep_logs: bool = False
+    relay_log_level: str = "warning"
+    log: Callable[[str], None] = field(default=lambda text: None, compare=False)
+
+
+def parse_scenarios(names: Sequence[str]) -> tuple[str, ...]:
+    """Scenario names (each may be a comma list; `all` alone means every one), in the
+    given order without repeats; ValueError naming an unknown one."""
+    chosen: list[str] = []
+    for raw in names:
+        for name in (n.strip().lower() for n in raw.split(",")):
+            if not name:
+                continue
+            if name == "all":
+                chosen.extend(s for s in SCENARIOS if s not in chosen)
+            elif name not in SCENARIOS:
+                raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+            elif name not in chosen:
+                chosen.append(name)
+    return tuple(chosen) or SCENARIOS
+
+
+# --- the relay processes ----------------------------------------------------------------------
+
+
+def libfaketime() -> Path:
+    """The preload library of libfaketime (Debian package `faketime`)."""
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1"):
+        for path in sorted(Path("/").glob(pattern.lstrip("/"))):
+            return path
+    raise ChaosError("libfaketime not found (bash scripts/chaos-deps.sh installs it)")
+
+
+def write_topology(directory: Path, net: ChaosNet) -> Path:
+    """The topology of the run: relay i at its namespace's address, every stream on all."""
+    doc: dict[str, Any] = {
+        "relays": [
+            {
+                "id": relay,
+                "host": net.address(relay),
+                "mesh_port": MESH_PORT,
+                "client_port": CLIENT_PORT,
+                "streams": ["chaos.*"],
+            }
+            for relay in range(net.relays)
+        ],
+        "streams": list(STREAMS),
+        "data_dir": str(directory / "data"),
+    }
+    path = directory / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+class RelayProcesses:
+    """The relays of one scenario, each in its namespace; logs (appended across
+    restarts) and faketime offset files in `directory`. Spawn from the main thread only
+    (a relay dies with the thread that started it)."""
+
+    def __init__(
+        self,
+        net: ChaosNet,
+        topology: Path,
+        directory: Path,
+        *,
+        faketime: Path | None,
+        log_level: str = "warning",
+    ) -> None:
+        self.net = net
+        self.log_level = log_level
+        self.topology = topology
+        self.config: MeshConfig = load(topology)
+        self.directory = directory
+        self.faketime = faketime
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.paused: set[int] = set()
+
+    def endpoint(self, relay: int) -> str:
+        return self.config.relays[relay].client_endpoint
+
+    def clock_file(self, relay: int) -> Path:
+        return self.directory / f"clock-{relay}.txt"
+
+    def set_clock(self, relay: int, offset_s: int) -> None:
+        """Step the relay's wall clock to real time + offset_s (at once if it runs)."""
+        if self.faketime is None:
+            raise ChaosError("clock steps need the relays to run under libfaketime")
+        path = self.clock_file(relay)
+        temp = path.with_suffix(".tmp")
+        temp.write_text(f"{offset_s:+d}s\n", encoding="utf-8")
+        temp.replace(path)  # atomically: the relay never reads half a line
+
+    def start(self, relay: int) -> None:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.faketime is not None:
+            if not self.clock_file(relay).exists():
+                self.set_clock(relay, 0)
+            env.update(
+                LD_PRELOAD=str(self.faketime),
+                FAKETIME_TIMESTAMP_FILE=str(self.clock_file(relay)),
+                FAKETIME_NO_CACHE="1",
+                # A wall clock step only: the kernel never steps the monotonic clock, and
+                # the event loop's timers must not jump.
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+            )
+        argv = [sys.executable, "-m", "relay", "run", "--config", str(self.topology)]
+        argv += ["--relay", str(relay), "--log-level", self.log_level]
+        with open(self.directory / f"relay-{relay}.log", "ab") as out:
+            self.procs[relay] = subprocess.Popen(
+                self.net.command(relay, argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+        self.paused.discard(relay)
+
+    def kill(self, relay: int) -> None:
+        proc = self.procs[relay]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(KILL_WAIT_S)
+        self.paused.discard(relay)
+
+    def pause(self, relay: int) -> None:
+        self.procs[relay].send_signal(signal.SIGSTOP)
+        self.paused.add(relay)
+
+    def resume(self, relay: int) -> None:
+        if self.procs[relay].poll() is None:
+            self.procs[relay].send_signal(signal.SIGCONT)
+        self.paused.discard(relay)
+
+    def process_state(self, relay: int) -> str:
+        """The relay process's state and CPU use, to tell a busy relay from a stuck one."""
+        proc = self.procs[relay]
+        if proc.poll() is not None:
+            return f"exited with code {proc.returncode}"
+        first = _cpu_ticks(proc.pid)
+        time.sleep(CPU_SAMPLE_S)
+        second = _cpu_ticks(proc.pid)
+        if first is None or second is None:
+            return "gone"
+        ticks_s = os.sysconf("SC_CLK_TCK")
+        busy = (second[1] - first[1]) / ticks_s / CPU_SAMPLE_S
+        return f"state {second[0]}, {100 * busy:.0f}% of a core"
+
+    def alive(self, relay: int) -> bool:
+        return self.procs[relay].poll() is None
+
+    def statuses(self) -> dict[int, dict[str, Any] | None]:
+        replies = query_status({r: self.endpoint(r) for r in self.config.relays}, STATUS_TIMEOUT_S)
+        return {r: reply.status for r, reply in replies.items()}
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reasons: dict[int, str] = {}
+            for relay, status in self.statuses().items():
+                if not self.alive(relay):
+                    raise ChaosError(f"relay {relay} exited: {self.log_tail(relay)}")
+                if status is None:
+                    reasons[relay] = "no status answer"
+                else:
+                    reason = not_ready_reason(self.config.relays[relay], status)
+                    if reason is not None:
+                        reasons[relay] = reason
+            if not reasons:
+                return
+            if time.monotonic() >= deadline:
+                relay, reason = min(reasons.items())
+                raise ChaosError(
+                    f"relay {relay} not ready after {timeout_s:g} s: {reason}; "
+                    f"{self.log_tail(relay)}"
+                )
+            time.sleep(POLL_S)
+
+    def wait_ready_until(self, deadline: float) -> bool:
+        """Whether every relay is ready (joined, unfenced) before `deadline`."""
+        while time.monotonic() < deadline:
+            statuses = self.statuses()
+            if all(
+                status is not None and not_ready_reason(self.config.relays[r], status) is None
+                for r, status in statuses.items()
+            ):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    def log_tail(self, relay: int, lines: int = 5) -> str:
+        try:
+            text = (self.directory / f"relay-{relay}.log").read_text(errors="replace")
+        except OSError:
+            return "no log"
+        return " | ".join(text.splitlines()[-lines:]) or "empty log"
+
+    def stop_all(self) -> None:
+        for relay, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_WAIT_S)
+            self.paused.discard(relay)
+
+
+def _cpu_ticks(pid: int) -> tuple[str, int] | None:
+    """(state letter, user + system clock ticks) of a process, from /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+# --- the clients ------------------------------------------------------------------------------
+
+
+class ClientThread(threading.Thread):
+    """A client running until `stopping` is set; `failure` if it died of an exception."""
+
+    def __init__(self, name: str, relays: dict[int, str]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.relays = relays
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+
+
+class ProducerThread(ClientThread):
+    """One transaction in flight at a time until stopped; records every attempt."""
+
+    def __init__(self, name: str, relays: dict[int, str], streams: Sequence[str]) -> None:
+        super().__init__(name, relays)
+        self.streams = streams
+        self.producer_id = name.encode()
+        self.attempts: list[history.Attempt] = []
+
+    def run(self) -> None:
+        try:
+            with Producer(
+                self.relays,
+                producer_id=self.producer_id,
+                window=1,
+                send_timeout_s=SEND_TIMEOUT_S,
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            ) as producer:
+                n = 0
+                while not self.stopping.is_set():
+                    stream = self.streams[n % len(self.streams)]
+                    value = b"%s:%d" % (self.producer_id, n)
+                    pseq = producer.next_producer_seq
+                    started = time.monotonic()
+                    seq: int | None = None
+                    try:
+                        seq = producer.send(stream, value)
+                        outcome = history.COMMITTED
+                    except (Rejected, UnknownStream):
+                        outcome = history.REJECTED
+                    except Fenced:
+                        outcome = history.FENCED
+                    except ClientError:
+                        outcome = history.UNKNOWN
+                    self.attempts.append(
+                        history.Attempt(
+                            stream,
+                            self.producer_id,
+                            pseq,
+                            value,
+                            started,
+                            time.monotonic(),
+                            outcome,
+                            seq,
+                        )
+                    )
+                    n += 1
+        except BaseException as e:
+            self.failure = e
+
+
+class ConsumerThread(ClientThread):
+    """A live consumer of one stream from earliest, failing over like any client."""
+
+    def __init__(self, name: str, relays: dict[int, str], stream: str) -> None:
+        super().__init__(name, relays)
+        self.stream = stream
+        self.records: list[history.HistoryRecord] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        try:
+            with Consumer(self.relays, timeout_s=CONSUMER_IDLE_S, store=False) as consumer:
+                consumer.subscribe(self.stream, "earliest")
+                while not self.stopping.is_set():
+                    try:
+                        for record in consumer:
+                            self.records.append(_record(record))
+                            if self.stopping.is_set():
+                                break
+                    except ClientError as e:  # e.g. out of range: resume where it was
+                        self.errors.append(f"{type(e).__name__}: {e}")
+                        position = consumer.position
+                        consumer.subscribe(self.stream, -1 if position is None else position)
+        except BaseException as e:
+            self.failure = e
+
+
+def _record(record: Any) -> history.HistoryRecord:
+    return history.HistoryRecord(
+        record.seq, record.producer_id, record.producer_seq, bytes(record.value)
+    )
+
+
+def read_history(endpoint: str, relay: int, stream: str) -> history.RelayHistory:
+    """Everything the relay holds of the stream, read from it alone."""
+    records: list[history.HistoryRecord] = []
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    with Consumer({relay: endpoint}, timeout_s=READ_IDLE_S, store=False) as consumer:
+        consumer.subscribe(stream, "earliest")
+        for record in consumer:
+            records.append(_record(record))
+            if time.monotonic() > deadline:
+                break
+        left = {k: consumer.stats[k] for k in _READ_LEFT if consumer.stats[k]}
+    if left:  # it was told to go elsewhere or did not answer: only part of its history
+        why = ", ".join(f"{k} {n}" for k, n in sorted(left.items()))
+        raise Unreadable(f"relay {relay} {stream}: {why} after {len(records)} records")
+    return history.RelayHistory(relay, stream, tuple(records))
+
+
+# Why a consumer leaves a relay: reading a history ran into one, so it may be incomplete.
+_READ_LEFT = ("redirect", "fenced", "not_ready", "timeouts", "unreachable", "disconnects")
+
+
+class Unreadable(ChaosError):
+    """A relay's history could not be read in full from it alone."""
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+@dataclass
+class FaultEvent:
+    kind: str
+    detail: str
+    start_s: float  # since the producers started
+    heal_s: float | None = None
+    rejoin_s: float | None = None  # heal -> every relay joined and unfenced (None: not in time)
+
+
+class Faults:
+    """Applies one fault at a time and heals it; `heal_everything` undoes whatever is on."""
+
+    def __init__(self, relays: RelayProcesses, net: ChaosNet, rng: random.Random) -> None:
+        self.relays = relays
+        self.net = net
+        self.rng = rng
+        self.cycle = 0
+        self._heal: Callable[[], None] | None = None
+
+    def apply(self, kind: str) -> str:
+        """Inject a fault of `kind`; return what was done."""
+        assert self._heal is None, "one fault at a time"
+        ids = sorted(self.relays.procs)
+        victim = self.rng.choice(ids)
+        self.cycle += 1
+        if kind == "kill":
+            self.relays.kill(victim)
+            self._heal = lambda: self.relays.start(victim)
+            return f"kill -9 relay {victim}"
+        if kind == "pause":
+            self.relays.pause(victim)
+            self._heal = lambda: self.relays.resume(victim)
+            return f"SIGSTOP relay {victim}"
+        if kind == "partition":
+            self.net.isolate(victim)
+            self._heal = self.net.heal
+            return f"isolate relay {victim}"
+        if kind == "partial-partition":
+            other = self.rng.choice([r for r in ids if r != victim])
+            one_way = self.cycle % 2 == 0
+            self.net.cut(victim, other, one_way=one_way, mesh_port=MESH_PORT)
+            self._heal = self.net.heal
+            return f"cut {victim}->{other}" if one_way else f"cut {victim}<->{other}"
+        if kind == "clock":
+            step = self.rng.choice(CLOCK_STEPS_S)
+            self.relays.set_clock(victim, step)
+            self._heal = lambda: self.relays.set_clock(victim, 0)
+            return f"step relay {victim}'s clock {step:+d} s"
+        if kind == "clock-restart":
+            back = self.rng.choice(CLOCK_BACK_S)
+            self.relays.kill(victim)
+            self.relays.set_clock(victim, -back)
+            self.relays.start(victim)
+            self._heal = lambda: self.relays.set_clock(victim, 0)
+            return f"restart relay {victim} with its clock -{back} s"
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+    def heal(self) -> None:
+        if self._heal is not None:
+            heal, self._heal = self._heal, None
+            heal()
+
+    def heal_everything(self) -> None:
+        """After the run (or on failure): every relay running, resumed, on time, linked."""
+        self.heal()
+        self.net.heal()
+        for relay in sorted(self.relays.procs):
+            if self.relays.faketime is not None:
+                self.relays.set_clock(relay, 0)
+            if not self.relays.alive(relay):
+                self.relays.start(relay)
+            self.relays.resume(relay)
+
+
+# --- one scenario -----------------------------------------------------------------------------
+
+
+@dataclass
+class ScenarioResult:
+    scenario: str
+    relays: int
+    duration_s: float
+    attempts: int = 0
+    committed: int = 0
+    unknown: int = 0
+    fenced: int = 0
+    rejected: int = 0
+    unknown_appeared: int = 0
+    lost: int = 0
+    unverified: int = 0  # acknowledged, older than any relay's memory and any consumer's log
+    dup: int = 0
+    phantom: int = 0
+    divergent: list[str] = field(default_factory=list)
+    max_gap_s: float | None = None
+    # Per producer: its longest gap between acknowledgements and when it began (seconds
+    # since the producers started): all gaps at once is the mesh stalling, one alone is
+    # a producer waiting out its request or send timeout.
+    producer_gaps: dict[str, list[float]] = field(default_factory=dict)
+    recover_s: float | None = None  # the longest heal-to-commit time
+    recover_median_s: float | None = None
+    rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
+    rejoin_missed: int = 0  # heals after which not every relay was ready within the settle time
+    converged: bool = False
+    stuck: list[str] = field(default_factory=list)  # relays not converged or not readable
+    held: dict[str, list[int]] = field(default_factory=dict)  # "stream@relay": count, first, last
+    faults: list[FaultEvent] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    log_dir: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        bad = self.lost or self.dup or self.phantom or self.divergent or self.stuck
+        return not bad and self.converged
+
+
+def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> ScenarioResult:
+    """Run one scenario on a fresh mesh in `net` (see the module doc)."""
+    result = ScenarioResult(name, options.relays, options.duration_s)
+    directory = Path(tempfile.mkdtemp(prefix=f"relay-chaos-{name}-"))
+    log = options.log
+    faketime = libfaketime() if name in CLOCK_SCENARIOS else None
+    relays = RelayProcesses(
+        net,
+        write_topology(directory, net),
+        directory,
+        faketime=faketime,
+        log_level=options.relay_log_level,
+    )
+    rng = random.Random(f"{seed}:{name}:{options.relays}")
+    faults = Faults(relays, net, rng)
+    producers: list[ProducerThread] = []
+    consumers: list[ConsumerThread] = []
+    try:
+        for relay in range(options.relays):
+            relays.start(relay)
+        relays.wait_ready(START_TIMEOUT_S)
+        endpoints = {r: relays.endpoint(r) for r in range(options.relays)}
+        for i in range(options.producers):
+            order = [(i + k) % options.relays for k in range(options.relays)]
+            streams = [STREAMS[(i + k) % len(STREAMS)] for k in range(len(STREAMS))]
+            producers.append(
+                ProducerThread(
+                    f"{net.prefix}-{name}-p{i}", {r: endpoints[r] for r in order}, streams
+                )
+            )
+        for i in range(options.consumers):
+            order = [(i + 1 + k) % options.relays for k in range(options.relays)]
+            consumers.append(
+                ConsumerThread(f"c{i}", {r: endpoints[r] for r in order}, STREAMS[i % 2])
+            )
+        for thread in (*producers, *consumers):
+            thread.start()
+        t0 = time.monotonic()
+        end = t0 + options.duration_s
+        _inject(name, options, faults, rng, result, t0, end)
+        faults.heal_everything()
+        for thread in producers:
+            thread.stopping.set()
+        for thread in producers:
+            thread.join(THREAD_JOIN_S)
+        t_end = time.monotonic()
+        attempts = [a for p in producers for a in p.attempts]
+        result.converged = _converge(relays, attempts, result)
+        for thread in consumers:
+            thread.stopping.set()
+        for thread in consumers:
+            thread.join(THREAD_JOIN_S)
+        histories = _read_histories(relays, result)
+        _problems_of_threads(producers, consumers, result)
+        verdict = history.check(
+            attempts,
+            histories,
+            [history.ConsumerLog(c.name, c.stream, tuple(c.records)) for c in consumers],
+        )
+        _fill(result, verdict, attempts, histories, t0, t_end)
+        log(f"{name}: {_summary_line(result)}")
+    finally:
+        for client in [*producers, *consumers]:
+            client.stopping.set()
+        relays.stop_all()
+        net.heal()
+        if options.keep_logs or not result.ok:
+            result.log_dir = str(directory)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+    return result
+
+
+def _inject(
+    name: str,
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    end: float,
+) -> None:
+    """Fault, hold, heal, settle, until `end`."""
+    hold_max = min(HOLD_S[1], options.duration_s / 4)
+    settle_max = min(SETTLE_S[1], options.duration_s / 4)
+    _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
+    while time.monotonic() < end:
+        kind = rng.choice(FAULT_KINDS) if name == "mix" else name
+        hold = rng.uniform(min(HOLD_S[0], hold_max), hold_max)
+        if time.monotonic() + hold + min(SETTLE_S[0], settle_max) > end:
+            break  # no room to settle after the heal
+        event = FaultEvent(kind, "", round(time.monotonic() - t0, 3))
+        event.detail = faults.apply(kind)
+        result.faults.append(event)
+        options.log(f"  {event.start_s:6.1f} s  {event.detail}")
+        _sleep_until(time.monotonic() + hold)
+        faults.heal()
+        healed = time.monotonic()
+        event.heal_s = round(healed - t0, 3)
+        settle_until = min(end, healed + rng.uniform(min(SETTLE_S[0], settle_max), settle_max))
+        if faults.relays.wait_ready_until(settle_until):
+            event.rejoin_s = round(time.monotonic() - healed, 3)
+        ready = "every relay ready" if event.rejoin_s is not None else "NOT every relay ready"
+        options.log(
+            f"  {event.heal_s:6.1f} s  healed; {ready} {time.monotonic() - healed:.2f} s on"
+        )
+        _sleep_until(settle_until)
+    _sleep_until(end)
+
+
+def _sleep_until(when: float) -> None:
+    while (left := when - time.monotonic()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+def _converge(
+    relays: RelayProcesses, attempts: list[history.Attempt], result: ScenarioResult
+) -> bool:
+    """Wait until every relay is joined, unfenced and has committed the highest
+    acknowledged seq of every stream; False (with a problem) if it did not in time."""
+    target = {s: -1 for s in STREAMS}
+    for a in attempts:
+        if a.outcome == history.COMMITTED and a.seq is not None:
+            target[a.stream] = max(target[a.stream], a.seq)
+    deadline = time.monotonic() + CONVERGE_TIMEOUT_S
+    behind: dict[int, str] = {}
+    while True:
+        behind = {}
+        for relay, status in relays.statuses().items():
+            if status is None:
+                behind[relay] = f"no status answer ({relays.process_state(relay)})"
+                continue
+            reason = not_ready_reason(relays.config.relays[relay], status)
+            if reason is not None:
+                behind[relay] = reason
+                continue
+            for stream, seq in target.items():
+                committed = status["streams"][stream].get("committed") or -1
+                if committed < seq:
+                    behind[relay] = f"{stream} committed {committed} < {seq}"
+        if not behind:
+            return True
+        if time.monotonic() >= deadline:
+            result.stuck = [f"relay {r}" for r in sorted(behind)]
+            for relay, why in sorted(behind.items()):
+                result.problems.append(
+                    f"relay {relay} did not converge in {CONVERGE_TIMEOUT_S:g} s: {why}"
+                )
+            return False
+        time.sleep(POLL_S)
+
+
+def _read_histories(relays: RelayProcesses, result: ScenarioResult) -> list[history.RelayHistory]:
+    out: list[history.RelayHistory] = []
+    errors: list[str] = []
+    unreadable: set[int] = set()
+    lock = threading.Lock()
+
+    def read(relay: int, stream: str) -> None:
+        try:
+            got = read_history(relays.endpoint(relay), relay, stream)
+        except Unreadable as e:
+            with lock:
+                errors.append(f"cannot read the history: {e}")
+                unreadable.add(relay)
+            return
+        except ClientError as e:
+            with lock:
+                errors.append(f"reading {stream} from relay {relay}: {e}")
+            return
+        with lock:
+            out.append(got)
+
+    threads = [
+        threading.Thread(target=read, args=(relay, stream), daemon=True)
+        for relay in sorted(relays.procs)
+        for stream in STREAMS
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(READ_TIMEOUT_S + 10)
+    result.problems.extend(errors)
+    result.stuck = sorted(set(result.stuck) | {f"relay {r}" for r in unreadable})
+    return sorted(out, key=lambda h: (h.stream, h.relay))
+
+
+def _problems_of_threads(
+    producers: list[ProducerThread], consumers: list[ConsumerThread], result: ScenarioResult
+) -> None:
+    threads: list[ClientThread] = [*producers, *consumers]
+    for thread in threads:
+        if thread.is_alive():
+            result.problems.append(f"{thread.name} did not stop")
+        if thread.failure is not None:
+            result.problems.append(f"{thread.name} failed: {thread.failure!r}")
+    for consumer in consumers:
+        for error in consumer.errors[:3]:
+            result.problems.append(f"consumer {consumer.name}: {error}")
+
+
+def _fill(
+    result: ScenarioResult,
+    verdict: history.Verdict,
+    attempts: list[history.Attempt],
+    histories: list[history.RelayHistory],
+    t0: float,
+    t_end: float,
+) -> None:
+    result.attempts = verdict.attempts
+    result.committed = verdict.committed
+    result.unknown = verdict.unknown
+    result.fenced = verdict.fenced
+    result.rejected = verdict.rejected
+    result.unknown_appeared = verdict.unknown_appeared
+    result.lost = verdict.lost
+    result.unverified = verdict.unverified
+    result.dup = verdict.duplicates
+    result.phantom = verdict.phantom
+    result.divergent = verdict.divergent
+    result.problems.extend(verdict.problems)
+    if verdict.problem_count > len(verdict.problems):
+        result.problems.append(f"... {verdict.problem_count - len(verdict.problems)} more")
+    acks = [a.ended_s for a in attempts if a.outcome == history.COMMITTED]
+    result.max_gap_s = round(history.commit_gaps(acks, t0, t_end), 3)
+    by_producer: dict[bytes, list[float]] = {}
+    for a in attempts:
+        if a.outcome == history.COMMITTED:
+            by_producer.setdefault(a.producer_id, []).append(a.ended_s)
+    for producer_id, times in sorted(by_producer.items()):
+        points = [t0, *sorted(times), t_end]
+        begin, end = max(itertools.pairwise(points), key=lambda p: p[1] - p[0])
+        result.producer_gaps[producer_id.decode()] = [round(end - begin, 3), round(begin - t0, 3)]
+    heals = [t0 + f.heal_s for f in result.faults if f.heal_s is not None]
+    worst, median = history.summary(history.recovery_times(heals, acks, t_end))
+    result.recover_s = None if worst is None else round(worst, 3)
+    result.recover_median_s = None if median is None else round(median, 3)
+    rejoins = [f.rejoin_s for f in result.faults if f.heal_s is not None]
+    done = [r for r in rejoins if r is not None]
+    result.rejoin_s = max(done) if done else None
+    result.rejoin_missed = len(rejoins) - len(done)
+    for h in histories:
+        seqs = [r.seq for r in h.records]
+        result.held[f"{h.stream}@{h.relay}"] = [
+            len(seqs),
+            min(seqs, default=-1),
+            max(seqs, default=-1),
+        ]
+
+
+# --- many scenarios and the output ------------------------------------------------------------
+
+
+def run_scenarios(options: Options) -> list[ScenarioResult]:
+    """Every scenario of `options`, each on a fresh mesh in one network; the network is
+    always removed. Raises ChaosError or NetError when the harness cannot run."""
+    results: list[ScenarioResult] = []
+    with ChaosNet(options.relays) as net:
+        if net.removed_leftovers:
+            options.log(f"removed leftovers of an earlier run: {', '.join(net.removed_leftovers)}")
+        for name in options.scenarios:
+            options.log(
+                f"{name}: {options.relays} relays, {options.duration_s:g} s, "
+                f"{options.producers} producers, {options.consumers} consumers"
+            )
+            try:
+                results.append(run_scenario(name, options, net, options.seed))
+            except ChaosError as e:  # this scenario could not run; the others still may
+                failed = ScenarioResult(name, options.relays, options.duration_s)
+                failed.problems.append(f"the scenario could not run: {e}")
+                options.log(f"{name}: could not run: {e}")
+                results.append(failed)
+    return results
+
+
+COLUMNS = (
+    ("scenario", "scenario"),
+    ("attempts", "attempts"),
+    ("committed", "committed"),
+    ("unknown", "unknown"),
+    ("fenced", "fenced"),
+    ("lost", "lost"),
+    ("dup", "dup"),
+    ("phantom", "phantom"),
+    ("divergent", "divergent"),
+    ("stuck", "stuck"),
+    ("max_gap_s", "max_gap_s"),
+    ("recover_s", "recover_s (max/med)"),
+    ("rejoin_s", "rejoin_s"),
+)
+
+
+def _cell(result: ScenarioResult, key: str) -> str:
+    if key in ("divergent", "stuck"):
+        return str(len(getattr(result, key)))
+    if key == "rejoin_s" and result.rejoin_missed:
+        return f"{_cell(result, 'rejoin_s_only')} ({result.rejoin_missed} late)"
+    if key == "rejoin_s_only":
+        key = "rejoin_s"
+    if key == "recover_s":
+        if result.recover_s is None:
+            return "-"
+        return f"{result.recover_s:.2f}/{result.recover_median_s:.2f}"
+    value = getattr(result, key)
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def table(results: Sequence[ScenarioResult]) -> str:
+    rows = [[title for _, title in COLUMNS]]
+    rows += [[_cell(r, key) for key, _ in COLUMNS] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _summary_line(r: ScenarioResult) -> str:
+    return (
+        f"{r.attempts} attempts, {r.committed} committed, {r.unknown} unknown, "
+        f"{r.fenced} fenced, {r.lost} lost ({r.unverified} unverified), {r.dup} dup, "
+        f"{r.phantom} phantom, "
+        f"divergent {r.divergent or 'none'}, stuck {r.stuck or 'none'}, "
+        f"max gap {_cell(r, 'max_gap_s')} s, "
+        f"recover {_cell(r, 'recover_s')} s, rejoin {_cell(r, 'rejoin_s')} s"
+    )
+
+
+def document(options: Options, results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    return {
+        "relays": options.relays,
+        "duration_s": options.duration_s,
+        "producers": options.producers,
+        "consumers": options.consumers,
+        "seed": options.seed,
+        "scenarios": [dataclasses.asdict(r) | {"ok": r.ok} for r in results],
+        "ok": all(r.ok for r in results),
+    }
+
+
+def run_cli(
+    *,
+    relays: int,
+    scenarios: tuple[str, ...],
+    duration_s: float,
+    producers: int,
+    consumers: int,
+    seed: int,
+    as_json: bool,
+    keep_logs: bool,
+    json_file: str | None = None,
+    relay_log_level: str = "warning",
+    out: IO[str] | None = None,
+) -> int:
+    out = sys.stdout if out is None else out
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    options = Options(
+        relays, scenarios, duration_s, producers, consumers, seed, keep_logs, relay_log_level, log
+    )
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        results = run_scenarios(options)
+    except (NetError, ChaosError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_HARNESS
+    except KeyboardInterrupt:
+        print("interrupted; the network and relays were removed", file=sys.stderr)
+        return EXIT_HARNESS
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    doc = json.dumps(document(options, results), indent=2)
+    if json_file is not None:
+        Path(json_file).write_text(doc + "\n", encoding="utf-8")
+    if as_json:
+        print(doc, file=out)
+    else:
+        print(
+            f"relay chaos: {options.relays} relays, {options.duration_s:g} s per scenario, "
+            f"{options.producers} producers, {options.consumers} consumers, seed {options.seed}",
+            file=out,
+        )
+        print(table(results), file=out)
+        for r in results:
+            for problem in r.problems:
+                print(f"{r.scenario}: {problem}", file=out)
+            if r.log_dir is not None:
+                print(f"{r.scenario}: logs in {r.log_dir}", file=out)
+    return EXIT_OK if all(r.ok for r in results) else EXIT_BAD
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
