@@ -274,17 +274,13 @@ def test_connected_majority_commits_after_each_single_fault() -> None:
     assert all(r.ok for r in results), _report(results)
 
 
-def test_liveness_checker_catches_a_stalled_majority() -> None:
+def test_liveness_checker_catches_a_stalled_majority(monkeypatch: pytest.MonkeyPatch) -> None:
     """The single-fault checker is not vacuous: with views never changing (a core that
     never proposes), a crash of a member leaves the others stalled, and it says so."""
     from relay.core import view
 
-    original = view.propose
-    view.propose = lambda *args, **kwargs: None  # type: ignore[assignment]
-    try:
-        result = run_seed(300, 3, single="crash")
-    finally:
-        view.propose = original
+    monkeypatch.setattr(view, "propose", lambda *args, **kwargs: None)
+    result = run_seed(300, 3, single="crash")
     assert not result.ok
     assert any(v.startswith("stall:") for v in result.violations), result.violations
 
