@@ -60,8 +60,8 @@ import zmq.asyncio
 
 from relay.acceptors import AcceptorFiles
 from relay.core import (
-    EPOCH_MS,
     CommittedRecord,
+    CoreConfig,
     Delivery,
     Outgoing,
     ProduceReply,
@@ -69,6 +69,7 @@ from relay.core import (
     drain,
 )
 from relay.errors import AcceptorMemoryError, MalformedFrame
+from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.service import ClientService
 from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter
 
@@ -206,7 +207,12 @@ class RelayNode:
     ) -> None:
         """`handle_signals`: stop on SIGINT/SIGTERM. `manage_gc`: the node owns its process
         and tends the garbage collector (see `_tend_gc`); by default when it handles the
-        process's signals (`relay run`), never when it is one of several (tests)."""
+        process's signals (`relay run`), never when it is one of several (tests).
+
+        Takes the relay's lock and its incarnation (relay/incarnation.py; an explicit
+        `incarnation` skips the file): raises RelayAlreadyRunning if another process of
+        this machine runs the relay, IncarnationError if the incarnation cannot be kept.
+        The lock is held until `run()` returns or `close()`."""
         self.config = config
         self.id = relay_id
         core_config = config.core_config(relay_id)  # ConfigError naming the file if unknown
@@ -214,22 +220,33 @@ class RelayNode:
         self.limits = config.limits
         self.handle_signals = handle_signals
         self.manage_gc = handle_signals if manage_gc is None else manage_gc
-        now = wall_ms()
-        # The incarnation must grow with every start: milliseconds since the sequence
-        # epoch do (unless the wall clock steps back across a restart).
-        self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
+        directory = relay_directory(config.data_dir, relay_id)
+        self._lock = RelayLock.acquire(directory, relay_id)
+        try:
+            now = wall_ms()
+            if incarnation is None:
+                ran_before = self._ran_before()
+                incarnation = next_incarnation(directory, relay_id, now, ran_before=ran_before)
+            self.incarnation = incarnation
+            self._start(core_config, now)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, core_config: CoreConfig, now: int) -> None:
+        """The rest of the construction, once the relay's identity is locked."""
         self.core = RelayCore(core_config, self.incarnation, now)
         self._acceptors = self._open_acceptor_memory()
         self.counters: Counter[str] = Counter()
         self.clients = ClientService(
             self.core,
             self.limits,
-            members=config.members,
+            members=self.config.members,
             send=self._send_client,
             counters=self.counters,
             status=self.status,
             warn=self._warn,
-            relay_id=relay_id,
+            relay_id=self.id,
         )
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
@@ -253,6 +270,14 @@ class RelayNode:
         self._spool_cursor: dict[str, int] = {}  # stream -> last seq handed to the spool
         self._seed_from_history()
 
+    def _ran_before(self) -> bool:
+        """Whether this relay ran here before, as far as anything besides its incarnation
+        file shows: its acceptor records (relay/acceptors.py) or its spool (relay/spool.py).
+        Then its first incarnation is behind it, whatever became of the file."""
+        acceptors = self.config.data_dir / "acceptors" / f"relay-{self.id}"
+        spool = self.config.spool_dir / f"relay={self.id}"
+        return acceptors.is_dir() or spool.is_dir()
+
     # --- public -------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -268,6 +293,11 @@ class RelayNode:
         if wakeup is not None and not wakeup.done():
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits
                 wakeup.get_loop().call_soon_threadsafe(_wake, wakeup)
+
+    def close(self) -> None:
+        """Release the relay's lock without running (`run()` releases it when it ends)."""
+        if not self._running:
+            self._lock.release()
 
     @property
     def running(self) -> bool:
@@ -322,9 +352,12 @@ class RelayNode:
             wake_r, wake_w, self._wake_w = self._wake_r, self._wake_w, None
             wake_r.close()
             wake_w.close()
-            self._shutdown()
-            self._close_spool()
-            ctx.term()
+            try:
+                self._shutdown()
+                self._close_spool()
+                ctx.term()
+            finally:
+                self._lock.release()
             log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
 
     # --- history: the store and the spool ---------------------------------------------

@@ -530,7 +530,9 @@ def test_a_batch_of_produces_is_answered_per_item(tmp_path: Path) -> None:
 
 def test_a_relay_owning_its_process_tends_the_garbage_collector(tmp_path: Path) -> None:
     config = load(write_topology(tmp_path, MESH))
-    assert not RelayNode(config, 1, handle_signals=False).manage_gc  # one of several
+    one_of_several = RelayNode(config, 1, handle_signals=False)
+    assert not one_of_several.manage_gc
+    one_of_several.close()  # its lock: one node of relay 1 at a time
     node = RelayNode(config, 1)  # as `relay run` makes it
     assert node.manage_gc
     try:
@@ -541,6 +543,7 @@ def test_a_relay_owning_its_process_tends_the_garbage_collector(tmp_path: Path) 
         assert gc.get_freeze_count() > 0
         assert mono_ms() - node._gc_full_at < GC_FULL_COLLECT_MS
     finally:
+        node.close()
         gc.unfreeze()
 
 
