@@ -89,6 +89,22 @@ def measure(mesh: Mesh, seconds: float) -> dict[int, tuple[float, float | None]]
     return result
 
 
+LIMIT_OPTIONS = ("heartbeat_interval_ms", "suspect_timeout_ms")
+
+
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """--heartbeat-interval-ms and --suspect-timeout-ms (also used by heal_time.py)."""
+    for name in LIMIT_OPTIONS:
+        option = "--" + name.replace("_", "-")
+        parser.add_argument(option, type=int, default=None, metavar="MS", help="limit override")
+
+
+def limit_overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The limits given by `add_limit_options`' options."""
+    values = {name: getattr(args, name) for name in LIMIT_OPTIONS}
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="idle_cpu.py",
@@ -107,12 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--settle-s", type=float, default=2.0, help="idle time before measuring (default 2)"
     )
-    parser.add_argument(
-        "--heartbeat-interval-ms", type=int, default=None, metavar="MS", help="limit override"
-    )
-    parser.add_argument(
-        "--suspect-timeout-ms", type=int, default=None, metavar="MS", help="limit override"
-    )
+    add_limit_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.settle_s < 0:
@@ -122,14 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {
-        name: value
-        for name, value in (
-            ("heartbeat_interval_ms", args.heartbeat_interval_ms),
-            ("suspect_timeout_ms", args.suspect_timeout_ms),
-        )
-        if value is not None
-    }
+    overrides = limit_overrides(args)
     with tempfile.TemporaryDirectory(prefix="relay-idle-") as tmp:
         directory = Path(tmp)
         try:
