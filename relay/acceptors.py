@@ -42,15 +42,20 @@ class AcceptorFiles:
 
     def save(self, stream: str, record: bytes) -> None:
         """Replace the stream's record durably (raises OSError if the disk refuses)."""
-        path = self.directory / (stream.encode().hex() + SUFFIX)
-        temporary = path.with_suffix(SUFFIX + ".tmp")
-        with open(temporary, "wb") as f:
-            f.write(record)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a crash
-        finally:
-            os.close(fd)
+        replace_durably(self.directory / (stream.encode().hex() + SUFFIX), record)
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves the old or the new contents:
+    a temporary file, fsynced, renamed over it, and the directory fsynced."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    finally:
+        os.close(fd)

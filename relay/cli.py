@@ -371,7 +371,7 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
     """Run one relay of the topology in the foreground until SIGINT or SIGTERM.
 
     Exit codes: 0 after a clean stop, 2 for a configuration error, 1 if the relay
-    cannot start (e.g. its port is taken).
+    cannot start (e.g. its port is taken, or another process of this machine runs it).
     """
     import asyncio
     import logging
@@ -379,7 +379,12 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
 
     import zmq
 
-    from relay.errors import AcceptorMemoryError, ConfigError
+    from relay.errors import (
+        AcceptorMemoryError,
+        ConfigError,
+        IncarnationError,
+        RelayAlreadyRunning,
+    )
     from relay.node import RelayNode
     from relay.topology import load
 
@@ -389,6 +394,9 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
         node = RelayNode(config, relay_id)
     except ConfigError as e:
         _config_failed(e)
+    except (RelayAlreadyRunning, IncarnationError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     _warn_config(config.warnings)
     logging.basicConfig(
         level=log_level.upper(),

@@ -30,6 +30,25 @@ class AcceptorMemoryError(RelayError):
     OS error. Final: the disk (or data_dir's permissions) must be fixed first."""
 
 
+class RelayAlreadyRunning(RelayError):
+    """Another process on this machine runs the same relay id: it holds the lock
+    `<data_dir>/relay=<id>/lock` (`lock_path`; `pid` when the file names it). Two processes
+    of one relay would vote twice under one identity, so the second refuses to start.
+    Stop the other process (or give this one its own relay id)."""
+
+    def __init__(self, message: str, *, lock_path: object = None, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.lock_path = lock_path
+        self.pid = pid
+
+
+class IncarnationError(RelayError):
+    """The relay cannot take its incarnation: `<data_dir>/relay=<id>/incarnation` cannot be
+    read, does not hold one, or cannot be written (relay/incarnation.py). It does not start:
+    an incarnation not above the last one could get it ignored by its peers for good. The
+    message names the file and what to do."""
+
+
 # --- frames from the network --------------------------------------------------------------
 
 

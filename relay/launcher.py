@@ -203,6 +203,8 @@ class Mesh:
     relay's output to `log_dir/relay-<id>.log` (default: inherit this process's stdout and
     stderr). `die_with_parent`: on Linux, children get SIGTERM when the thread that started
     them exits (use it only from a thread that lives as long as the mesh, e.g. the main one).
+    `wrappers`: relay id -> the command its relay runs under (e.g. `["ip", "netns", "exec",
+    NAME]` to put it in a network namespace); it must exec the relay, so signals reach it.
     """
 
     def __init__(
@@ -213,8 +215,10 @@ class Mesh:
         log_dir: str | Path | None = None,
         die_with_parent: bool = False,
         stop_grace_s: float = STOP_GRACE_S,
+        wrappers: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         self.config_path = Path(config_path)
+        self.wrappers = {r: list(w) for r, w in (wrappers or {}).items()}
         self.config: MeshConfig = load(self.config_path)
         self.log_level = log_level
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -389,6 +393,7 @@ class Mesh:
 
     def _command(self, relay_id: int) -> list[str]:
         return [
+            *self.wrappers.get(relay_id, []),
             sys.executable,
             "-m",
             "relay",

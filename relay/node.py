@@ -13,13 +13,26 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
   `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
 * ROUTER, bound at the relay's `client_endpoint`: the client protocol of `relay.wire`.
 
-The loop waits at most 1 ms for a readable socket (`relay.sockets.ReadableWaiter`: in
-zmq_poll when the node is the only task of its event loop, else on the sockets' descriptors
-through the loop), drains what is readable (bounded per turn), feeds peer frames to the core
-and client requests to its `ClientService` (relay/service.py: the client protocol without
-sockets) with the wall clock and the monotonic clock (ms), ticks the core, then drains the
-core's `Ready` (relay/core/shell.py): publishes every `Outgoing` in order, passes producers'
-answers and deliveries to the service, and hands new committed records to the spool.
+The mesh sockets carry ZeroMQ's own heartbeats and reconnect at the pace of the limits
+(`relay.sockets.MeshLinkTimings`): libzmq drops a link that died silently and connects
+again within about a heartbeat interval once the peer can be reached; the node connects
+again only a link libzmq gave up on (`_PeerLinks`).
+
+An idle relay sleeps: each turn of the loop waits until a socket may be readable (a peer's
+frame, a client's request, a link closing), `stop()` is called, or the next deadline: the
+core's (`RelayCore.next_deadline_ms`, at least every heartbeat interval), the service's
+(parked reads, produce backstops), housekeeping (every STATE_LOG_MS) or a link due to be
+connected again. A node alone in its event loop (`relay run`) waits in zmq_poll
+(`relay.sockets.ReadableWaiter.poll`), the cheapest and fastest wake-up; one sharing its
+loop with other tasks waits through the loop on the sockets' descriptors
+(`ReadableWaiter.wait`). `stop()` ends either wait at once (a byte on the node's wake-up
+socket, the wait's future), from any thread or signal handler. A turn drains what is
+readable (bounded per turn), feeds peer frames to the core and client requests to its
+`ClientService` (relay/service.py: the client protocol without sockets) with the wall
+clock and the monotonic clock (ms), ticks the core, then drains the core's `Ready`
+(relay/core/shell.py): publishes every `Outgoing` in order, passes producers' answers and
+deliveries to the service, and hands new committed records to the spool. The turns are
+counted (`loop_turns`).
 Nothing a peer or client sends can stop the loop: frames are validated, errors are counted
 (`RelayNode.counters`, next to the core's own counters) and logged at a bounded rate. A
 node that owns its process (`relay run`) also keeps the long-lived buffer out of the
@@ -35,6 +48,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -46,8 +60,8 @@ import zmq.asyncio
 
 from relay.acceptors import AcceptorFiles
 from relay.core import (
-    EPOCH_MS,
     CommittedRecord,
+    CoreConfig,
     Delivery,
     Outgoing,
     ProduceReply,
@@ -55,8 +69,9 @@ from relay.core import (
     drain,
 )
 from relay.errors import AcceptorMemoryError, MalformedFrame
+from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.service import ClientService
-from relay.sockets import DisconnectMonitor, ReadableWaiter
+from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter
 
 if TYPE_CHECKING:
     from relay.spool import Spool, SpoolRecord
@@ -65,14 +80,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.node")
 
 HEARTBEAT_TOPIC = b"H|"
-PEER_RECONNECT_MS = 100  # a closed peer link is connected again after this long
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
 # Messages queued per client connection: well above a client's largest window (1,000 in
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
 CLIENT_HWM = 10_000
-TICK_MS = 1  # the loop wakes at least this often
+WAKE_DRAIN_BYTES = 4_096  # read from the wake-up socket at once
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
-STATE_LOG_MS = 100  # how often joined/fenced transitions are looked for (and GC tended)
+# How often joined/fenced transitions are looked for (and GC and the spool tended): at the
+# first turn this long after the last, so at most a heartbeat interval later.
+STATE_LOG_MS = 100
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
@@ -124,29 +140,47 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
 
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
+
+
 class _PeerLinks:
     """Watches the mesh SUB's connections to the peers. A connection closes when the
-    peer's process dies, or when libzmq drops it for a frame above ZMQ_MAXMSGSIZE; in the
-    second case libzmq never connects again by itself. So the core hears at once that the
-    peer is lost (`peer_lost`: no need to wait suspect_timeout_ms of silence before the
-    others carry on), and the link is connected again after PEER_RECONNECT_MS."""
+    peer's process dies, when libzmq's heartbeat finds it dead, or when libzmq drops it for
+    a frame above ZMQ_MAXMSGSIZE. Either way the core hears at once that the peer is lost
+    (`peer_lost`: no need to wait suspect_timeout_ms of silence before the others carry
+    on). libzmq connects again by itself (ZMQ_EVENT_CONNECT_RETRIED follows at once),
+    except after a protocol error such as the oversized frame: a link closed without that
+    event is connected again here, `grace_ms` after it closed."""
 
     def __init__(
-        self, ctx: zmq.Context[Any], sub: zmq.Socket[Any], endpoints: dict[str, int]
+        self,
+        ctx: zmq.Context[Any],
+        sub: zmq.Socket[Any],
+        endpoints: dict[str, int],
+        grace_ms: int,
     ) -> None:
         self.sub = sub
         self.endpoints = endpoints  # mesh endpoint -> relay id
+        self.grace_ms = grace_ms
         self.reconnect_at: dict[str, int] = {}  # endpoint -> monotonic ms
-        self.monitor = DisconnectMonitor(ctx, sub)
+        self.monitor = LinkMonitor(ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
+
+    def next_due(self) -> int | None:
+        """When a link is next due to be connected again here (None: none is)."""
+        return min(self.reconnect_at.values(), default=None)
 
     def poll(self, mono: int) -> list[int]:
         """The relays whose link closed since the last call; reconnect the links due."""
         lost: list[int] = []
-        for endpoint in self.monitor.disconnected():
+        for event, endpoint in self.monitor.events():
+            if event == _CONNECT_RETRIED:  # libzmq connects again by itself
+                self.reconnect_at.pop(endpoint, None)
+                continue
             relay = self.endpoints.get(endpoint)
             if relay is not None:
                 lost.append(relay)
-                self.reconnect_at.setdefault(endpoint, mono + PEER_RECONNECT_MS)
+                self.reconnect_at.setdefault(endpoint, mono + self.grace_ms)
         for endpoint, due in list(self.reconnect_at.items()):
             if due <= mono:
                 del self.reconnect_at[endpoint]
@@ -173,7 +207,12 @@ class RelayNode:
     ) -> None:
         """`handle_signals`: stop on SIGINT/SIGTERM. `manage_gc`: the node owns its process
         and tends the garbage collector (see `_tend_gc`); by default when it handles the
-        process's signals (`relay run`), never when it is one of several (tests)."""
+        process's signals (`relay run`), never when it is one of several (tests).
+
+        Takes the relay's lock and its incarnation (relay/incarnation.py; an explicit
+        `incarnation` skips the file): raises RelayAlreadyRunning if another process of
+        this machine runs the relay, IncarnationError if the incarnation cannot be kept.
+        The lock is held until `run()` returns or `close()`."""
         self.config = config
         self.id = relay_id
         core_config = config.core_config(relay_id)  # ConfigError naming the file if unknown
@@ -181,24 +220,42 @@ class RelayNode:
         self.limits = config.limits
         self.handle_signals = handle_signals
         self.manage_gc = handle_signals if manage_gc is None else manage_gc
-        now = wall_ms()
-        # The incarnation must grow with every start: milliseconds since the sequence
-        # epoch do (unless the wall clock steps back across a restart).
-        self.incarnation = incarnation if incarnation is not None else max(1, now - EPOCH_MS)
+        directory = relay_directory(config.data_dir, relay_id)
+        self._lock = RelayLock.acquire(directory, relay_id)
+        try:
+            now = wall_ms()
+            if incarnation is None:
+                ran_before = self._ran_before()
+                incarnation = next_incarnation(directory, relay_id, now, ran_before=ran_before)
+            self.incarnation = incarnation
+            self._start(core_config, now)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, core_config: CoreConfig, now: int) -> None:
+        """The rest of the construction, once the relay's identity is locked."""
         self.core = RelayCore(core_config, self.incarnation, now)
         self._acceptors = self._open_acceptor_memory()
         self.counters: Counter[str] = Counter()
         self.clients = ClientService(
             self.core,
             self.limits,
-            members=config.members,
+            members=self.config.members,
             send=self._send_client,
             counters=self.counters,
             status=self.status,
             warn=self._warn,
-            relay_id=relay_id,
+            relay_id=self.id,
         )
         self._stopping = False
+        self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
+        self._wake_r: socket.socket | None = None  # a byte here ends a wait in zmq_poll
+        self._wake_w: socket.socket | None = None
+        self._signalled: signal.Signals | None = None
+        # Whether the node is the only task of its event loop (looked at every STATE_LOG_MS):
+        # then it waits in zmq_poll, else through the loop.
+        self._alone_in_loop = False
         self._running = False
         self._topics: dict[str, bytes] = {}
         self._views: dict[str, _StreamView] = {}
@@ -206,17 +263,41 @@ class RelayNode:
         self._last_state_log = 0
         self._gc_full_at = mono_ms()
         self._last_tick = -1
+        self._core_due = 0  # the core's next deadline as of the end of the last turn
         self._bad_logged: dict[str, int] = {}
         self._sockets: _Sockets | None = None
         self._spool: Spool | None = None
         self._spool_cursor: dict[str, int] = {}  # stream -> last seq handed to the spool
         self._seed_from_history()
 
+    def _ran_before(self) -> bool:
+        """Whether this relay ran here before, as far as anything besides its incarnation
+        file shows: its acceptor records (relay/acceptors.py) or its spool (relay/spool.py).
+        Then its first incarnation is behind it, whatever became of the file."""
+        acceptors = self.config.data_dir / "acceptors" / f"relay-{self.id}"
+        spool = self.config.spool_dir / f"relay={self.id}"
+        return acceptors.is_dir() or spool.is_dir()
+
     # --- public -------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask the loop to end; `run()` then closes every socket and returns."""
-        self._stopping = True  # the loop looks at least every TICK_MS
+        """Ask the loop to end; `run()` then closes every socket and returns. Safe from any
+        thread and from signal handlers: it ends the loop's wait, in zmq_poll (a byte on
+        the node's wake-up socket) or through the event loop (its wake-up future)."""
+        self._stopping = True
+        wake = self._wake_w
+        if wake is not None:
+            with contextlib.suppress(OSError):  # full (a byte is there) or just closed
+                wake.send(b"\0")
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits
+                wakeup.get_loop().call_soon_threadsafe(_wake, wakeup)
+
+    def close(self) -> None:
+        """Release the relay's lock without running (`run()` releases it when it ends)."""
+        if not self._running:
+            self._lock.release()
 
     @property
     def running(self) -> bool:
@@ -228,6 +309,7 @@ class RelayNode:
         status["node"] = {
             "mesh_endpoint": self.spec.mesh_endpoint,
             "client_endpoint": self.spec.client_endpoint,
+            "incarnation": self.incarnation,
             "pending_produces": self.clients.pending_produces,
             "parked_reads": self.clients.parked_reads,
             "counters": dict(self.counters),
@@ -239,17 +321,15 @@ class RelayNode:
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
+        previous: dict[signal.Signals, Any] = {}  # the signal handlers to put back
+        previous_wakeup_fd: int | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         try:
             self._sockets = self._open(ctx)
             if self.handle_signals:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    try:
-                        loop.add_signal_handler(sig, self._on_signal, sig)
-                        installed.append(sig)
-                    except (NotImplementedError, RuntimeError, ValueError) as e:
-                        log.warning("relay=%d cannot handle %s: %s", self.id, sig.name, e)
+                previous_wakeup_fd = self._handle_signals(previous)
             log.info(
                 "relay=%d incarnation=%d started: mesh %s, clients %s, peers %s",
                 self.id,
@@ -263,11 +343,21 @@ class RelayNode:
             await self._loop(self._sockets)
         finally:
             self._running = False
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            self._shutdown()
-            self._close_spool()
-            ctx.term()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if previous_wakeup_fd is not None:
+                signal.set_wakeup_fd(previous_wakeup_fd)
+            if self._signalled is not None:
+                log.info("relay=%d received %s, stopping", self.id, self._signalled.name)
+            wake_r, wake_w, self._wake_w = self._wake_r, self._wake_w, None
+            wake_r.close()
+            wake_w.close()
+            try:
+                self._shutdown()
+                self._close_spool()
+                ctx.term()
+            finally:
+                self._lock.release()
             log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
 
     # --- history: the store and the spool ---------------------------------------------
@@ -360,6 +450,7 @@ class RelayNode:
 
     def _open(self, ctx: zmq.asyncio.Context) -> _Sockets:
         max_frame = self.limits.max_frame_bytes
+        timings = MeshLinkTimings.from_limits(self.limits)
         closers: list[zmq.Socket[Any]] = []
         try:
             pub = ctx.socket(zmq.PUB)
@@ -367,6 +458,7 @@ class RelayNode:
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
             pub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            timings.apply(pub)
             pub.bind(self.spec.mesh_endpoint)
 
             sub = ctx.socket(zmq.SUB)
@@ -374,6 +466,7 @@ class RelayNode:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, MESH_HWM)
             sub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            timings.apply(sub)
             for prefix in self._subscriptions():
                 sub.setsockopt(zmq.SUBSCRIBE, prefix)
             for relay_id, spec in sorted(self.config.relays.items()):
@@ -406,7 +499,12 @@ class RelayNode:
             pub=zmq.Socket.shadow(pub.underlying),
             sub=plain_sub,
             router=zmq.Socket.shadow(router.underlying),
-            links=_PeerLinks(zmq.Context.shadow(ctx.underlying), plain_sub, endpoints),
+            links=_PeerLinks(
+                zmq.Context.shadow(ctx.underlying),
+                plain_sub,
+                endpoints,
+                grace_ms=timings.reconnect_ivl_ms,
+            ),
             closers=closers,
         )
 
@@ -425,44 +523,125 @@ class RelayNode:
         for sock in socks.closers:
             sock.close(linger=0)
 
-    def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("relay=%d received %s, stopping", self.id, sig.name)
+    def _handle_signals(self, previous: dict[signal.Signals, Any]) -> int | None:
+        """Stop on SIGINT and SIGTERM: plain Python handlers rather than the event loop's
+        (which would only run once the loop ran again, not while the node waits in
+        zmq_poll), and the node's wake-up socket as the signal wake-up descriptor: a signal
+        that comes just before the wait starts still ends it. Records the handlers
+        replaced in `previous`; returns the wake-up descriptor replaced (None if none
+        was set here: e.g. not the main thread)."""
+        assert self._wake_w is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, self._on_signal)
+            except (OSError, ValueError) as e:  # e.g. not the main thread
+                log.warning("relay=%d cannot handle %s: %s", self.id, sig.name, e)
+        if not previous:
+            return None
+        return signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """SIGINT or SIGTERM: stop. It runs as soon as the main thread runs Python code:
+        a wait in zmq_poll is interrupted by the signal, or ended by the byte the signal
+        wrote to the wake-up descriptor."""
+        self._signalled = signal.Signals(signum)
         self.stop()
 
     # --- the loop -----------------------------------------------------------------------
 
     async def _loop(self, socks: _Sockets) -> None:
         loop = asyncio.get_running_loop()
-        waiter = ReadableWaiter((socks.sub, socks.router))
+        assert self._wake_r is not None
+        waiter = ReadableWaiter(
+            (socks.sub, socks.router, socks.links.monitor.socket), self._wake_r.fileno()
+        )
+        self._alone_in_loop = len(asyncio.all_tasks(loop)) == 1
         try:
             while not self._stopping:
-                # Alone in its event loop (`relay run`), the node waits in zmq_poll itself:
-                # the fastest wake-up, and nothing else in the loop is kept waiting (the
-                # loop still runs its callbacks, signal handlers included, between two
-                # turns). When other tasks share the loop (several nodes, clients, in
-                # tests), it waits through the loop on the sockets' descriptors.
-                if len(asyncio.all_tasks(loop)) == 1:
-                    readable = waiter.poll(TICK_MS)
+                wait_ms = self._next_wake_ms(socks) - mono_ms()
+                readable = waiter.readable()
+                yielded = False
+                if readable or wait_ms <= 0:
+                    pass
+                elif self._alone_in_loop:
+                    # Alone in its event loop (`relay run`): wait in zmq_poll, the fastest
+                    # and cheapest wake-up. The loop's callbacks run between two turns;
+                    # `stop()` and signals end the poll through the wake-up socket.
+                    readable = waiter.poll(wait_ms)
                 else:
-                    readable = await waiter.wait(TICK_MS / 1000)
+                    # Sharing the loop with other tasks (several nodes, clients, in
+                    # tests): wait through the loop, which serves them meanwhile.
+                    readable = await self._wait(waiter, wait_ms)
+                    yielded = True
+                if waiter.woken:
+                    waiter.woken = False
+                    self._drain_wake()
                 if self._stopping:
                     break
                 self._turn(socks, socks.sub in readable, socks.router in readable)
-                await asyncio.sleep(0)  # let other tasks and callbacks (signals) run
+                if not yielded:
+                    # Let other tasks and callbacks (signals) run. Not after a wait through
+                    # the loop, which just did: an extra pass would find the sockets'
+                    # descriptors signalling again and cost a round of reader changes.
+                    await asyncio.sleep(0)
         finally:
+            self._wakeup = None
             waiter.close()
+
+    async def _wait(self, waiter: ReadableWaiter, wait_ms: int) -> set[zmq.Socket[Any]]:
+        """Wait through the event loop until a socket is readable, `stop()`, or `wait_ms`
+        passed. A descriptor that signals with nothing to read (ZeroMQ's descriptors signal
+        state changes, e.g. a command about a message the last turn already took) does not
+        end the wait: that would cost a turn for nothing."""
+        loop = asyncio.get_running_loop()
+        due = mono_ms() + wait_ms
+        try:
+            while True:
+                self._wakeup = loop.create_future()
+                readable = await waiter.wait(wait_ms / 1000, self._wakeup)
+                wait_ms = due - mono_ms()
+                if readable or wait_ms <= 0 or self._stopping or waiter.woken:
+                    return readable
+                self.counters["loop_idle_signals"] += 1
+        finally:
+            self._wakeup = None
+
+    def _drain_wake(self) -> None:
+        """Empty the wake-up socket (bytes from `stop()` or a signal), so that it signals
+        again only for what comes next."""
+        assert self._wake_r is not None
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(WAKE_DRAIN_BYTES):
+                pass
+
+    def _next_wake_ms(self, socks: _Sockets) -> int:
+        """The monotonic time of the next turn if nothing arrives before: the core's next
+        deadline, the service's, a link due to be connected again. (Housekeeping rides on
+        the turns: the core's deadline comes at least every heartbeat interval.)"""
+        self._core_due = self.core.next_deadline_ms()
+        # The core is ticked at most once per millisecond: a deadline it already saw at
+        # this millisecond is looked at again at the next one.
+        due = max(self._core_due, self._last_tick + 1)
+        for other in (self.clients.next_deadline_ms(), socks.links.next_due()):
+            if other is not None and other < due:
+                due = other
+        return due
 
     def _turn(self, socks: _Sockets, peers_readable: bool, clients_readable: bool) -> None:
         now, mono = wall_ms(), mono_ms()
+        self.counters["loop_turns"] += 1
         if peers_readable:
             self._drain_peers(socks, now, mono)
         if clients_readable:
             self._drain_clients(socks, now, mono)
+        fed = peers_readable or clients_readable
         for relay in socks.links.poll(mono):
             self.counters["peer_link_closed"] += 1
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
             self.core.peer_lost(relay, now, mono)
-        if mono != self._last_tick:
+            fed = True
+        # The core is ticked whenever it was fed, and by its deadline (relay/core/shell.py).
+        if (fed or mono >= self._core_due) and mono != self._last_tick:
             self._last_tick = mono
             self.core.tick(now, mono)
         self._flush(socks)
@@ -470,6 +649,7 @@ class RelayNode:
         self.clients.flush()
         if mono - self._last_state_log >= STATE_LOG_MS:
             self._last_state_log = mono
+            self._alone_in_loop = len(asyncio.all_tasks()) == 1
             self._watch_streams()
             if self.manage_gc:
                 self._tend_gc(mono)
@@ -715,6 +895,11 @@ class _Outlet:
 
     def deliver(self, delivery: Delivery) -> None:
         self.node._on_delivery(delivery)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _spool_record(record: CommittedRecord) -> SpoolRecord:

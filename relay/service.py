@@ -18,8 +18,9 @@ links, so the simulated clients talk to the same code as real ones.
 * The shell passes on what the core's `Ready` says: `on_reply(ProduceReply)`, and `wake(stream)`
   after a delivery or a rebase of the stream (and when it fenced).
 * `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
-  whose wait is over; `flush()` sends the turn's batch answers; `close()` tells every
-  waiting producer `unknown` (retrying is safe).
+  whose wait is over; `next_deadline_ms()` says when it next has something to expire (the
+  shell may sleep until then); `flush()` sends the turn's batch answers; `close()` tells
+  every waiting producer `unknown` (retrying is safe).
 
 Time comes in as milliseconds of the shell's clocks; nothing here waits or reads a clock.
 """
@@ -372,6 +373,18 @@ class ClientService:
             if not parked:
                 del self._parked[stream]
             self._answer_read(read.envelope, read.request, self._read(read.request))
+
+    def next_deadline_ms(self) -> int | None:
+        """The monotonic time by which `expire` must next be called; None if nothing waits.
+        It may be early (a parked read answered since leaves its deadline behind until it
+        is due), never late."""
+        due: int | None = None
+        if self._produce_deadlines:
+            due = self._produce_deadlines[0][0]
+        if self._parked_deadlines:
+            parked = self._parked_deadlines[0][0]
+            due = parked if due is None else min(due, parked)
+        return due
 
     def _respond(self, envelope: Envelope, msg: wire.ClientMessage) -> None:
         if not self._send(envelope, wire.encode(msg)):

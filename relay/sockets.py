@@ -10,8 +10,13 @@ say what is readable. (zmq.asyncio's Poller does the same with a future and read
 registrations per socket and per wait, at about twice the CPU, a cost that showed in the
 latency of every answer.)
 
-`DisconnectMonitor` is a socket monitor that reports the endpoints whose connection
-closed (ZMQ_EVENT_DISCONNECTED).
+`LinkMonitor` is a socket monitor that reports the endpoints whose connection closed
+(ZMQ_EVENT_DISCONNECTED) and, if asked, those libzmq is connecting again by itself
+(ZMQ_EVENT_CONNECT_RETRIED); `DisconnectMonitor` reports only the first.
+
+`MeshLinkTimings` derives the ZeroMQ heartbeat and reconnect options of the mesh sockets
+from the topology's limits, so that a link that died is noticed and one that heals
+carries traffic again within about a heartbeat interval.
 
 Both take plain (synchronous) sockets: a socket of a zmq.asyncio context is used through
 its plain view, `zmq.Socket.shadow(sock.underlying)`, without a Future per call.
@@ -22,26 +27,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
+
+if TYPE_CHECKING:
+    from relay.core import Limits
 
 # pyzmq's flags are enum members; plain ints skip an enum operation per call.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
-MONITOR_EVENTS_MAX = 10_000  # monitor events read per call of `disconnected`
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+MONITOR_EVENTS_MAX = 10_000  # monitor events read per call of `events`
+HEARTBEAT_TTL_MAX_MS = 6_553_500  # ZMTP carries the TTL in deciseconds, in 16 bits
 
 
 class ReadableWaiter:
-    """Waits until one of `socks` may be readable and says which are."""
+    """Waits until one of `socks` may be readable and says which are. `wake_fd`: a plain
+    descriptor that also ends a wait when readable (a self-pipe the caller writes to from
+    another thread or a signal handler); `woken` then says so, and draining it is the
+    caller's business."""
 
-    def __init__(self, socks: Sequence[zmq.Socket[Any]]) -> None:
+    def __init__(self, socks: Sequence[zmq.Socket[Any]], wake_fd: int | None = None) -> None:
         self.socks = tuple(socks)
         self._poller = zmq.Poller()
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
+        self._wake_fd = wake_fd
+        self.woken = False  # the wake descriptor was readable when a wait ended
+        if wake_fd is not None:
+            self._poller.register(wake_fd, zmq.POLLIN)
         self._fds = [int(sock.getsockopt(zmq.FD)) for sock in self.socks]
         self._loop: asyncio.AbstractEventLoop | None = None  # where the readers are
         self._future: asyncio.Future[None] | None = None  # what a reader callback resolves
@@ -51,10 +69,16 @@ class ReadableWaiter:
         return {sock for sock in self.socks if int(sock.get(_EVENTS)) & _POLLIN}
 
     def poll(self, timeout_ms: int) -> set[zmq.Socket[Any]]:
-        """Wait in zmq_poll up to `timeout_ms` (-1: until one is readable); the readable
-        sockets. Blocks the thread, event loop included."""
+        """Wait in zmq_poll up to `timeout_ms` (-1: until one is readable, or `wake_fd`);
+        the readable sockets. Blocks the thread, event loop included."""
         self._unwatch()  # the loop need not call back while this waits for itself
-        return {sock for sock, _ in self._poller.poll(timeout_ms)}
+        readable = set()
+        for sock, _ in self._poller.poll(timeout_ms):
+            if isinstance(sock, int):
+                self.woken = True
+            else:
+                readable.add(sock)
+        return readable
 
     async def wait(
         self, timeout_s: float | None, wakeup: asyncio.Future[None] | None = None
@@ -91,38 +115,47 @@ class ReadableWaiter:
             # would make the loop call this on every turn. The next wait watches again.
             self._unwatch()
 
+    def _on_wake_fd(self) -> None:
+        self.woken = True
+        self._wake()
+
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not loop:
             self._unwatch()
             self._loop = loop
             for fd in self._fds:
                 loop.add_reader(fd, self._wake)
+            if self._wake_fd is not None:
+                loop.add_reader(self._wake_fd, self._on_wake_fd)
 
     def _unwatch(self) -> None:
         loop, self._loop = self._loop, None
         if loop is not None and not loop.is_closed():
             for fd in self._fds:
                 loop.remove_reader(fd)
+            if self._wake_fd is not None:
+                loop.remove_reader(self._wake_fd)
 
 
-class DisconnectMonitor:
-    """Reports the endpoints whose connection of `sock` closed: a socket monitor of
-    ZMQ_EVENT_DISCONNECTED and the PAIR socket (`socket`, to wait on) receiving its events.
-    `ctx` is a plain context (`zmq.Context.shadow` of an asyncio one), so the PAIR is
-    plain too."""
+class LinkMonitor:
+    """Reports what happened to the connections of `sock`: a socket monitor of `events`
+    (ZMQ_EVENT_* flags) and the PAIR socket (`socket`, to wait on) receiving them. `ctx`
+    is a plain context (`zmq.Context.shadow` of an asyncio one), so the PAIR is plain too."""
 
-    def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
+    def __init__(
+        self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], events: int = zmq.EVENT_DISCONNECTED
+    ) -> None:
         self.sock = sock
         address = f"inproc://relay-monitor-{id(self)}"
-        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        sock.monitor(address, events)
         self.socket: zmq.Socket[Any] = ctx.socket(zmq.PAIR)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(address)
 
-    def disconnected(self) -> list[str]:
-        """The endpoints whose connection closed since the last call, one per event (at
-        most MONITOR_EVENTS_MAX events are read per call; the rest wait for the next)."""
-        endpoints: list[str] = []
+    def events(self) -> list[tuple[int, str]]:
+        """(event, endpoint) of the events since the last call, in order (at most
+        MONITOR_EVENTS_MAX are read per call; the rest wait for the next)."""
+        events: list[tuple[int, str]] = []
         socket = self.socket
         for _ in range(MONITOR_EVENTS_MAX):
             if not int(socket.get(_EVENTS)) & _POLLIN:
@@ -135,12 +168,76 @@ class DisconnectMonitor:
                 event = parse_monitor_message(message)
             except (RuntimeError, ValueError):  # pyzmq's words for a malformed event
                 continue
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                raw = event["endpoint"]
-                endpoints.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-        return endpoints
+            raw = event["endpoint"]
+            events.append(
+                (int(event["event"]), raw.decode() if isinstance(raw, bytes) else str(raw))
+            )
+        return events
 
     def close(self) -> None:
         with contextlib.suppress(zmq.ZMQError):  # the socket may have closed already
             self.sock.disable_monitor()
         self.socket.close(linger=0)
+
+
+class DisconnectMonitor(LinkMonitor):
+    """Reports the endpoints whose connection of `sock` closed (ZMQ_EVENT_DISCONNECTED)."""
+
+    def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
+        super().__init__(ctx, sock, zmq.EVENT_DISCONNECTED)
+
+    def disconnected(self) -> list[str]:
+        """The endpoints whose connection closed since the last call, one per event."""
+        return [endpoint for event, endpoint in self.events() if event == _DISCONNECTED]
+
+
+@dataclass(frozen=True)
+class MeshLinkTimings:
+    """The ZeroMQ options of the mesh sockets (PUB and SUB), derived from the limits by
+    `from_limits`; every time in milliseconds.
+
+    * `heartbeat_ivl_ms` (ZMQ_HEARTBEAT_IVL) = suspect_timeout_ms / 2: the transport's
+      PINGs only have to find a connection that died silently (a peer frozen, a network
+      that drops everything), so that libzmq drops it and connects again; the core's own
+      heartbeats already decide suspicion. Two per suspect timeout keep that detection
+      within heartbeat_ivl + heartbeat_timeout, at a few PINGs per second per connection
+      (a PING every heartbeat_interval_ms would wake libzmq's I/O thread ten times as
+      often on an idle relay for no earlier verdict).
+    * `heartbeat_timeout_ms` (ZMQ_HEARTBEAT_TIMEOUT, and ZMQ_HEARTBEAT_TTL for the peer)
+      = 2 x suspect_timeout_ms: well after the core suspected the peer, so the transport
+      never closes a link the core still counts on (closing drops what the link queued).
+    * `reconnect_ivl_ms` (ZMQ_RECONNECT_IVL) = heartbeat_interval_ms, and
+      `reconnect_ivl_max_ms` (ZMQ_RECONNECT_IVL_MAX) = the same: no exponential back-off,
+      so a link that heals is connected again within one or two heartbeat intervals (libzmq
+      adds up to one interval of jitter), even after a long outage.
+    * `connect_timeout_ms` (ZMQ_CONNECT_TIMEOUT) = suspect_timeout_ms: a TCP handshake
+      whose SYN was lost (a partition) is given up and tried again then, instead of after
+      the kernel's SYN back-off (1, 3, 7 s ...). A handshake must never take that long on a
+      mesh whose relays suspect each other after that much silence.
+    """
+
+    heartbeat_ivl_ms: int
+    heartbeat_timeout_ms: int
+    reconnect_ivl_ms: int
+    reconnect_ivl_max_ms: int
+    connect_timeout_ms: int
+
+    @classmethod
+    def from_limits(cls, limits: Limits) -> MeshLinkTimings:
+        suspect_ms = limits.suspect_timeout_ms
+        return cls(
+            heartbeat_ivl_ms=max(1, suspect_ms // 2),
+            heartbeat_timeout_ms=2 * suspect_ms,
+            reconnect_ivl_ms=limits.heartbeat_interval_ms,
+            reconnect_ivl_max_ms=limits.heartbeat_interval_ms,
+            connect_timeout_ms=suspect_ms,
+        )
+
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        """Set the options on a mesh socket (before it binds or connects)."""
+        sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, min(self.heartbeat_timeout_ms, HEARTBEAT_TTL_MAX_MS))
+        sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, self.connect_timeout_ms)

@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
+    ("incarnation",),
     ("service", "engines", "spool", "sockets", "acceptors"),
     ("wire", "topology", "store"),
     ("segment",),

@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -530,7 +530,9 @@ def test_a_batch_of_produces_is_answered_per_item(tmp_path: Path) -> None:
 
 def test_a_relay_owning_its_process_tends_the_garbage_collector(tmp_path: Path) -> None:
     config = load(write_topology(tmp_path, MESH))
-    assert not RelayNode(config, 1, handle_signals=False).manage_gc  # one of several
+    one_of_several = RelayNode(config, 1, handle_signals=False)
+    assert not one_of_several.manage_gc
+    one_of_several.close()  # its lock: one node of relay 1 at a time
     node = RelayNode(config, 1)  # as `relay run` makes it
     assert node.manage_gc
     try:
@@ -541,6 +543,7 @@ def test_a_relay_owning_its_process_tends_the_garbage_collector(tmp_path: Path) 
         assert gc.get_freeze_count() > 0
         assert mono_ms() - node._gc_full_at < GC_FULL_COLLECT_MS
     finally:
+        node.close()
         gc.unfreeze()
 
 
@@ -598,34 +601,87 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
-    path = write_topology(tmp_path, {1: ["solo"]})
-    config = load(path)
+@contextlib.contextmanager
+def relay_process(path: Path, relay_id: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`relay run` of one relay of the topology at `path` (output piped), killed at the end
+    if it still runs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
+        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", str(relay_id)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
-
-        async def ready() -> None:
-            ctx = zmq.asyncio.Context()
-            try:
-                client = Client(ctx, config.relays[1].client_endpoint)
-                await wait_joined({1: client}, "solo")
-                resp = await client.produce("solo", b"p", 1, b"alone")
-                assert resp.outcome is Outcome.COMMITTED, resp
-            finally:
-                ctx.destroy(linger=0)
-
-        asyncio.run(ready())
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=5)
-        assert proc.returncode == 0, out
-        assert b"stopped" in out, out
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def serving_then(endpoint: str, stream: str, then: Any = None) -> None:
+    """Wait until the relay at `endpoint` serves `stream`, then await `then(client)`."""
+
+    async def scenario() -> None:
+        ctx = zmq.asyncio.Context()
+        try:
+            client = Client(ctx, endpoint)
+            await wait_joined({1: client}, stream)
+            if then is not None:
+                await then(client)
+        finally:
+            ctx.destroy(linger=0)
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_stops_a_relay_process(tmp_path: Path) -> None:
+    path = write_topology(tmp_path, {1: ["solo"]})
+    config = load(path)
+
+    async def commit_one(client: Client) -> None:
+        resp = await client.produce("solo", b"p", 1, b"alone")
+        assert resp.outcome is Outcome.COMMITTED, resp
+
+    with relay_process(path, 1) as proc:
+        serving_then(config.relays[1].client_endpoint, "solo", commit_one)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)
+        assert proc.returncode == 0, out
+        assert b"stopped" in out, out
+
+
+# --- sleeping while idle ---------------------------------------------------------------
+
+SLEEPY = {"heartbeat_interval_ms": 60_000, "suspect_timeout_ms": 120_000}  # far beyond a test
+
+
+def test_an_idle_relay_sleeps_until_its_next_deadline(tmp_path: Path) -> None:
+    """With a heartbeat a minute away and nobody else in the mesh, an idle relay turns only
+    for what happens: the parked read's own deadline wakes it (the service's
+    next_deadline_ms), and a stop ends its wait at once."""
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, {1: ["solo"]}, limits=SLEEPY) as (_, nodes, clients):
+            await wait_joined(clients, "solo")
+            before = nodes[1].counters["loop_turns"]
+            resp = await clients[1].read("solo", -1, 10, wait_ms=300)
+            assert resp.status is ReadStatus.OK and resp.entries == ()
+            # The request, the read's deadline, maybe a status poll in flight; a relay
+            # polling every millisecond would have turned about 300 times.
+            assert nodes[1].counters["loop_turns"] - before <= 10, nodes[1].counters
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_ends_a_long_sleep_of_a_relay_process(tmp_path: Path) -> None:
+    """`relay run` waits in zmq_poll up to the next heartbeat (a minute here): SIGTERM still
+    ends the wait and the process, far sooner than the heartbeat would."""
+    path = write_topology(tmp_path, {1: ["solo"]}, SLEEPY)
+    with relay_process(path, 1) as proc:
+        serving_then(load(path).relays[1].client_endpoint, "solo")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)  # bounded well below the 60 s heartbeat
+        assert proc.returncode == 0, out
+        assert b"received SIGTERM" in out and b"stopped" in out, out

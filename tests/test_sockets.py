@@ -1,9 +1,11 @@
-"""relay/sockets.py on real ZeroMQ sockets: waiting from sync code and from asyncio, and
-the endpoints a socket monitor reports when a connection closes."""
+"""relay/sockets.py on real ZeroMQ sockets: waiting from sync code and from asyncio, the
+endpoints a socket monitor reports when a connection closes (and whether libzmq connects
+again by itself), and the mesh sockets' heartbeat and reconnect options."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from relay.sockets import DisconnectMonitor, ReadableWaiter
+from relay.core import Limits
+from relay.sockets import (
+    HEARTBEAT_TTL_MAX_MS,
+    DisconnectMonitor,
+    LinkMonitor,
+    MeshLinkTimings,
+    ReadableWaiter,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,6 +55,21 @@ def test_poll_says_which_sockets_are_readable(
     assert waiter.readable() == {receivers[1]}
     receivers[1].recv()
     assert waiter.readable() == set()
+
+
+def test_poll_ends_when_the_wake_descriptor_is_readable(
+    pairs: tuple[list[zmq.Socket[Any]], list[zmq.Socket[Any]]],
+) -> None:
+    _, receivers = pairs
+    wake_r, wake_w = socket.socketpair()
+    try:
+        waiter = ReadableWaiter(receivers, wake_r.fileno())
+        assert waiter.poll(0) == set()
+        wake_w.send(b"\0")
+        assert waiter.poll(-1) == set()  # returns (without it: never), naming no socket
+    finally:
+        wake_r.close()
+        wake_w.close()
 
 
 def test_wait_through_the_event_loop(
@@ -95,5 +119,108 @@ def test_monitor_names_the_endpoint_whose_connection_closed() -> None:
         assert endpoint in closed
         monitor.close()
         client.close(linger=0)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def monitor_events(monitor: LinkMonitor, until: int) -> list[tuple[int, str]]:
+    """The monitor's events up to and including the first `until` event."""
+    seen: list[tuple[int, str]] = []
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        monitor.socket.poll(int(WAIT_S * 1000))
+        seen += monitor.events()
+        if any(event == until for event, _ in seen):
+            return seen
+    raise AssertionError(f"no event {until} within {WAIT_S} s: {seen}")
+
+
+def test_link_monitor_tells_whether_libzmq_connects_again() -> None:
+    """A peer that went away: libzmq retries by itself (CONNECT_RETRIED follows the
+    DISCONNECTED). A frame above MAXMSGSIZE closes the link too, and libzmq then never
+    connects again (a protocol error): that is why the node connects a link that closed
+    without a CONNECT_RETRIED again itself (test_node's garbage test)."""
+    ctx = zmq.Context()
+    wanted = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+
+    def linked(pub: zmq.Socket[Any]) -> tuple[zmq.Socket[Any], LinkMonitor, str]:
+        endpoint = f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}"
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.MAXMSGSIZE, 100)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        MeshLinkTimings.from_limits(Limits()).apply(sub)
+        monitor = LinkMonitor(ctx, sub, wanted)
+        sub.connect(endpoint)
+        monitor_events(monitor, zmq.EVENT_CONNECTED)
+        return sub, monitor, endpoint
+
+    try:
+        pub = ctx.socket(zmq.PUB)
+        sub, monitor, endpoint = linked(pub)
+        pub.close(linger=0)  # the peer goes away
+        seen = monitor_events(monitor, zmq.EVENT_CONNECT_RETRIED)
+        assert seen.index((zmq.EVENT_DISCONNECTED, endpoint)) < seen.index(
+            (zmq.EVENT_CONNECT_RETRIED, endpoint)
+        )
+        monitor.close()
+
+        pub = ctx.socket(zmq.PUB)
+        sub, monitor, endpoint = linked(pub)
+        seen = []
+        deadline = time.monotonic() + WAIT_S
+        # Subscriptions travel asynchronously: send until the link closes over it.
+        while (zmq.EVENT_DISCONNECTED, endpoint) not in seen and time.monotonic() < deadline:
+            pub.send(b"x" * 1_000)  # above MAXMSGSIZE
+            monitor.socket.poll(10)
+            seen += monitor.events()
+        assert (zmq.EVENT_DISCONNECTED, endpoint) in seen, seen
+        assert sub.poll(0) == 0  # the oversized frame never arrived
+        monitor.close()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_mesh_link_timings_follow_the_limits() -> None:
+    timings = MeshLinkTimings.from_limits(Limits())  # 20 ms heartbeats, 150 ms suspicion
+    assert timings == MeshLinkTimings(
+        heartbeat_ivl_ms=75,
+        heartbeat_timeout_ms=300,
+        reconnect_ivl_ms=20,
+        reconnect_ivl_max_ms=20,
+        connect_timeout_ms=150,
+    )
+    slow = MeshLinkTimings.from_limits(Limits(heartbeat_interval_ms=500, suspect_timeout_ms=3_000))
+    assert slow.heartbeat_ivl_ms == 1_500 and slow.heartbeat_timeout_ms == 6_000
+    assert slow.reconnect_ivl_ms == slow.reconnect_ivl_max_ms == 500  # no back-off
+    # Whatever the limits: the transport gives up on a link only after the core
+    # suspected the peer, and connects again within one heartbeat interval.
+    for hb, suspect in ((1, 2), (20, 150), (100, 101), (1_000, 60_000)):
+        t = MeshLinkTimings.from_limits(
+            Limits(heartbeat_interval_ms=hb, suspect_timeout_ms=suspect)
+        )
+        assert t.heartbeat_timeout_ms > suspect and t.heartbeat_ivl_ms >= 1
+        assert t.reconnect_ivl_ms <= hb and t.reconnect_ivl_max_ms <= hb
+        assert t.connect_timeout_ms >= suspect // 2
+
+
+def test_mesh_link_timings_are_set_on_a_socket() -> None:
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        timings = MeshLinkTimings.from_limits(Limits())
+        timings.apply(sock)
+        assert sock.getsockopt(zmq.HEARTBEAT_IVL) == timings.heartbeat_ivl_ms
+        assert sock.getsockopt(zmq.HEARTBEAT_TIMEOUT) == timings.heartbeat_timeout_ms
+        assert sock.getsockopt(zmq.HEARTBEAT_TTL) == timings.heartbeat_timeout_ms
+        assert sock.getsockopt(zmq.RECONNECT_IVL) == timings.reconnect_ivl_ms
+        assert sock.getsockopt(zmq.RECONNECT_IVL_MAX) == timings.reconnect_ivl_max_ms
+        assert sock.getsockopt(zmq.CONNECT_TIMEOUT) == timings.connect_timeout_ms
+        huge = MeshLinkTimings.from_limits(
+            Limits(heartbeat_interval_ms=1_000, suspect_timeout_ms=10_000_000)
+        )
+        huge.apply(sock)  # ZMTP's TTL is bounded: it is capped, never refused
+        assert sock.getsockopt(zmq.HEARTBEAT_TTL) == HEARTBEAT_TTL_MAX_MS
+        sock.close()
     finally:
         ctx.destroy(linger=0)
