@@ -420,7 +420,14 @@ class RelayCore(RelayState):
     def _tick_stream(self, st: StreamState, now_ms: int) -> None:
         if fencing.update_fence(self, st, now_ms) and st.join is None:
             coordinate.abandon_pending(self, st)
+        was = st.stall_reason
         fencing.track_stall(self, st, now_ms)
+        if st.stall_reason == fencing.CLOCK != was and st.join is None:
+            # Our clock just stepped far from the majority's: what we issued meanwhile may
+            # carry sequence numbers minutes ahead, which commit only when the others'
+            # clocks get there. Tell the producers `unknown` now, so they retry elsewhere
+            # (dedupe keeps one copy), instead of at produce_timeout_ms.
+            coordinate.abandon_pending(self, st)
         joining = st.join
         if joining is not None and not st.peers and joining.amnesiac:
             # A stream of one: nobody to ask.
