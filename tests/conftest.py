@@ -1,6 +1,6 @@
 """Options shared by the whole suite.
 
---sim-seeds N       how many simulator seeds the seeded tests run (default 200;
+--sim-seeds N       how many simulator seeds the seeded tests run (default 120;
                     `RELAY_SLOW=1 bash scripts/test.sh` passes 2000)
 --sim-first-seed F  the first of those seeds (default 0), to shift the window
 
@@ -49,9 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--sim-seeds",
         type=int,
-        default=200,
+        default=120,
         metavar="N",
-        help="number of simulator seeds for seeded tests (default: 200)",
+        help="number of simulator seeds for seeded tests (default: 120)",
     )
     group.addoption(
         "--sim-first-seed",

@@ -1,7 +1,7 @@
 """The simulator: harness self-tests (with a toy core) and seeded runs of the real core.
 
 The seeded runs take the seed count from the `sim_seeds` fixture (tests/conftest.py,
-`--sim-seeds N`, default 200) and run in one process per CPU.
+`--sim-seeds N`, default 120) and run in one process per CPU.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from relay.sim.world import World
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = os.cpu_count() or 1
-DEFAULT_SIM_SEEDS = 200
+DEFAULT_SIM_SEEDS = 120
 
 
 @pytest.fixture
