@@ -458,7 +458,7 @@ class RelayNode:
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
             pub.setsockopt(zmq.MAXMSGSIZE, max_frame)
-            timings.apply(pub)
+            timings.apply(pub, pings=False)
             pub.bind(self.spec.mesh_endpoint)
 
             sub = ctx.socket(zmq.SUB)

@@ -196,13 +196,14 @@ class MeshLinkTimings:
     """The ZeroMQ options of the mesh sockets (PUB and SUB), derived from the limits by
     `from_limits`; every time in milliseconds.
 
-    * `heartbeat_ivl_ms` (ZMQ_HEARTBEAT_IVL) = suspect_timeout_ms / 2: the transport's
-      PINGs only have to find a connection that died silently (a peer frozen, a network
-      that drops everything), so that libzmq drops it and connects again; the core's own
-      heartbeats already decide suspicion. Two per suspect timeout keep that detection
-      within heartbeat_ivl + heartbeat_timeout, at a few PINGs per second per connection
-      (a PING every heartbeat_interval_ms would wake libzmq's I/O thread ten times as
-      often on an idle relay for no earlier verdict).
+    * `heartbeat_ivl_ms` (ZMQ_HEARTBEAT_IVL) = suspect_timeout_ms, on the SUB side only:
+      the transport's PINGs only have to find a connection that died silently (a peer
+      frozen, a network that drops everything), so that libzmq drops it and connects
+      again; the core's own heartbeats already decide suspicion. One PING per suspect
+      timeout keeps that detection within heartbeat_ivl + heartbeat_timeout (a link cut
+      for less heals by TCP's own retransmission, its first two within 0.6 s). The PUB
+      side sends no PINGs: the TTL in the SUB's PINGs closes its end as well. On an idle
+      (quiet) relay these PINGs are most of its CPU: more would cost more than the core.
     * `heartbeat_timeout_ms` (ZMQ_HEARTBEAT_TIMEOUT, and ZMQ_HEARTBEAT_TTL for the peer)
       = 2 x suspect_timeout_ms: well after the core suspected the peer, so the transport
       never closes a link the core still counts on (closing drops what the link queued).
@@ -226,16 +227,17 @@ class MeshLinkTimings:
     def from_limits(cls, limits: Limits) -> MeshLinkTimings:
         suspect_ms = limits.suspect_timeout_ms
         return cls(
-            heartbeat_ivl_ms=max(1, suspect_ms // 2),
+            heartbeat_ivl_ms=suspect_ms,
             heartbeat_timeout_ms=2 * suspect_ms,
             reconnect_ivl_ms=limits.heartbeat_interval_ms,
             reconnect_ivl_max_ms=limits.heartbeat_interval_ms,
             connect_timeout_ms=suspect_ms,
         )
 
-    def apply(self, sock: zmq.Socket[Any]) -> None:
-        """Set the options on a mesh socket (before it binds or connects)."""
-        sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
+    def apply(self, sock: zmq.Socket[Any], *, pings: bool = True) -> None:
+        """Set the options on a mesh socket (before it binds or connects); `pings`: it
+        sends ZMTP PINGs (the SUB side), else it only answers them."""
+        sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms if pings else 0)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
         sock.setsockopt(zmq.HEARTBEAT_TTL, min(self.heartbeat_timeout_ms, HEARTBEAT_TTL_MAX_MS))
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)

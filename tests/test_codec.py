@@ -92,6 +92,7 @@ stream_statuses = st.builds(
     u63_or_none,
     u63,
     st.booleans(),
+    acks,
 )
 dedupe_keys = st.tuples(producer_ids, u64, u63)
 
@@ -118,6 +119,8 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         st.lists(stream_statuses, max_size=4).map(tuple),
         u63,
         st.lists(relay_ids, max_size=5).map(tuple),
+        u63,
+        st.booleans(),
     ),
     Forward: st.builds(
         Forward, relay_ids, incarnations, u63, relay_ids, streams, u63, transactions
@@ -330,17 +333,29 @@ def test_wire_layout() -> None:
     reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)))
     assert as_list(reports)[-1] == [[6, 7], [8, 9]]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
-    assert as_list(hb) == [4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, False]], 0, []]
-    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True)
-    hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2))
     assert as_list(hb) == [
         4,
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True]],
+        [["s", 4, -1, D, True, [], [], -1, 0, False, []]],
+        0,
+        [],
+        0,
+        False,
+    ]
+    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),))
+    hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True)
+    assert as_list(hb) == [
+        4,
+        1,
+        2,
+        3,
+        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]]]],
         10,
         [0, 2],
+        500,
+        True,
     ]
     assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1]
     reply = ForwardReply(1, 2, 3, 4, 5, Outcome.REJECTED, -1, "late", (7, 8))
@@ -547,9 +562,12 @@ def test_wrong_array_lengths() -> None:
         ["s", 4, -1, D, True],  # the layout before acks and inherited votes
         ["s", 4, -1, D, True, [], [], -1],  # the layout before views
         ["s", 4, -1, D, True, [], [], -1, 0],
+        ["s", 4, -1, D, True, [], [], -1, 0, False],  # the layout before inherited acks
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
-            decode(frame_of(4, 1, 2, 3, [status], 0, []), MAX)
+            decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
+    with pytest.raises(MalformedFrame):  # the heartbeat layout before quiet (5.11)
+        decode(frame_of(4, 1, 2, 3, [], 0, []), MAX)
     with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
         decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None, b"v"]), MAX)
 
@@ -594,11 +612,15 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1, 0, False]], 0, []), MAX)
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1, 0, False, []]], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, 1]], 0, []), MAX)
+        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, 1, []]], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="hears"):
-        decode(frame_of(4, 1, 2, 3, [], 0, [True]), MAX)
+        decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False), MAX)
+    with pytest.raises(FieldError, match="settled"):
+        decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1), MAX)
+    with pytest.raises(FieldError, match="interval_ms"):
+        decode(frame_of(4, 1, 2, 3, [], 0, [], -1, True), MAX)
 
 
 def test_negative_relay_id() -> None:
@@ -757,8 +779,8 @@ def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any =
     """A heartbeat with one stream status, with the given acks and inherited votes (view 0,
     not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
-    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False]
-    return frame_of(4, 1, 2, 3, [status], 0, [])
+    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, []]
+    return frame_of(4, 1, 2, 3, [status], 0, [], 0, False)
 
 
 def heartbeat_frame(acks: Any) -> bytes:

@@ -183,14 +183,14 @@ def test_link_monitor_tells_whether_libzmq_connects_again() -> None:
 def test_mesh_link_timings_follow_the_limits() -> None:
     timings = MeshLinkTimings.from_limits(Limits())  # 20 ms heartbeats, 150 ms suspicion
     assert timings == MeshLinkTimings(
-        heartbeat_ivl_ms=75,
+        heartbeat_ivl_ms=150,
         heartbeat_timeout_ms=300,
         reconnect_ivl_ms=20,
         reconnect_ivl_max_ms=20,
         connect_timeout_ms=150,
     )
     slow = MeshLinkTimings.from_limits(Limits(heartbeat_interval_ms=500, suspect_timeout_ms=3_000))
-    assert slow.heartbeat_ivl_ms == 1_500 and slow.heartbeat_timeout_ms == 6_000
+    assert slow.heartbeat_ivl_ms == 3_000 and slow.heartbeat_timeout_ms == 6_000
     assert slow.reconnect_ivl_ms == slow.reconnect_ivl_max_ms == 500  # no back-off
     # Whatever the limits: the transport gives up on a link only after the core
     # suspected the peer, and connects again within one heartbeat interval.
@@ -199,6 +199,8 @@ def test_mesh_link_timings_follow_the_limits() -> None:
             Limits(heartbeat_interval_ms=hb, suspect_timeout_ms=suspect)
         )
         assert t.heartbeat_timeout_ms > suspect and t.heartbeat_ivl_ms >= 1
+        # the peer closes a link on the TTL sent with each PING: PINGs must come sooner
+        assert t.heartbeat_ivl_ms < t.heartbeat_timeout_ms
         assert t.reconnect_ivl_ms <= hb and t.reconnect_ivl_max_ms <= hb
         assert t.connect_timeout_ms >= suspect // 2
 
@@ -222,5 +224,11 @@ def test_mesh_link_timings_are_set_on_a_socket() -> None:
         huge.apply(sock)  # ZMTP's TTL is bounded: it is capped, never refused
         assert sock.getsockopt(zmq.HEARTBEAT_TTL) == HEARTBEAT_TTL_MAX_MS
         sock.close()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        timings.apply(pub, pings=False)  # answers PINGs, sends none
+        assert pub.getsockopt(zmq.HEARTBEAT_IVL) == 0
+        assert pub.getsockopt(zmq.HEARTBEAT_TIMEOUT) == timings.heartbeat_timeout_ms
+        pub.close()
     finally:
         ctx.destroy(linger=0)

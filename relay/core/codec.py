@@ -137,10 +137,21 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.votes_final_through,
             s.view,
             s.want_in,
+            s.inherited_acks,
         )
         for s in m.streams
     ]
-    return (4, m.sender, m.incarnation, m.floor, streams, m.wall_ms, m.hears)
+    return (
+        4,
+        m.sender,
+        m.incarnation,
+        m.floor,
+        streams,
+        m.wall_ms,
+        m.hears,
+        m.interval_ms,
+        m.settled,
+    )
 
 
 def _enc_forward(m: Forward) -> tuple[Any, ...]:
@@ -314,7 +325,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             votes_final_through,
             view,
             want_in,
-        ) = _array(s, f"Heartbeat.streams[{i}]", 10)
+            inherited_acks,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 11)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -328,6 +340,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 fields.u63_or_none(votes_final_through, name + ".votes_final_through"),
                 fields.u63(view, name + ".view"),
                 fields.boolean(want_in, name + ".want_in"),
+                fields.acks(inherited_acks, name + ".inherited_acks"),
             )
         )
     return Heartbeat(
@@ -337,6 +350,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
         tuple(streams),
         fields.u63(a[5], "Heartbeat.wall_ms"),
         fields.relay_ids(a[6], "Heartbeat.hears"),
+        fields.u63(a[7], "Heartbeat.interval_ms"),
+        fields.boolean(a[8], "Heartbeat.settled"),
     )
 
 

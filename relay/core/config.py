@@ -19,6 +19,10 @@ class Limits:
 
     heartbeat_interval_ms: int = 20
     suspect_timeout_ms: int = 150  # no message from a peer for this long: suspected
+    # 5.11 quiet: a relay with nothing in flight, none of whose peers has either, for
+    # quiet_after_ms heartbeats only every quiet_heartbeat_interval_ms (an idle mesh sleeps)
+    quiet_heartbeat_interval_ms: int = 2_000
+    quiet_after_ms: int = 1_000
     produce_timeout_ms: int = 2_000  # a producer is told `unknown` after this
     repair_retry_ms: int = 100  # resend an unanswered repair or join request
     repair_grace_ms: int = 50  # a commit above our watermark waits this long before repair
@@ -49,6 +53,11 @@ class Limits:
             raise ConfigError(
                 "limit suspect_timeout_ms must exceed heartbeat_interval_ms "
                 f"({self.suspect_timeout_ms} <= {self.heartbeat_interval_ms})"
+            )
+        if self.quiet_heartbeat_interval_ms < self.heartbeat_interval_ms:
+            raise ConfigError(
+                "limit quiet_heartbeat_interval_ms must be at least heartbeat_interval_ms "
+                f"({self.quiet_heartbeat_interval_ms} < {self.heartbeat_interval_ms})"
             )
 
 

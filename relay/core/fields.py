@@ -171,16 +171,39 @@ def entries(v: Any, name: str) -> tuple[Entry, ...]:
 
 
 def reports(v: Any, name: str) -> tuple[Report, ...]:
+    # Names are built only for a bad item: a heartbeat may carry thousands (5.8).
     out = []
     for i, r in enumerate(array(v, name)):
+        if type(r) is list and len(r) == 2:
+            point, value = r
+            if (
+                type(point) is int
+                and 0 <= point <= MAX_U63
+                and type(value) is bytes
+                and len(value) == DIGEST_BYTES
+            ):
+                out.append((point, value))
+                continue
         point, value = array(r, f"{name}[{i}]", 2)
-        out.append((u63(point, f"{name}[{i}].point"), digest(value, f"{name}[{i}].digest")))
+        u63(point, f"{name}[{i}].point")
+        digest(value, f"{name}[{i}].digest")
     return tuple(out)
 
 
 def acks(v: Any, name: str) -> tuple[tuple[int, int], ...]:
     out = []
     for i, r in enumerate(array(v, name)):
+        if type(r) is list and len(r) == 2:
+            relay, point = r
+            if (
+                type(relay) is int
+                and 0 <= relay <= MAX_RELAY_ID
+                and type(point) is int
+                and 0 <= point <= MAX_U63
+            ):
+                out.append((relay, point))
+                continue
         relay, point = array(r, f"{name}[{i}]", 2)
-        out.append((relay_id(relay, f"{name}[{i}].relay"), u63(point, f"{name}[{i}].point")))
+        relay_id(relay, f"{name}[{i}].relay")
+        u63(point, f"{name}[{i}].point")
     return tuple(out)

@@ -31,6 +31,10 @@ from relay.core.state import (
 )
 from relay.core.timeline import DedupeWindow
 
+# A member we do not hear, which has not counted our inherited reports, gets them at least
+# this often (it may hear us).
+INHERITED_RESEND_MS = 1_000
+
 
 def seed(core: RelayState, stream: str, point: int, digest: bytes) -> bool:
     """Durable history's last committed point of `stream`, before it joins (see
@@ -282,3 +286,24 @@ def on_inherited(
     if through > st.known_through.get(member, -1):
         st.known_through[member] = through
     st.votes_unknowable_above.pop(member, None)
+    st.inherited_counted[member] = max(st.inherited_counted.get(member, -1), through)
+
+
+def inherited_to_send(core: RelayState, st: StreamState, now_ms: int) -> bool:
+    """Whether this heartbeat carries our inherited reports (with our promise): every
+    repair_retry_ms while a live member has not counted them up to our promise, every
+    INHERITED_RESEND_MS while any member has not (one we do not hear may hear us). A
+    member's count lasts as long as its incarnation. Without this every heartbeat carried
+    them all, and a long list (a stall before our restart) swamped every member (5.8)."""
+    through = st.votes_final_through
+    waiting = [
+        p
+        for m in st.peers
+        if (p := core.peers[m]).inherited_acked.get(st.stream, -1) < through
+    ]
+    if not waiting:
+        return False
+    since = now_ms - st.inherited_sent_ms
+    if any(links.is_live(core, p, now_ms) for p in waiting):
+        return since >= core.limits.repair_retry_ms
+    return since >= INHERITED_RESEND_MS

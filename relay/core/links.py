@@ -71,6 +71,9 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
     peer.want_in.clear()
     peer.hears = frozenset()
     peer.heartbeat_ms = NEVER  # whom it hears is not known until its first heartbeat
+    peer.quiet_gap_ms = 0
+    peer.settled = False
+    peer.inherited_acked.clear()
     # On first contact we join its message streams wherever they are; after a restart
     # they begin again at 1, and anything missing from there is a real gap.
     peer.sync_links = not restarted
@@ -87,6 +90,7 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
         return
     for st in core.streams.values():
         if sender in st.members:
+            st.inherited_counted.pop(sender, None)
             st.commit_sources.discard(sender)
             frozen = st.known_through.get(sender, -1)
             st.votes_unknowable_above[sender] = min(
@@ -105,7 +109,19 @@ def timeout_ms(core: RelayState, peer: PeerState) -> int:
 
 def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
     """Heard within its timeout: not suspected."""
-    return now_ms - peer.last_heard_ms < timeout_ms(core, peer)
+    return now_ms - silent_since_ms(core, peer) < timeout_ms(core, peer)
+
+
+def silent_since_ms(core: RelayState, peer: PeerState) -> int:
+    """From when the peer's silence counts against it: its last message; when that was a
+    quiet heartbeat (5.11), the longer gap it announced is excused, but only until this
+    relay became busy: a quiet peer hears that at once and answers at the usual pace."""
+    since = peer.last_heard_ms
+    if peer.quiet_gap_ms and peer.heartbeat_ms >= peer.last_heard_ms:
+        since += peer.quiet_gap_ms
+        if core.woke_ms > peer.last_heard_ms:
+            since = min(since, core.woke_ms)
+    return since
 
 
 def hears_us(core: RelayState, peer: PeerState) -> bool:
@@ -114,13 +130,20 @@ def hears_us(core: RelayState, peer: PeerState) -> bool:
     return core.id in peer.hears or peer.heartbeat_ms == NEVER
 
 
-def on_heartbeat(core: RelayState, peer: PeerState, sent_wall_ms: int, now_ms: int) -> None:
-    """Note a heartbeat's arrival (its gap since the last one) and the sender's clock."""
+def on_heartbeat(
+    core: RelayState, peer: PeerState, sent_wall_ms: int, interval_ms: int, now_ms: int
+) -> None:
+    """Note a heartbeat's arrival (its gap since the last one, beyond any quiet gap the
+    last one announced), the gap this one announces, and the sender's clock."""
     if peer.heartbeat_ms > 0:
-        gap = now_ms - peer.heartbeat_ms
+        gap = now_ms - peer.heartbeat_ms - peer.quiet_gap_ms
         decayed = peer.gap_max_ms - (peer.gap_max_ms >> GAP_DECAY_SHIFT)
         peer.gap_max_ms = max(gap, decayed)
     peer.heartbeat_ms = now_ms
+    # A peer may excuse itself at most our own quiet interval (5.11).
+    limits = core.limits
+    announced = min(interval_ms, limits.quiet_heartbeat_interval_ms)
+    peer.quiet_gap_ms = max(0, announced - limits.heartbeat_interval_ms)
     if sent_wall_ms > 0:
         peer.wall_offset_ms = sent_wall_ms - core.wall_ms
 
@@ -128,7 +151,7 @@ def on_heartbeat(core: RelayState, peer: PeerState, sent_wall_ms: int, now_ms: i
 def forgive_stall(core: RelayState, now_ms: int) -> None:
     """This relay did not run for a while (its process was stopped or starved): the
     others' silence during that time is not theirs. Shift their last-heard times by it."""
-    stall = now_ms - core.last_tick_ms - core.limits.heartbeat_interval_ms
+    stall = now_ms - core.last_tick_ms - core.tick_interval_ms
     if stall > SELF_STALL_INTERVALS * core.limits.heartbeat_interval_ms:
         core.counters["self_stall"] += 1
         for peer in core.peers.values():

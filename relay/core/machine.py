@@ -134,6 +134,7 @@ class RelayCore(RelayState):
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
         """A client's transaction; its ProduceReply comes out of a later `ready()`."""
         now_ms = self._set_time(now_ms, mono_ms)
+        self.note_busy(now_ms)
         coordinate.accept(
             self, request.stream, request.tx, Waiter(request.request_id, None), now_ms
         )
@@ -143,6 +144,7 @@ class RelayCore(RelayState):
         away): suspect it now rather than after suspect_timeout_ms of silence. Hearing from
         it again makes it live again. A hint for liveness only; safety never rests on it."""
         now_ms = self._set_time(now_ms, mono_ms)
+        self.quiet = False  # react at the usual pace (5.11)
         links.peer_lost(self, relay_id, now_ms)
 
     def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
@@ -150,18 +152,21 @@ class RelayCore(RelayState):
         now_ms = self._set_time(now_ms, mono_ms)
         links.forgive_stall(self, now_ms)
         self.clock.follow_wall(self.wall_ms)
-        if now_ms - self.last_heartbeat_ms >= self.limits.heartbeat_interval_ms:
+        went_quiet = heartbeat.update_quiet(self, now_ms)
+        if went_quiet or now_ms - self.last_heartbeat_ms >= heartbeat.interval_ms(self):
             heartbeat.send_heartbeat(self, now_ms)
         for st in self.streams.values():
             self._tick_stream(st, now_ms)
         coordinate.expire_forwards(self, now_ms)
+        self.tick_interval_ms = heartbeat.interval_ms(self)
 
     def next_deadline_ms(self) -> int:
         """The monotonic time by which `tick` must next be called (the shell may sleep until
         then unless input arrives): the next heartbeat, or an earlier produce deadline.
         Every other timer (suspicion, fencing, retries) is looked at on each tick, so it
-        fires at most one heartbeat interval late."""
-        due = self.last_heartbeat_ms + self.limits.heartbeat_interval_ms
+        fires at most one heartbeat interval late (a quiet one only while nothing is in
+        flight, 5.11)."""
+        due = self.last_heartbeat_ms + heartbeat.interval_ms(self)
         if self.forward_deadlines:
             due = min(due, self.forward_deadlines[0][0])
         for st in self.streams.values():
@@ -362,6 +367,8 @@ class RelayCore(RelayState):
     # === dispatch ========================================================================
 
     def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        if not isinstance(msg, Heartbeat):
+            self.note_busy(now_ms)
         if isinstance(msg, TxBatch):
             st = self.stream(msg.stream)
             if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):

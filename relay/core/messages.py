@@ -129,6 +129,10 @@ class StreamStatus:
     votes_final_through: int = -1
     view: int = 0  # the number of the sender's view of the stream (5.12)
     want_in: bool = False  # the sender has joined and asks to be admitted to the view
+    # (member, its votes_final_through) for each member whose inherited reports the
+    # sender counted, in full, for the member's current incarnation (5.8): that member
+    # need not send them to the sender again
+    inherited_acks: tuple[Ack, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,10 @@ class Heartbeat:
     streams: tuple[StreamStatus, ...]
     wall_ms: int = 0
     hears: tuple[int, ...] = ()  # the peers the sender hears directly (not suspected)
+    # 5.11 quiet: the sender's next heartbeat comes within interval_ms (0: the usual
+    # heartbeat interval), and whether it has nothing in flight (it could go quiet)
+    interval_ms: int = 0
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

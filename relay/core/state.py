@@ -18,6 +18,7 @@ from relay.core import codec
 from relay.core.config import CoreConfig, Limits
 from relay.core.messages import (
     Entry,
+    Heartbeat,
     Interval,
     JoinReply,
     PeerMessage,
@@ -72,9 +73,15 @@ class PeerState:
     # between its heartbeats (a scheduling stall there widens its timeout)
     heartbeat_ms: int = NEVER
     gap_max_ms: int = 0
+    # 5.11 quiet: how much longer than heartbeat_interval_ms its last heartbeat said the
+    # next may take, and whether it said it has nothing in flight
+    quiet_gap_ms: int = 0
+    settled: bool = False
     # 5.2 clocks: its wall clock minus ours, as of its last heartbeat (None: not known)
     wall_offset_ms: int | None = None
     hears: frozenset[int] = frozenset()  # the peers it heard directly, as of its heartbeat
+    # 5.8 stream -> the promise up to which it counted our inherited reports
+    inherited_acked: dict[str, int] = field(default_factory=dict)
 
 
 # --- requests we sent and still want an answer to -----------------------------------------
@@ -112,6 +119,9 @@ class Requests:
             return None
         del self._open[request_id]
         return found
+
+    def __len__(self) -> int:
+        return len(self._open)
 
     def asked(self, purpose: Purpose) -> list[int]:
         """The peers with a request of `purpose` open, in request order."""
@@ -351,6 +361,10 @@ class StreamState:
         # reports that members saw); we never report there again.
         self.join: JoinState | None = JoinState(amnesiac=True)
         self.inherited: tuple[Report, ...] = ()
+        self.inherited_sent_ms = NEVER  # when our heartbeat last carried them
+        # member -> its promise, for members whose inherited reports we counted in full
+        # (for their current incarnation)
+        self.inherited_counted: dict[int, int] = {}
         self.votes_final_through = -1
         # The last committed (point, digest) known from durable history (the store, a
         # spool) when this relay started without any (see RelayCore.seed).
@@ -396,6 +410,14 @@ class RelayState:
         self.last_heartbeat_ms = NEVER
         self.floor_sent = -1  # the highest floor any message carried
         self.announce_floor = False  # transactions arrived: tell the floor promptly
+        # 5.11 quiet: the last time anything but a heartbeat came, went or was asked of us;
+        # when this relay last became busy after a calm (quiet peers must answer from
+        # then on); whether it heartbeats at the quiet interval; the interval in force
+        # at its last tick (a later tick is only a stall past that)
+        self.busy_ms = self.now_ms
+        self.woke_ms = self.now_ms
+        self.quiet = False
+        self.tick_interval_ms = self.limits.heartbeat_interval_ms
         # 5.12 acceptor memory: None while the shell keeps none (a restart then abstains
         # from the next view change); else stream -> what was remembered at the start.
         self.acceptor_memory: dict[str, Acceptor] | None = None
@@ -406,7 +428,18 @@ class RelayState:
         else to every peer (see Outgoing)."""
         target = getattr(msg, "target", None)
         self.floor_sent = max(self.floor_sent, msg.floor)
+        if not isinstance(msg, Heartbeat):
+            self.note_busy(self.now_ms)
         self.outbox.outgoing.append(Outgoing(codec.encode(msg), stream=stream, target=target))
+
+    def note_busy(self, now_ms: int) -> None:
+        """Something other than a heartbeat came, went or was asked of us (5.11 quiet):
+        heartbeat at the usual interval again. After a calm, from now on quiet peers must
+        answer within their timeout (they hear we are busy and leave quiet at once)."""
+        if now_ms - self.busy_ms >= self.limits.quiet_after_ms:
+            self.woke_ms = now_ms
+        self.busy_ms = now_ms
+        self.quiet = False
 
     def remember(self, st: StreamState) -> None:
         """The stream's acceptor changed: the shell must keep it durably before it sends
@@ -455,6 +488,7 @@ class RelayState:
         if st is None:
             members = self.topology.members(stream)
             st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
+            self.note_busy(self.now_ms)  # it has to join
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]
         return st

@@ -4,7 +4,8 @@ network between them, and clients on the real client engines (relay/sim/clients.
 Everything follows from one integer seed through `random.Random` instances. Time is integer
 milliseconds from 0. Each millisecond: apply due fault events, deliver due peer frames,
 deliver due client frames (requests to each relay's client service, responses and lost
-connections to the clients), let the clients act, then tick every running relay and drain
+connections to the clients), let the clients act, then tick every running relay that was
+fed input or whose next deadline came (as the node does) and drain
 its `ready()` through the shared loop of relay/core/shell.py (frames into the network,
 answers and deliveries to its client service, deliveries into the history), and let the
 client service expire and flush. Client links are FIFO, take CLIENT_LINK_MS each way and
@@ -53,6 +54,14 @@ BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
 REQUEST, RESPONSE, DISCONNECT = 0, 1, 2  # what a client link carries
 FENCE_SAMPLE_EVERY_MS = 5
+# Lulls: every producer stops issuing for a while, so the mesh goes quiet (5.11) and must
+# wake up. A random run has one in its safety phase with LULL_CHANCE; a single-fault run
+# of an odd seed has one from SINGLE_LULL_BEFORE_MS before its fault to
+# SINGLE_LULL_AFTER_MS after it (the fault strikes a quiet mesh).
+LULL_CHANCE = 0.5
+LULL_MS = (1_200, 2_000)  # longer than quiet_after_ms with the default limits
+SINGLE_LULL_BEFORE_MS = 1_800
+SINGLE_LULL_AFTER_MS = 200
 STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
 
 
@@ -82,6 +91,9 @@ class Node:
     skew: int = 0
     step: int = 0
     streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
+    # Input reached the core this millisecond: it is ticked now, as the node ticks it
+    # after every input (else only at its next deadline, as the node sleeps till then).
+    fed: bool = False
 
 
 def build_topology(rng: random.Random, relay_count: int) -> Topology:
@@ -197,6 +209,7 @@ class World:
         self.fault_rng = random.Random(master.getrandbits(64))
         client_rng = random.Random(master.getrandbits(64))
         self.base_ms = BASE_UNIX_MS + master.randint(0, 86_400_000)
+        self.lull_rng = random.Random(master.getrandbits(64))
 
         self.topology = build_topology(topo_rng, relay_count)
         self.ids = self.topology.relay_ids
@@ -302,6 +315,7 @@ class World:
             elif node.paused_until >= 0:
                 node.inbox.append((None, (client, frame)))
             else:
+                node.fed = True
                 node.service.on_request([client], frame, self.clock(relay), now)
 
     # --- fault plan --------------------------------------------------------------------------
@@ -312,6 +326,7 @@ class World:
 
     def _plan_faults(self) -> None:
         rng = self.fault_rng
+        self._plan_lull()
         if self.single is not None:
             self._at(self.safety_end, "single", self.single)
             return
@@ -340,11 +355,27 @@ class World:
             for _ in range(rng.randint(1, per_kind)):
                 self._at(rng.randint(0, span - 1), "clock_step")
 
+    def _plan_lull(self) -> None:
+        rng = self.lull_rng
+        if self.single is not None:
+            if self.seed % 2:
+                start = max(0, self.safety_end - SINGLE_LULL_BEFORE_MS)
+                self._at(start, "lull", self.safety_end + SINGLE_LULL_AFTER_MS)
+            return
+        if self.safety_end > LULL_MS[1] and rng.random() < LULL_CHANCE:
+            start = rng.randint(0, self.safety_end - LULL_MS[0])
+            end = min(start + rng.randint(*LULL_MS), self.safety_end)
+            self._at(start, "lull", end)
+
     def _apply_fault(self, kind: str, args: tuple[Any, ...]) -> None:
         rng = self.fault_rng
         now = self.now
         n = len(self.ids)
-        if kind == "single":
+        if kind == "lull":
+            for p in self.producers:
+                p.next_issue = max(p.next_issue, args[0])
+            self.events.append(f"{now} lull until {args[0]}")
+        elif kind == "single":
             self._apply_single(args[0])
         elif kind == "crash-now":
             self._crash(args[0])
@@ -517,6 +548,7 @@ class World:
         heapq.heappush(self._client_links, item)
 
     def _receive(self, core: RelayCore, r: int, src: int, frame: bytes) -> None:
+        self.nodes[r].fed = True
         if frame == CLOSED:
             core.peer_lost(src, self.clock(r), self.now)
         else:
@@ -558,6 +590,7 @@ class World:
         for src, item in inbox:
             if src is None:
                 client, frame = item
+                node.fed = True
                 service.on_request([client], frame, self.clock(r), self.now)
             else:
                 self._receive(core, r, src, item)
@@ -649,8 +682,10 @@ class World:
         for r in self.ids:
             node = nodes[r]
             if node.core is not None and node.paused_until < 0:
-                node.core.tick(self.clock(r), self.now)
-                self._drain(node)
+                if node.fed or now >= node.core.next_deadline_ms():
+                    node.fed = False
+                    node.core.tick(self.clock(r), self.now)
+                    self._drain(node)
                 assert node.service is not None
                 node.service.expire(now)
                 node.service.flush()
