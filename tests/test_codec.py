@@ -612,9 +612,11 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, 1, [], [], -1, 0, False, []]], 0, [], 0, False), MAX)
+        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, []]
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
-        decode(frame_of(4, 1, 2, 3, [["s", 4, -1, D, True, [], [], -1, 0, 1, []]], 0, [], 0, False), MAX)
+        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, []]
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="hears"):
         decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False), MAX)
     with pytest.raises(FieldError, match="settled"):

@@ -297,9 +297,7 @@ def inherited_to_send(core: RelayState, st: StreamState, now_ms: int) -> bool:
     them all, and a long list (a stall before our restart) swamped every member (5.8)."""
     through = st.votes_final_through
     waiting = [
-        p
-        for m in st.peers
-        if (p := core.peers[m]).inherited_acked.get(st.stream, -1) < through
+        p for m in st.peers if (p := core.peers[m]).inherited_acked.get(st.stream, -1) < through
     ]
     if not waiting:
         return False
