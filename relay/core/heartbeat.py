@@ -13,7 +13,7 @@ Quiet (5.11): a relay is *settled* when nothing but heartbeats came, went or was
 it for quiet_after_ms and nothing is in flight on any stream (no produce pending, nothing
 uncommitted, no join, repair, reset, view change, fence or stall). A settled relay whose
 live peers all say they are settled heartbeats every quiet_heartbeat_interval_ms instead,
-and says so in the heartbeat, which excuses the longer silence (links.silent_since_ms).
+and says so in the heartbeat, which excuses the longer silence (links.live_until_ms).
 Anything else coming, going or asked of it, or a live peer saying it is not settled, ends
 quiet at once; after a calm, a relay that becomes busy expects quiet peers to answer within
 their usual timeout from then on.

@@ -109,19 +109,24 @@ def timeout_ms(core: RelayState, peer: PeerState) -> int:
 
 def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
     """Heard within its timeout: not suspected."""
-    return now_ms - silent_since_ms(core, peer) < timeout_ms(core, peer)
+    return now_ms < live_until_ms(core, peer)
 
 
-def silent_since_ms(core: RelayState, peer: PeerState) -> int:
-    """From when the peer's silence counts against it: its last message; when that was a
-    quiet heartbeat (5.11), the longer gap it announced is excused, but only until this
-    relay became busy: a quiet peer hears that at once and answers at the usual pace."""
-    since = peer.last_heard_ms
-    if peer.quiet_gap_ms and peer.heartbeat_ms >= peer.last_heard_ms:
-        since += peer.quiet_gap_ms
-        if core.woke_ms > peer.last_heard_ms:
-            since = min(since, core.woke_ms)
-    return since
+def live_until_ms(core: RelayState, peer: PeerState) -> int:
+    """When the peer becomes suspected if nothing more is heard: its timeout after its
+    last message. When that was a quiet heartbeat (5.11), the gap it announced is excused
+    and, while this relay is calm too, the longest timeout on top (nothing waits on it,
+    and a quiet mesh on a loaded machine must not flap); but once this relay became busy
+    after it, the usual timeout runs from then on: a quiet peer hears that at once and
+    answers at the usual pace."""
+    timeout = timeout_ms(core, peer)
+    heard = peer.last_heard_ms
+    if not peer.quiet_gap_ms or peer.heartbeat_ms < heard:
+        return heard + timeout
+    calm = heard + peer.quiet_gap_ms + SUSPECT_MAX_FACTOR * core.limits.suspect_timeout_ms
+    if core.woke_ms > heard:
+        return min(calm, core.woke_ms + timeout)
+    return calm
 
 
 def hears_us(core: RelayState, peer: PeerState) -> bool:
