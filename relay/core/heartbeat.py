@@ -31,7 +31,7 @@ from relay.core.state import NEVER, PeerState, RelayState, StreamState
 def interval_ms(core: RelayState) -> int:
     """How long after the last heartbeat the next is due."""
     limits = core.limits
-    return limits.quiet_heartbeat_interval_ms if core.quiet else limits.heartbeat_interval_ms
+    return limits.quiet_interval_ms if core.quiet else limits.heartbeat_interval_ms
 
 
 def settled(core: RelayState, now_ms: int) -> bool:

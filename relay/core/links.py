@@ -147,7 +147,7 @@ def on_heartbeat(
     peer.heartbeat_ms = now_ms
     # A peer may excuse itself at most our own quiet interval (5.11).
     limits = core.limits
-    announced = min(interval_ms, limits.quiet_heartbeat_interval_ms)
+    announced = min(interval_ms, limits.quiet_interval_ms)
     peer.quiet_gap_ms = max(0, announced - limits.heartbeat_interval_ms)
     if sent_wall_ms > 0:
         peer.wall_offset_ms = sent_wall_ms - core.wall_ms
