@@ -93,6 +93,7 @@ stream_statuses = st.builds(
     u63,
     st.booleans(),
     acks,
+    st.booleans(),
 )
 dedupe_keys = st.tuples(producer_ids, u64, u63)
 
@@ -338,20 +339,20 @@ def test_wire_layout() -> None:
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [], [], -1, 0, False, []]],
+        [["s", 4, -1, D, True, [], [], -1, 0, False, [], False]],
         0,
         [],
         0,
         False,
     ]
-    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),))
+    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True)
     hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True)
     assert as_list(hb) == [
         4,
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]]]],
+        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]], True]],
         10,
         [0, 2],
         500,
@@ -563,6 +564,7 @@ def test_wrong_array_lengths() -> None:
         ["s", 4, -1, D, True, [], [], -1],  # the layout before views
         ["s", 4, -1, D, True, [], [], -1, 0],
         ["s", 4, -1, D, True, [], [], -1, 0, False],  # the layout before inherited acks
+        ["s", 4, -1, D, True, [], [], -1, 0, False, []],  # before inherited_omitted
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
             decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
@@ -612,13 +614,16 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, []]
+        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
-        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, []]
+        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="hears"):
         decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False), MAX)
+    with pytest.raises(FieldError, match="inherited_omitted"):
+        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1]
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
     with pytest.raises(FieldError, match="settled"):
         decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1), MAX)
     with pytest.raises(FieldError, match="interval_ms"):
@@ -781,7 +786,7 @@ def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any =
     """A heartbeat with one stream status, with the given acks and inherited votes (view 0,
     not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
-    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, []]
+    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False]
     return frame_of(4, 1, 2, 3, [status], 0, [], 0, False)
 
 

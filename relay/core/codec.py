@@ -138,6 +138,7 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.view,
             s.want_in,
             s.inherited_acks,
+            s.inherited_omitted,
         )
         for s in m.streams
     ]
@@ -326,7 +327,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             view,
             want_in,
             inherited_acks,
-        ) = _array(s, f"Heartbeat.streams[{i}]", 11)
+            inherited_omitted,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 12)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -341,6 +343,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 fields.u63(view, name + ".view"),
                 fields.boolean(want_in, name + ".want_in"),
                 fields.acks(inherited_acks, name + ".inherited_acks"),
+                fields.boolean(inherited_omitted, name + ".inherited_omitted"),
             )
         )
     return Heartbeat(

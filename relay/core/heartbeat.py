@@ -92,14 +92,14 @@ def send_heartbeat(core: RelayState, now_ms: int) -> None:
 
 def _stream_status(core: RelayState, st: StreamState, now_ms: int) -> StreamStatus:
     inherited = join.promise(st)  # may raise votes_final_through: keep it first
-    through = st.votes_final_through
+    omitted = False
     if inherited:
         if join.inherited_to_send(core, st, now_ms):
             st.inherited_sent_ms = now_ms
         else:
-            # Every member that must have them counted them: no promise without them
-            # (a promise alone would let a member count our earlier votes as known).
-            inherited, through = (), -1
+            # Every member counted them: the promise alone, marked so that a member that
+            # has not counted them (one we never heard) does not take it (5.8).
+            inherited, omitted = (), True
     return StreamStatus(
         stream=st.stream,
         last_link_seq=st.link_seq_out,
@@ -108,10 +108,11 @@ def _stream_status(core: RelayState, st: StreamState, now_ms: int) -> StreamStat
         joined=st.join is None,
         acks=acks(st),
         inherited=inherited,
-        votes_final_through=through,
+        votes_final_through=st.votes_final_through,
         view=st.view.number,
         want_in=view.wants_in(core, st, now_ms),
         inherited_acks=tuple(sorted(st.inherited_counted.items())),
+        inherited_omitted=omitted,
     )
 
 
@@ -144,7 +145,14 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
             view.push_view(core, st, msg.sender, now_ms)  # it missed a decision
         links.on_link_status(core, st, msg.sender, peer, status.last_link_seq, msg.floor, now_ms)
         on_acks(core, st, status.acks)
-        join.on_inherited(core, st, msg.sender, status.inherited, status.votes_final_through)
+        join.on_inherited(
+            core,
+            st,
+            msg.sender,
+            status.inherited,
+            status.votes_final_through,
+            omitted=status.inherited_omitted,
+        )
         if status.committed_point >= 0:
             learn_commit(st, status.committed_point, status.committed_digest, [msg.sender])
             advance(core, st, now_ms)

@@ -273,11 +273,18 @@ def promise(st: StreamState) -> tuple[Report, ...]:
 
 
 def on_inherited(
-    core: RelayState, st: StreamState, member: int, inherited: tuple[Report, ...], through: int
+    core: RelayState,
+    st: StreamState,
+    member: int,
+    inherited: tuple[Report, ...],
+    through: int,
+    *,
+    omitted: bool = False,
 ) -> None:
     """A restarted member tells which of its earlier reports anyone saw: with them, all
-    its votes up to `through` are known again."""
-    if through < 0:
+    its votes up to `through` are known again. `omitted`: it left them out, as we have
+    them; if we do not, its promise alone says nothing."""
+    if through < 0 or (omitted and member not in st.inherited_counted):
         return
     count_votes(st, member, inherited)
     state = core.peers[member].links.get(st.stream)
@@ -290,15 +297,13 @@ def on_inherited(
 
 
 def inherited_to_send(core: RelayState, st: StreamState, now_ms: int) -> bool:
-    """Whether this heartbeat carries our inherited reports (with our promise): every
-    repair_retry_ms while a live member has not counted them up to our promise, every
-    INHERITED_RESEND_MS while any member has not (one we do not hear may hear us). A
+    """Whether this heartbeat carries our inherited reports: every repair_retry_ms while
+    a live member has not counted them, every INHERITED_RESEND_MS while any member has not
+    (one we do not hear may hear us); else only our promise goes (`inherited_omitted`). A
     member's count lasts as long as its incarnation. Without this every heartbeat carried
     them all, and a long list (a stall before our restart) swamped every member (5.8)."""
-    through = st.votes_final_through
-    waiting = [
-        p for m in st.peers if (p := core.peers[m]).inherited_acked.get(st.stream, -1) < through
-    ]
+    waiting = [core.peers[m] for m in st.peers]
+    waiting = [p for p in waiting if p.inherited_acked.get(st.stream, -1) < 0]
     if not waiting:
         return False
     since = now_ms - st.inherited_sent_ms

@@ -133,6 +133,9 @@ class StreamStatus:
     # sender counted, in full, for the member's current incarnation (5.8): that member
     # need not send them to the sender again
     inherited_acks: tuple[Ack, ...] = ()
+    # The sender left its inherited reports out (every member counted them already): a
+    # receiver that has not counted them must ignore votes_final_through (5.8)
+    inherited_omitted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
