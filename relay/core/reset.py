@@ -48,14 +48,17 @@ def maybe_reset(core: RelayState, st: StreamState, now_ms: int) -> None:
     tl = st.timeline
     if st.join is not None or st.repair is not None or st.reset is not None:
         return
-    if tl.reported <= tl.committed_point or st.known_commit[0] > tl.committed_point:
+    log = st.report_log
+    if not log or log[-1][0] <= tl.committed_point:
+        # Nothing of ours above the committed point (a commit passed our reports, or a
+        # view voided them): no split of ours is left to resolve, report again.
+        resume_reports(st)
         return
+    if st.known_commit[0] > tl.committed_point:
+        return  # a commit above us is known: repair decides, not a rebuild
     if now_ms - max(st.progress_ms, st.dead_check_ms) < core.limits.repair_retry_ms:
         return
     st.dead_check_ms = now_ms
-    log = st.report_log
-    if not log or log[-1][0] <= tl.committed_point:
-        return  # we reported nothing above our committed point
     if len(log) == log.maxlen and log[0][0] > tl.committed_point:
         return  # our own early reports fell out of the log: cannot prove them dead
     own = [(p, d) for p, d in log if p > tl.committed_point]
