@@ -1163,7 +1163,7 @@ def bench(
     "scenarios",
     multiple=True,
     metavar="NAME",
-    help="kill, pause, partition, partial-partition, clock, clock-restart, mix, or all "
+    help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, or all "
     "(repeat or comma-separate; default all).",
 )
 @click.option(

@@ -68,6 +68,7 @@ from relay.core import (
     RelayCore,
     drain,
 )
+from relay.core.codec import peer_frame_limit
 from relay.errors import AcceptorMemoryError, MalformedFrame
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.service import ClientService
@@ -450,6 +451,8 @@ class RelayNode:
 
     def _open(self, ctx: zmq.asyncio.Context) -> _Sockets:
         max_frame = self.limits.max_frame_bytes
+        # a peer's frame may be another's passed on inside a Relayed (5.13)
+        max_peer_frame = peer_frame_limit(max_frame)
         timings = MeshLinkTimings.from_limits(self.limits)
         closers: list[zmq.Socket[Any]] = []
         try:
@@ -457,7 +460,7 @@ class RelayNode:
             closers.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
-            pub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            pub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame)
             timings.apply(pub, pings=False)
             pub.bind(self.spec.mesh_endpoint)
 
@@ -465,7 +468,7 @@ class RelayNode:
             closers.append(sub)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, MESH_HWM)
-            sub.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            sub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame)
             timings.apply(sub)
             for prefix in self._subscriptions():
                 sub.setsockopt(zmq.SUBSCRIBE, prefix)

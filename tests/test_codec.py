@@ -20,6 +20,7 @@ from relay.core.messages import (
     JoinReply,
     JoinRequest,
     Outcome,
+    Relayed,
     RepairReply,
     RepairRequest,
     RepairStatus,
@@ -214,6 +215,9 @@ messages: dict[type, st.SearchStrategy[Any]] = {
     ViewDecided: st.builds(
         ViewDecided, relay_ids, incarnations, u63, relay_ids, streams, view_values
     ),
+    Relayed: st.builds(
+        Relayed, relay_ids, incarnations, u63, relay_ids, relay_ids, st.binary(min_size=1)
+    ),
 }
 any_message = st.one_of(*messages.values())
 
@@ -283,6 +287,7 @@ def test_type_codes() -> None:
         ViewRequest: 11,
         ViewReply: 12,
         ViewDecided: 13,
+        Relayed: 14,
     }
     assert expected == TYPE_CODES
 

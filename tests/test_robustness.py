@@ -600,7 +600,9 @@ def test_oversized_peer_frame_is_dropped_and_the_relays_keep_working(live: Live)
     before = live.views()
     base = live.bad_parts()
     closed = live.links_closed()
-    live.hostile_pub.send_multipart([b"H|", b"\x00" * (MAX_FRAME_BYTES + 1)])
+    # Above what any peer frame may be (max_frame_bytes, plus a Relayed's header).
+    too_big = codec.peer_frame_limit(MAX_FRAME_BYTES) + 1
+    live.hostile_pub.send_multipart([b"H|", b"\x00" * too_big])
     # The SUBs of relays 0-2 drop the connection (ZMQ_MAXMSGSIZE); each relay counts it.
     wait_until(
         lambda: all(live.links_closed()[r] > closed[r] for r in RELAYS),

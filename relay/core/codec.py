@@ -61,6 +61,7 @@ from relay.core.messages import (
     JoinRequest,
     Outcome,
     PeerMessage,
+    Relayed,
     RepairReply,
     RepairRequest,
     RepairStatus,
@@ -74,7 +75,7 @@ from relay.core.messages import (
 )
 from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
 
-__all__ = ["TYPE_CODES", "decode", "encode"]
+__all__ = ["RELAYED_OVERHEAD_BYTES", "TYPE_CODES", "decode", "encode", "peer_frame_limit"]
 
 TYPE_CODES: dict[type, int] = {
     TxBatch: 1,
@@ -90,7 +91,22 @@ TYPE_CODES: dict[type, int] = {
     ViewRequest: 11,
     ViewReply: 12,
     ViewDecided: 13,
+    Relayed: 14,
 }
+
+# A Relayed frame wraps a peer frame of up to max_frame_bytes: its own header (type code,
+# four ids and numbers, the bin header) takes at most this much more.
+RELAYED_OVERHEAD_BYTES = 64
+# The largest frame a Relayed may carry: the wire-level bound (the core checks the
+# configured max_frame_bytes when it decodes what is inside).
+MAX_CARRIED_FRAME_BYTES = 1 << 30
+
+
+def peer_frame_limit(max_frame_bytes: int) -> int:
+    """The largest frame that may arrive from a peer: a message of up to max_frame_bytes,
+    or one passed on inside a Relayed."""
+    return max_frame_bytes + RELAYED_OVERHEAD_BYTES
+
 
 T = TypeVar("T")
 
@@ -227,6 +243,10 @@ def _enc_repair_reply(m: RepairReply) -> tuple[Any, ...]:
     )
 
 
+def _enc_relayed(m: Relayed) -> tuple[Any, ...]:
+    return (14, m.sender, m.incarnation, m.floor, m.target, m.to, m.frame)
+
+
 _ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     TxBatch: _enc_tx_batch,
     Reports: _enc_reports,
@@ -240,6 +260,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     ViewRequest: enc_view_request,
     ViewReply: enc_view_reply,
     ViewDecided: enc_view_decided,
+    Relayed: _enc_relayed,
 }
 
 # Packers are reused (building one per call costs more than packing a small message).
@@ -455,6 +476,17 @@ def _dec_repair_reply(a: list[Any]) -> RepairReply:
     )
 
 
+def _dec_relayed(a: list[Any]) -> Relayed:
+    return Relayed(
+        fields.relay_id(a[1], "Relayed.sender"),
+        fields.u64(a[2], "Relayed.incarnation"),
+        fields.u63(a[3], "Relayed.floor"),
+        fields.relay_id(a[4], "Relayed.target"),
+        fields.relay_id(a[5], "Relayed.to"),
+        fields.frame(a[6], "Relayed.frame", MAX_CARRIED_FRAME_BYTES),
+    )
+
+
 _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
     TxBatch: _dec_tx_batch,
     Reports: _dec_reports,
@@ -468,6 +500,7 @@ _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
     ViewRequest: dec_view_request,
     ViewReply: dec_view_reply,
     ViewDecided: dec_view_decided,
+    Relayed: _dec_relayed,
 }
 
 # type code -> (message type, array length including the code, decoder)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from relay.core import fencing
 from relay.core.fencing import redirect_for
-from relay.core.links import hears_us, is_live
+from relay.core.links import is_live
 from relay.core.messages import (
     Forward,
     ForwardReply,
@@ -23,6 +23,7 @@ from relay.core.messages import (
 )
 from relay.core.shell import ProduceReply
 from relay.core.state import RelayState, StreamState, Waiter, chunks
+from relay.core.transit import hears_us
 
 
 def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_ms: int) -> None:
@@ -74,9 +75,10 @@ def forward(
 ) -> None:
     if waiter.origin is not None:  # never forward twice
         return answer(core, waiter, Outcome.FENCED, redirect=members)
-    # A member we hear but that does not hear us (a one-way cut) would never get it.
+    # A member we hear but that gets nothing from us (a one-way cut, and no relay in
+    # between, 5.13) would never get it.
     live = [
-        m for m in members if is_live(core, core.peers[m], now_ms) and hears_us(core, core.peers[m])
+        m for m in members if is_live(core, core.peers[m], now_ms) and hears_us(core, m, now_ms)
     ]
     if not live:
         return answer(core, waiter, Outcome.FENCED, redirect=members)

@@ -106,6 +106,13 @@ def string(v: Any, name: str) -> str:
     return v
 
 
+def frame(v: Any, name: str, max_bytes: int) -> bytes:
+    """A whole peer frame carried inside another (5.13 transit); decoded on its own."""
+    if type(v) is not bytes or not 0 < len(v) <= max_bytes:
+        bad(name, f"1..{max_bytes} bytes", v)
+    return v
+
+
 def digest(v: Any, name: str) -> bytes:
     if type(v) is not bytes or len(v) != DIGEST_BYTES:
         bad(name, f"{DIGEST_BYTES}-byte digest", v)

@@ -83,7 +83,7 @@ def send_heartbeat(core: RelayState, now_ms: int) -> None:
             floor=core.clock.floor,
             streams=streams,
             wall_ms=core.wall_ms,
-            hears=tuple(m for m, p in sorted(core.peers.items()) if links.is_live(core, p, now_ms)),
+            hears=core.hears_sent,  # whom we hear directly, as planned this tick (5.13)
             interval_ms=interval_ms(core),
             settled=settled(core, now_ms),
         )

@@ -46,16 +46,23 @@ SELF_STALL_INTERVALS = 3
 # --- admitting a peer's message --------------------------------------------------------------
 
 
-def admit(core: RelayState, msg: PeerMessage, peer: PeerState, now_ms: int) -> bool:
+def admit(
+    core: RelayState, msg: PeerMessage, peer: PeerState, now_ms: int, *, direct: bool = True
+) -> bool:
     """Whether to act on a valid message from `peer`: not from an older incarnation than
-    one seen. Notes that we heard it, and raises our floor to the sender's, unless that
-    runs more than max_clock_ahead_ms ahead of the majority's clock (an outlier's)."""
+    one seen. Notes that we heard it (`direct`: straight from it, else passed on by
+    another relay, 5.13), and raises our floor to the sender's, unless that runs more than
+    max_clock_ahead_ms ahead of the majority's clock (an outlier's)."""
     if msg.incarnation < peer.incarnation:
         core.counters["stale_incarnation"] += 1
         return False
     if msg.incarnation > peer.incarnation:
         new_incarnation(core, msg.sender, peer, msg.incarnation)
     peer.last_heard_ms = now_ms
+    if direct:
+        peer.direct_ms = now_ms
+    else:
+        peer.relayed_ms = now_ms
     if msg.floor > floor_cap(core, now_ms):
         core.counters["floor_not_followed"] += 1
     else:
@@ -129,12 +136,6 @@ def live_until_ms(core: RelayState, peer: PeerState) -> int:
     return calm
 
 
-def hears_us(core: RelayState, peer: PeerState) -> bool:
-    """`peer` said in its last heartbeat that it hears us (before its first heartbeat it
-    has said nothing: take that it does)."""
-    return core.id in peer.hears or peer.heartbeat_ms == NEVER
-
-
 def on_heartbeat(
     core: RelayState, peer: PeerState, sent_wall_ms: int, interval_ms: int, now_ms: int
 ) -> None:
@@ -162,6 +163,8 @@ def forgive_stall(core: RelayState, now_ms: int) -> None:
         for peer in core.peers.values():
             if peer.last_heard_ms > 0:
                 peer.last_heard_ms = min(now_ms, peer.last_heard_ms + stall)
+            if peer.direct_ms > 0:
+                peer.direct_ms = min(now_ms, peer.direct_ms + stall)
     core.last_tick_ms = now_ms
 
 
@@ -196,13 +199,17 @@ def clock_outlier(core: RelayState, now_ms: int) -> bool:
 
 def peer_lost(core: RelayState, relay_id: int, now_ms: int) -> None:
     """The shell saw the connection to a peer close: suspect it now rather than after
-    its timeout. Hearing from it again makes it live again."""
+    its timeout, unless its frames reach us through another relay too (5.13): then it is
+    only no longer heard directly. Hearing from it again makes it live again."""
     peer = core.peers.get(relay_id)
     if peer is None:
         core.counters["peer_lost_unknown"] += 1
         return
     silent_since = now_ms - timeout_ms(core, peer)
-    if peer.last_heard_ms > silent_since:
+    peer.direct_ms = min(peer.direct_ms, silent_since)
+    if peer.relayed_ms > silent_since:
+        core.counters["peer_lost_direct"] += 1
+    elif peer.last_heard_ms > silent_since:
         peer.last_heard_ms = silent_since
         core.counters["peer_lost"] += 1
 

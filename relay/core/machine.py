@@ -37,6 +37,7 @@ from relay.core import (
     links,
     repair,
     reset,
+    transit,
     view,
 )
 from relay.core.config import CoreConfig
@@ -48,6 +49,7 @@ from relay.core.messages import (
     JoinRequest,
     PeerMessage,
     ReadStatus,
+    Relayed,
     RepairReply,
     RepairRequest,
     RepairStatus,
@@ -61,6 +63,7 @@ from relay.core.seq import relay_of
 from relay.core.shell import ProduceRequest, ReadResult, Ready
 from relay.core.state import (
     GENESIS_POINT,
+    NEVER,
     Acceptor,
     PeerState,
     Purpose,
@@ -69,7 +72,7 @@ from relay.core.state import (
     Waiter,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
-from relay.errors import FieldError, FrameError
+from relay.errors import FieldError, FrameError, OversizedFrame
 
 
 class RelayCore(RelayState):
@@ -121,15 +124,52 @@ class RelayCore(RelayState):
         """A frame from a peer. Never raises; a bad frame is counted and changes nothing.
         `now_ms`: wall clock (Unix ms); `mono_ms`: monotonic clock (defaults to now_ms)."""
         now_ms = self._set_time(now_ms, mono_ms)
+        msg = self._decode(frame)
+        if msg is None:
+            return
+        peer = self.peers[msg.sender]
+        if not links.admit(self, msg, peer, now_ms):
+            return
+        if isinstance(msg, Relayed):
+            self._on_relayed(msg, now_ms)
+            return
+        self._dispatch(msg, peer, now_ms)
+
+    def _decode(self, frame: bytes, relayed_by: int = -1) -> PeerMessage | None:
+        """The checked message in `frame`, or None (a bad frame is counted). A frame that
+        relay `relayed_by` passed on (5.13) must be another relay's, and not itself a
+        Relayed; only a Relayed may exceed max_frame_bytes, by its own header."""
+        limit = self.limits.max_frame_bytes
         try:
-            msg = codec.decode(frame, self.limits.max_frame_bytes)
+            if relayed_by < 0:
+                msg = codec.decode(frame, codec.peer_frame_limit(limit))
+                if len(frame) > limit and not isinstance(msg, Relayed):
+                    raise OversizedFrame(f"frame of {len(frame)} bytes exceeds {limit}")
+            else:
+                msg = codec.decode(frame, limit)
+                if isinstance(msg, Relayed) or msg.sender == relayed_by:
+                    raise FieldError(f"relay {relayed_by} passed on a frame not another's")
             self._check(msg)
         except FrameError as error:
             self.counters[error.counter] += 1
+            return None
+        return msg
+
+    def _on_relayed(self, msg: Relayed, now_ms: int) -> None:
+        """A frame passed on by another relay (5.13): pass it on if we are the relay in
+        between, else take it as if its sender had sent it straight to us."""
+        if msg.to != self.id:
+            transit.pass_through(self, msg)
             return
-        peer = self.peers[msg.sender]
-        if links.admit(self, msg, peer, now_ms):
-            self._dispatch(msg, peer, now_ms)
+        inner = self._decode(msg.frame, relayed_by=msg.sender)
+        if inner is None:
+            return
+        peer = self.peers[inner.sender]
+        if isinstance(inner, Heartbeat) and transit.hears_directly(self, peer, now_ms):
+            return  # its heartbeats reach us straight: an older one passed on adds nothing
+        self.counters["transit_received"] += 1
+        if links.admit(self, inner, peer, now_ms, direct=False):
+            self._dispatch(inner, peer, now_ms)
 
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
         """A client's transaction; its ProduceReply comes out of a later `ready()`."""
@@ -152,6 +192,11 @@ class RelayCore(RelayState):
         now_ms = self._set_time(now_ms, mono_ms)
         links.forgive_stall(self, now_ms)
         self.clock.follow_wall(self.wall_ms)
+        if transit.plan(self, now_ms):
+            # Whom we hear directly changed: say so now (a relay in between must start or
+            # stop passing frames on, 5.13), at the usual pace.
+            self.note_busy(now_ms)
+            self.last_heartbeat_ms = NEVER
         went_quiet = heartbeat.update_quiet(self, now_ms)
         if went_quiet or now_ms - self.last_heartbeat_ms >= heartbeat.interval_ms(self):
             heartbeat.send_heartbeat(self, now_ms)
@@ -329,6 +374,12 @@ class RelayCore(RelayState):
         target = getattr(msg, "target", None)
         if target is not None and target != self.id:
             raise FieldError(f"message for relay {target} reached relay {self.id}")
+        if (
+            isinstance(msg, Relayed)
+            and msg.to != self.id
+            and (msg.to not in self.peers or msg.to == msg.sender)
+        ):
+            raise FieldError(f"relay {msg.sender} asked to pass its frame on to relay {msg.to}")
         stream = getattr(msg, "stream", None)
         if stream is not None and not self.can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")

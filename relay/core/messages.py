@@ -321,6 +321,21 @@ class ViewDecided:
     value: ViewValue
 
 
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """Another relay's frame passed on (5.13 transit): `frame` is that relay's message,
+    bytes as it sent them, for relay `to`. The sender is the relay in between when `to` is
+    the target; when they differ, the sender asks `target` to pass its own frame on to
+    `to`, which does not hear it directly."""
+
+    sender: int
+    incarnation: int
+    floor: int
+    target: int
+    to: int
+    frame: bytes
+
+
 PeerMessage = (
     TxBatch
     | Reports
@@ -334,4 +349,5 @@ PeerMessage = (
     | ViewRequest
     | ViewReply
     | ViewDecided
+    | Relayed
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from relay.core import codec
@@ -22,6 +22,7 @@ from relay.core.messages import (
     Interval,
     JoinReply,
     PeerMessage,
+    Relayed,
     RepairRequest,
     Report,
     Transaction,
@@ -80,6 +81,10 @@ class PeerState:
     # 5.2 clocks: its wall clock minus ours, as of its last heartbeat (None: not known)
     wall_offset_ms: int | None = None
     hears: frozenset[int] = frozenset()  # the peers it heard directly, as of its heartbeat
+    # 5.13 transit: when a message from it last came straight from it, and last came
+    # passed on by another relay (last_heard_ms is the later of the two)
+    direct_ms: int = NEVER
+    relayed_ms: int = NEVER
     # 5.8 stream -> the promise up to which it counted our inherited reports
     inherited_acked: dict[str, int] = field(default_factory=dict)
 
@@ -422,15 +427,46 @@ class RelayState:
         # from the next view change); else stream -> what was remembered at the start.
         self.acceptor_memory: dict[str, Acceptor] | None = None
         self.acceptor_forgotten: set[str] = set()  # streams whose record was unreadable
+        # 5.13 transit, planned every tick: peer -> the relay our frames for it also go
+        # through (it does not hear us directly); the peers our last heartbeat said we
+        # hear directly
+        self.route_via: dict[int, int] = {}
+        self.hears_sent: tuple[int, ...] = ()
 
-    def send(self, msg: PeerMessage, stream: str | None = None) -> None:
+    def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,
-        else to every peer (see Outgoing)."""
+        else to every peer (see Outgoing). A message for a relay that does not hear us
+        goes through one that it hears (5.13). `busy`: sending it ends quiet (5.11), as
+        everything but a heartbeat does."""
         target = getattr(msg, "target", None)
         self.floor_sent = max(self.floor_sent, msg.floor)
-        if not isinstance(msg, Heartbeat):
+        if busy and not isinstance(msg, Heartbeat):
             self.note_busy(self.now_ms)
-        self.outbox.outgoing.append(Outgoing(codec.encode(msg), stream=stream, target=target))
+        frame = codec.encode(msg)
+        if target is None or target not in self.route_via:
+            self.outbox.outgoing.append(Outgoing(frame, stream=stream, target=target))
+        if self.route_via and not isinstance(msg, Relayed):
+            self._send_around(frame, msg.floor, stream, target)
+
+    def _send_around(
+        self, frame: bytes, floor: int, stream: str | None, target: int | None
+    ) -> None:
+        """Send `frame`, wrapped, through the relay planned for each recipient that does
+        not hear us directly (5.13): a message addressed to it goes only that way, a
+        published one to everyone directly as well, first (no frame may carry our floor
+        past a transaction ahead of the frame that carries the transaction)."""
+        if target is not None:
+            recipients: Iterable[int] = (target,) if target in self.route_via else ()
+        elif stream is not None:
+            members = self.topology.members(stream)
+            recipients = [p for p in self.route_via if p in members]
+        else:
+            recipients = list(self.route_via)
+        for p in recipients:
+            via = self.route_via[p]
+            hop = Relayed(self.id, self.incarnation, floor, via, p, frame)
+            self.outbox.outgoing.append(Outgoing(codec.encode(hop), target=via))
+            self.counters["transit_sent"] += 1
 
     def note_busy(self, now_ms: int) -> None:
         """Something other than a heartbeat came, went or was asked of us (5.11 quiet):

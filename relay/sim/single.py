@@ -14,6 +14,9 @@ stays to the end of the run (nothing heals), and the producers keep writing.
     cut-link             the link between two relays is cut both ways
     cut-link-oneway      the link from one relay to another is cut
     cut-then-crash       a link a<->b is cut; a keeps coordinating, then dies
+    crash-cut-link       as many relays die as a majority can lose while three stay, and
+                         a link between two survivors is cut both ways (with 4 or more
+                         relays only the third survivor, passing frames on, joins them)
     clock-back           one relay's wall clock steps back by minutes
     clock-forward        one relay's wall clock steps forward by minutes
     restart-clock-back   one relay restarts (empty) with its wall clock minutes behind
@@ -43,6 +46,7 @@ SINGLE_FAULTS: tuple[str, ...] = (
     "cut-link",
     "cut-link-oneway",
     "cut-then-crash",
+    "crash-cut-link",
     "clock-back",
     "clock-forward",
     "restart-clock-back",

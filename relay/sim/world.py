@@ -476,6 +476,17 @@ class World:
         elif kind == "cut-link-oneway":
             links = [(victim, other)]
             self.single_victims = (victim, other)
+        elif kind == "crash-cut-link":
+            # As many relays die as a majority of `all` can lose while three stay (a cut
+            # link needs a third relay to pass frames on), then a link between two of the
+            # survivors is cut both ways: only transit keeps a majority together (5.13).
+            n = len(self.ids)
+            down = rng.sample(self.ids, max(0, min(n - quorum(n), n - 3)))
+            for r in down:
+                self._crash(r)
+            a, b = rng.sample([r for r in self.ids if r not in down], 2)
+            links = [(a, b), (b, a)]
+            self.single_victims = (*sorted(down), a, b)
         elif kind in ("clock-back", "clock-forward"):
             node.step += CLOCK_STEP_MS if kind == "clock-forward" else -CLOCK_STEP_MS
             self.stepped.add(victim)

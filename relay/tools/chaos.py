@@ -16,15 +16,20 @@ namespace on a bridge, at 10.77.0.10+i; the clients on the host end, 10.77.0.1):
    every acknowledged write, read each relay's history of each stream from that relay
    alone, and check it (relay/tools/chaos_history.py).
 
-Scenarios (one relay or one link at a time, so a majority can always commit):
+Scenarios (one relay or one link at a time, so a majority can always commit, directly or
+through another relay):
   kill               kill -9 a relay, restart it after the hold (empty memory)
   pause              SIGSTOP a relay, SIGCONT after the hold
   partition          cut a relay from every other relay, both ways (clients reach it)
   partial-partition  cut one link between two relays, both ways or (every other time) one way
+  kill-cut           kill -9 as many relays as a majority can lose while three stay (none of
+                     3, one of 4, two of 5), and cut the link between two of the others both
+                     ways: the third holds the majority together (transit, protocol 5.13);
+                     restart them and mend the link at the heal
   clock              step a running relay's wall clock by -180..+180 s, back to 0 at the heal
   clock-restart      kill -9 a relay and restart it with its clock 30..180 s back; the heal
                      steps it to the right time
-  mix                each cycle one of the above, at random
+  mix                each cycle one of the above but kill-cut, at random
 
 Relays of the clock scenarios (and of mix) run under libfaketime (LD_PRELOAD, a per-relay
 FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) from the
@@ -69,6 +74,7 @@ from typing import IO, Any
 import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from relay.client import Consumer, Producer
+from relay.core.quorum import quorum
 from relay.errors import ClientError, Fenced, Rejected, UnknownStream
 from relay.launcher import not_ready_reason, query_status
 from relay.tools import chaos_history as history
@@ -85,8 +91,18 @@ __all__ = [
     "run_scenarios",
 ]
 
-SCENARIOS = ("kill", "pause", "partition", "partial-partition", "clock", "clock-restart", "mix")
-FAULT_KINDS = SCENARIOS[:-1]
+SCENARIOS = (
+    "kill",
+    "pause",
+    "partition",
+    "partial-partition",
+    "kill-cut",
+    "clock",
+    "clock-restart",
+    "mix",
+)
+# What mix picks from: the single faults (kill-cut is two at once).
+FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix"))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
 STREAMS = ("chaos.a", "chaos.b")
 MESH_PORT = 7100  # every relay has its own address, so all use the same ports
@@ -520,6 +536,21 @@ class Faults:
             self.net.cut(victim, other, one_way=one_way, mesh_port=MESH_PORT)
             self._heal = self.net.heal
             return f"cut {victim}->{other}" if one_way else f"cut {victim}<->{other}"
+        if kind == "kill-cut":
+            n = len(ids)
+            down = sorted(self.rng.sample(ids, max(0, min(n - quorum(n), n - 3))))
+            for r in down:
+                self.relays.kill(r)
+            a, b = sorted(self.rng.sample([r for r in ids if r not in down], 2))
+            self.net.cut(a, b)
+
+            def mend() -> None:
+                self.net.heal()
+                for r in down:
+                    self.relays.start(r)
+
+            self._heal = mend
+            return f"kill -9 relays {down}, cut {a}<->{b}"
         if kind == "clock":
             step = self.rng.choice(CLOCK_STEPS_S)
             self.relays.set_clock(victim, step)

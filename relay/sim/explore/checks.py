@@ -231,6 +231,7 @@ def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
         reports=tuple(st.report_log),
         fenced=st.fenced,
         counters=frozenset(k for k, v in core.counters.items() if v > 0),
+        view=(st.view.number, st.view.start),
     )
     return info, p
 
@@ -244,6 +245,20 @@ def check_transition(rid: int, old: CoreInfo, new: CoreInfo) -> list[str]:
             )
     if new.committed[: len(old.committed)] != old.committed and new.base_point == old.base_point:
         p.append(f"relay {rid}: committed prefix rewritten")
-    if new.reports[: len(old.reports)] != old.reports:
+    if new.reports[: len(old.reports)] != old.reports and not _voided_by_view(old, new):
         p.append(f"relay {rid}: report log rewritten")
     return p
+
+
+def _voided_by_view(old: CoreInfo, new: CoreInfo) -> bool:
+    """The report log lost its tail because the relay adopted a view that changed its
+    prefix there (5.12 step 5, rule 4(c) of section 6): allowed only for reports above
+    the view's start, which no commit can contain."""
+    if new.view[0] <= old.view[0]:
+        return False
+    kept = 0
+    for before, after in zip(old.reports, new.reports, strict=False):
+        if before != after:
+            break
+        kept += 1
+    return all(point > new.view[1] for point, _ in old.reports[kept:])

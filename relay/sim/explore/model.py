@@ -74,6 +74,7 @@ class CoreInfo(NamedTuple):
     reports: tuple[Report, ...]  # the relay's report log (every report it sent)
     fenced: bool
     counters: frozenset[str]
+    view: tuple[int, int] = (0, -1)  # the view's number and start (5.12)
 
 
 class CoreSnap(NamedTuple):
