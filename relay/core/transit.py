@@ -3,9 +3,10 @@
 With one link cut (one way or both), two relays that both hear a third still make a
 majority together: the third passes their frames on. Each relay says in its heartbeats
 whom it hears *directly*; from those lists every relay knows who hears whom. When P does
-not hear S directly, S sends each frame meant for P (its heartbeats, its messages on a
-stream P serves, and those addressed to P) also wrapped in a `Relayed` to the
-lowest-numbered live relay that hears S and that P hears, which passes it on. The frame
+not hear S directly (or S does not hear P: around a link cut both ways neither hears the
+other say so), S sends each frame meant for P (its heartbeats, its messages on a stream P
+serves, and those addressed to P) also wrapped in a `Relayed` to the lowest-numbered live
+relay that hears S and that P hears, which passes it on. The frame
 inside is S's own, so P takes it exactly as if it came from S: incarnation, link counter,
 holes and duplicates as on a direct link.
 
@@ -76,11 +77,17 @@ def hears_us(core: RelayState, peer_id: int, now_ms: int) -> bool:
 
 def _relay_between(core: RelayState, listener: int, now_ms: int) -> int:
     """The relay our frames for `listener` go through: the lowest-numbered live relay
-    that hears us and that `listener` hears, by what we know; -1 if none."""
+    that hears us and `listener`, and that `listener` hears, by what we know; -1 if
+    none. (That it hears `listener` is the evidence that `listener` is up: we may have
+    stopped hearing it before any of its frames came around.)"""
     for x in core.topology.relay_ids:
         if x in (core.id, listener) or not links.is_live(core, core.peers[x], now_ms):
             continue
-        if _direct(core, x, core.id, ()) and _direct(core, listener, x, ()):
+        if (
+            _direct(core, x, core.id, ())
+            and _direct(core, x, listener, ())
+            and _direct(core, listener, x, ())
+        ):
             return x
     return -1
 
@@ -97,13 +104,14 @@ def plan(core: RelayState, now_ms: int) -> bool:
         # Around a link cut both ways neither end hears the other say so: a peer we do
         # not hear directly gets our frames through another relay too (with the link cut
         # one way only, the copies it also gets directly are dropped as duplicates).
+        # Whether it is live to us does not matter: if we suspect it because its frames
+        # stopped before they came around, a route must still start.
         unheard = peer.heartbeat_ms != NEVER and core.id not in peer.hears
         if not unheard and p in mine:
             continue
-        if links.is_live(core, peer, now_ms):
-            via = _relay_between(core, p, now_ms)
-            if via >= 0:
-                route_via[p] = via
+        via = _relay_between(core, p, now_ms)
+        if via >= 0:
+            route_via[p] = via
     core.route_via = route_via
     return changed
 
