@@ -6,7 +6,7 @@ whom it hears *directly*; from those lists every relay knows who hears whom. Whe
 not hear S directly (or S does not hear P: around a link cut both ways neither hears the
 other say so), S sends each frame meant for P (its heartbeats, its messages on a stream P
 serves, and those addressed to P) also wrapped in a `Relayed` to the lowest-numbered live
-relay that hears S and that P hears, which passes it on. The frame
+relay that hears S and P and that P hears, which passes it on. The frame
 inside is S's own, so P takes it exactly as if it came from S: incarnation, link counter,
 holes and duplicates as on a direct link.
 
