@@ -315,7 +315,28 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         return
     if stalled:
         core.counters["view_takeover"] += 1
+    elif not _could_decide(core, st, excluding, now_ms):
+        # Too few members could promise: the proposal would only freeze those that do,
+        # and hold every commit until a later one is decided. Wait until more can.
+        core.counters["view_not_proposed"] += 1
+        return
     propose(core, st, tuple(excluding), tuple(including), now_ms)
+
+
+def _could_decide(core: RelayState, st: StreamState, excluding: list[int], now_ms: int) -> bool:
+    """Whether a quorum of members could promise a proposal cutting `excluding`: we and
+    the live members that have joined, less any it would cut that the view admits as they
+    are now (they refuse their own cut, 5.12 step 2; a restarted one does not)."""
+    able = 1
+    for m in st.peers:
+        peer = core.peers[m]
+        if not is_live(core, peer, now_ms) or not peer.joined.get(st.stream):
+            continue
+        held = open_interval(st.view, m)
+        if m in excluding and held is not None and held.incarnation == peer.incarnation:
+            continue
+        able += 1
+    return able >= st.q
 
 
 def _proposer_gone(core: RelayState, acc: Acceptor, now_ms: int) -> bool:
