@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from relay.core import coordinate, links, transit
+from relay.core import coordinate, links
 from relay.core.fencing import heard
 from relay.core.links import clock_outlier, is_live
 from relay.core.messages import (
@@ -60,6 +60,7 @@ from relay.core.state import (
     admits_seq,
     open_interval,
 )
+from relay.core.transit import reaches
 
 VIEW_STAGGER_MS = 20  # per rank: how long a member lets lower-ranked ones propose first
 VIEW_ROUND_MS = 400  # a proposal without a decision this long starts again, higher ballot
@@ -117,7 +118,7 @@ def answer(
         and number > st.abstain_through
         # A proposer that does not hear us would never get our answer: promising it
         # would only freeze us (it is also refused by everyone else, and gives up).
-        and _hears(core, st, target, core.id, now_ms)
+        and reaches(core, target, core.id, now_ms)
         # A promise tells what we reported and committed; still joining after a restart
         # we do not know what our earlier incarnation reported (and a quorum may have
         # committed with it), so the value must not be made from our word.
@@ -232,18 +233,18 @@ def wanted(core: RelayState, st: StreamState, now_ms: int) -> tuple[list[int], l
         if asked is not None and asked[0] == st.view.number and is_live(core, peer, now_ms):
             asking.append((m, peer.incarnation, asked[1]))
     staying = [i.member for i in st.view.intervals if i.cut < 0 and i.member not in excluding]
-    including = [a for a in asking if all(_mutual(core, st, a[0], o, now_ms) for o in staying)]
+    including = [a for a in asking if all(_mutual(core, a[0], o, now_ms) for o in staying)]
     return excluding, including
 
 
-def _mutual(core: RelayState, st: StreamState, a: int, b: int, now_ms: int) -> bool:
-    """Whether `a` and `b` hear each other, directly or through another member (as far as
-    this relay knows). A member is admitted only if it and every member staying in do:
+def _mutual(core: RelayState, a: int, b: int, now_ms: int) -> bool:
+    """Whether `a` and `b` hear each other, directly or through another relay (5.13; as
+    far as this relay knows). A member is admitted only if it and every member staying in do:
     one that cannot hear another (cut links, one way or both, with no member in between)
     would suspect it and cut it again at once, and every such round rejects what was in
     flight. It waits, fenced, until a path works (clients are redirected to the members
     that serve)."""
-    return _hears(core, st, a, b, now_ms) and _hears(core, st, b, a, now_ms)
+    return reaches(core, a, b, now_ms) and reaches(core, b, a, now_ms)
 
 
 def _cut_off(core: RelayState, st: StreamState, m: int, now_ms: int) -> bool:
@@ -251,16 +252,10 @@ def _cut_off(core: RelayState, st: StreamState, m: int, now_ms: int) -> bool:
     what `m` said in a heartbeat sent after we adopted the view. (An older heartbeat may
     predate a heal that the view change admitting us followed: judged on it, a relay just
     admitted would cut the members that admitted it.)"""
-    if not _hears(core, st, core.id, m, now_ms):
+    if not reaches(core, core.id, m, now_ms):
         return True
     peer = core.peers[m]
-    return peer.heartbeat_ms > st.view_adopted_ms and not _hears(core, st, m, core.id, now_ms)
-
-
-def _hears(core: RelayState, st: StreamState, listener: int, speaker: int, now_ms: int) -> bool:
-    """`listener` gets `speaker`'s messages about the stream: directly, or passed on by
-    another relay (5.13)."""
-    return transit.reaches(core, listener, speaker, now_ms)
+    return peer.heartbeat_ms > st.view_adopted_ms and not reaches(core, m, core.id, now_ms)
 
 
 def rank(core: RelayState, st: StreamState, now_ms: int) -> int:
