@@ -17,8 +17,6 @@ the peer. Liveness, admission and everything else count a peer heard by any path
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from relay.core import links
 from relay.core.messages import Relayed
 from relay.core.state import NEVER, PeerState, RelayState
@@ -43,10 +41,10 @@ def direct_set(core: RelayState, now_ms: int) -> tuple[int, ...]:
     return tuple(m for m, p in sorted(core.peers.items()) if hears_directly(core, p, now_ms))
 
 
-def _direct(core: RelayState, listener: int, speaker: int, mine: Collection[int]) -> bool:
-    """`listener` hears `speaker` directly, as far as we know (`mine`: whom we hear)."""
+def _direct(core: RelayState, listener: int, speaker: int) -> bool:
+    """`listener` hears `speaker` directly, as far as we know (for us: as planned)."""
     if listener == core.id:
-        return speaker in mine
+        return speaker in core.hears_sent
     peer = core.peers[listener]
     # Before its first heartbeat a peer has not said whom it hears: take that it does.
     return speaker in peer.hears or peer.heartbeat_ms == NEVER
@@ -59,13 +57,10 @@ def reaches(core: RelayState, listener: int, speaker: int, now_ms: int) -> bool:
         return True
     if listener == core.id:
         return links.is_live(core, core.peers[speaker], now_ms)
-    mine = core.hears_sent
-    if _direct(core, listener, speaker, mine):
+    if _direct(core, listener, speaker):
         return True
     return any(
-        x not in (listener, speaker)
-        and _direct(core, listener, x, mine)
-        and _direct(core, x, speaker, mine)
+        x not in (listener, speaker) and _direct(core, listener, x) and _direct(core, x, speaker)
         for x in core.topology.relay_ids
     )
 
@@ -83,11 +78,7 @@ def _relay_between(core: RelayState, listener: int, now_ms: int) -> int:
     for x in core.topology.relay_ids:
         if x in (core.id, listener) or not links.is_live(core, core.peers[x], now_ms):
             continue
-        if (
-            _direct(core, x, core.id, ())
-            and _direct(core, x, listener, ())
-            and _direct(core, listener, x, ())
-        ):
+        if _direct(core, x, core.id) and _direct(core, x, listener) and _direct(core, listener, x):
             return x
     return -1
 
