@@ -16,8 +16,10 @@ relay's `client_endpoint` is used, the members of a stream are tried first, redi
 mapped to endpoints, and the topology's limits bound frames.
 
 Producing (docs/protocol.md G3): every transaction carries the producer's id and the next
-producer sequence number. On `unknown`, `fenced`, a timeout, a lost connection or a relay
-that is not connected, the SAME producer sequence is retried on another relay (the relays
+producer sequence number. On `unknown`, `fenced`, a timeout, a lost connection (also one
+whose relay stopped answering ZMTP heartbeats for CLIENT_HEARTBEAT_TIMEOUT_MS, e.g. a
+stopped process) or a relay that is not connected, the SAME producer sequence is retried
+on another relay (the relays
 a `fenced` answer lists first), up to `max_attempts` attempts within `send_timeout_s`;
 retries never create a duplicate. A `rejected` answer is final (`Rejected`, or
 `UnknownStream` when no relay serves the stream), except that once an earlier attempt of
@@ -143,6 +145,13 @@ DEFAULT_CONNECT_GRACE_S = 0.25  # how long a new client waits for its first conn
 DEFAULT_MAX_BATCH = 1_000  # entries a consumer asks for at once
 DEFAULT_WAIT_MS = 1_000  # a consumer's long poll
 DRAIN_MAX = 10_000  # frames taken from one socket per wake
+# ZMTP heartbeats on every relay connection: a relay whose process stopped (SIGSTOP, a
+# frozen VM) keeps its TCP connection open, so without them an attempt waits out
+# request_timeout_s. libzmq's I/O thread answers PINGs whatever the relay's own thread
+# is doing, so a busy relay is never taken for a stopped one; a connection silent for
+# the timeout is closed, and its requests are retried on another relay at once.
+CLIENT_HEARTBEAT_IVL_MS = 200
+CLIENT_HEARTBEAT_TIMEOUT_MS = 1_000
 # pyzmq's flags are enum members: plain ints skip an enum operation per call.
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -239,6 +248,11 @@ def _configure(sock: Any) -> None:
     # Queue only on a connected relay: a send to a relay that is down fails at once
     # (zmq.Again) instead of waiting in a queue for a relay that may never come.
     sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, CLIENT_HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, CLIENT_HEARTBEAT_TIMEOUT_MS)
+    # The relay drops the connection of a client silent this long (a stopped client),
+    # and with it the replies queued for it.
+    sock.setsockopt(zmq.HEARTBEAT_TTL, CLIENT_HEARTBEAT_TIMEOUT_MS)
 
 
 class _Links:

@@ -590,8 +590,14 @@ def test_sigstop_of_one_relay_does_not_stop_the_others(harness: Harness) -> None
     pump = harness.pump(relays=clients(mesh, 0, 1))
     reader = harness.reader(clients(mesh, 0))
     pump.wait_for(10)
-
-    mesh.kill(paused, signal.SIGSTOP)
+    # A producer that asks the paused relay first: its connection stays open (the kernel
+    # still acknowledges), so only the ZMTP heartbeats show that nobody answers; then the
+    # attempt goes to relay 0 long before the (very long) request timeout.
+    with Producer(clients(mesh, paused, 0), request_timeout_s=600, send_timeout_s=900) as first:
+        first.send(STREAM, b"before the pause")
+        mesh.kill(paused, signal.SIGSTOP)
+        first.send(STREAM, b"during the pause")
+    assert first.stats["disconnects"] >= 1 and first.stats["timeouts"] == 0
     try:
         at_stop = pump.count()
         pump.wait_for(at_stop + 40)  # commits go on without relay 2
