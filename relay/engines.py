@@ -56,6 +56,7 @@ _REJECT_TEXT = {
     "buffer_full": "the relay's buffer or pending produces are full",
     "invalid": "the relay found the transaction invalid",
     "unknown_stream": "no relay serves the stream",
+    "duplicate_mismatch": "another transaction already holds this producer id and producer seq",
 }
 
 
@@ -664,7 +665,9 @@ class ProduceEngine:
             )
         if name == "unknown_stream":
             return UnknownStream(f"{self._what(op)}: {detail}")
-        return Rejected(f"{self._what(op)}: {detail}; this copy will never be delivered")
+        return Rejected(
+            f"{self._what(op)}: {detail}; this copy will never be delivered", reason=name
+        )
 
     def _exhausted(self, op: Op, now: float) -> ClientError:
         notes = "; ".join(op.notes or ()) or "none sent"
@@ -680,7 +683,8 @@ class ProduceEngine:
         if op.last_late:
             return Rejected(
                 f"{self._what(op)}: every copy was left out {why}: "
-                f"{_REJECT_TEXT['late']}; no copy will be delivered"
+                f"{_REJECT_TEXT['late']}; no copy will be delivered",
+                reason="late",
             )
         if op.last_fenced is not None:
             return Fenced(

@@ -91,7 +91,14 @@ class ClientError(RelayError):
 
 
 class Rejected(ClientError):
-    """The transaction was definitely not and will never be delivered."""
+    """The transaction was definitely not and will never be delivered. `reason`: the
+    relay's word for why (relay.wire ProduceResp), "" when the client decided."""
+
+    def __init__(
+        self, message: str, *, redirect_to: tuple[int, ...] = (), reason: str = ""
+    ) -> None:
+        super().__init__(message, redirect_to=redirect_to)
+        self.reason = reason
 
 
 class Unknown(ClientError):

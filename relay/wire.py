@@ -17,10 +17,11 @@ Requests (client -> relay) and their answers:
         docs/store.md; part of the transaction's hash).
     ProduceResp [2, request_id, outcome, seq, reason, redirect]
         outcome: "committed" (seq is the committed sequence number), "rejected" (reason:
-        "late", "unknown_stream", "too_large", "buffer_full", "invalid"), "fenced" (try a
-        relay in redirect) or "unknown" (no definite answer in time: retry with the same
-        producer_seq). seq: -1 unless committed. redirect: array of relay ids (map them to
-        endpoints with the topology).
+        "late", "unknown_stream", "too_large", "buffer_full", "invalid",
+        "duplicate_mismatch": another transaction holds this producer_id and producer_seq),
+        "fenced" (try a relay in redirect) or "unknown" (no definite answer in time: retry
+        with the same producer_seq). seq: -1 unless committed. redirect: array of relay
+        ids (map them to endpoints with the topology).
 
     ReadReq     [3, request_id, stream, after_seq, max_entries, wait_ms]
         Pull committed entries with seq > after_seq (-1: from the oldest held), at most

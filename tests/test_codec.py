@@ -96,7 +96,7 @@ stream_statuses = st.builds(
     acks,
     st.booleans(),
 )
-dedupe_keys = st.tuples(producer_ids, u64, u63)
+dedupe_keys = st.tuples(producer_ids, u64, u63, digests)
 
 messages: dict[type, st.SearchStrategy[Any]] = {
     TxBatch: st.builds(TxBatch, relay_ids, incarnations, u63, streams, u63, entries),
@@ -368,8 +368,8 @@ def test_wire_layout() -> None:
     assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
     join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
     assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [], None]
-    join = dataclasses.replace(join, dedupe=((b"p", 1, 2),), your_votes=((6, D),))
-    assert as_list(join)[-3:-1] == [[[b"p", 1, 2]], [[6, D]]]
+    join = dataclasses.replace(join, dedupe=((b"p", 1, 2, D),), your_votes=((6, D),))
+    assert as_list(join)[-3:-1] == [[[b"p", 1, 2, D]], [[6, D]]]
     rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
     assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
     value = ViewValue(5, 6, 7, (Interval(1, 2, 3), Interval(0, 1, 2, 6)), ((7, T),))
@@ -744,13 +744,15 @@ def test_bad_enum_values() -> None:
 
 
 def test_bad_dedupe_keys() -> None:
-    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], [], None), MAX)
+    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, D]], [], None), MAX)
     assert isinstance(ok, JoinReply)
-    assert ok.dedupe == ((b"p", 1, 2),)
+    assert ok.dedupe == ((b"p", 1, 2, D),)
     with pytest.raises(MalformedFrame, match=r"dedupe\[0\]"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1]], [], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], [], None), MAX)
     with pytest.raises(FieldError, match="producer_id"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2]], [], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2, D]], [], None), MAX)
+    with pytest.raises(FieldError, match="content"):
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, b"x"]], [], None), MAX)
     with pytest.raises(MalformedFrame, match="dedupe"):  # dedupe must be nil or an array
         decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", [], None), MAX)
 

@@ -7,7 +7,7 @@ Fields follow the dataclass field order. Nested values:
     Report        -> [point, digest]
     StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined,
                       acks, inherited, votes_final_through, view, want_in]
-    DedupeKey     -> [producer_id, producer_seq, seq]
+    DedupeKey     -> [producer_id, producer_seq, seq, content hash (16 bytes)]
     enums         -> their `.value` string;  `dedupe=None` -> nil
     view changes  -> relay/core/codec_views.py
 
@@ -54,6 +54,7 @@ from relay.core.fields import producer_id as _producer_id
 from relay.core.fields import show as _show
 from relay.core.fields import stream as _stream
 from relay.core.messages import (
+    DedupeKey,
     Forward,
     ForwardReply,
     Heartbeat,
@@ -412,17 +413,18 @@ def _dec_forward_reply(a: list[Any]) -> ForwardReply:
 
 def _dec_join_reply(a: list[Any]) -> JoinReply:
     raw = a[10]
-    dedupe: tuple[tuple[bytes, int, int], ...] | None = None
+    dedupe: tuple[DedupeKey, ...] | None = None
     if raw is not None:
         keys = []
         for i, k in enumerate(_array(raw, "JoinReply.dedupe")):
-            pid, pseq, seq = _array(k, f"JoinReply.dedupe[{i}]", 3)
+            pid, pseq, seq, content = _array(k, f"JoinReply.dedupe[{i}]", 4)
             name = f"JoinReply.dedupe[{i}]"
             keys.append(
                 (
                     _producer_id(pid, name + ".producer_id"),
                     fields.u64(pseq, name + ".producer_seq"),
                     fields.u63(seq, name + ".seq"),
+                    fields.digest(content, name + ".content"),
                 )
             )
         dedupe = tuple(keys)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from relay.core import coordinate
 from relay.core.links import watermark
-from relay.core.messages import Ack, Outcome, Report, Reports
+from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
 from relay.core.shell import Delivery
 from relay.core.state import NEVER, RelayState, StreamState
@@ -194,14 +194,14 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
     st.mismatch_since_ms = NEVER
     if st.repair is not None and st.repair.point <= point:
         st.end_repair()
-    fresh = tuple((seq, tx) for seq, tx, first in newly if first == seq)
+    fresh = tuple((seq, tx) for seq, tx, first, _ in newly if first == seq)
     if fresh:
         core.outbox.deliveries.append(Delivery(st.stream, fresh))
     core.counters["delivered"] += len(fresh)
     core.counters["dedupe_skipped"] += len(newly) - len(fresh)
-    for seq, _, first in newly:
+    for seq, _, first, same in newly:
         pending = st.pending.take(seq)
         if pending is not None:
-            coordinate.answer_all(core, pending.waiters, Outcome.COMMITTED, first)
+            coordinate.answer_copy(core, pending.waiters, first, same)
     coordinate.resolve_excluded(core, st, point)
     tl.evict(core.limits.buffer_max_entries, core.limits.buffer_max_bytes)

@@ -10,6 +10,7 @@ hears us. Every produce gets exactly one answer (G3): `committed(seq)`, `rejecte
 
 from __future__ import annotations
 
+from relay.core import digest as dg
 from relay.core import fencing
 from relay.core.fencing import redirect_for
 from relay.core.links import is_live
@@ -45,13 +46,19 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
         core.counters["produce_fenced_" + why] += 1
         return answer(core, waiter, Outcome.FENCED, redirect=redirect_for(core, st))
     tl = st.timeline
-    first = tl.dedupe.first_copy(tx.producer_id, tx.producer_seq)
-    if first is not None:
-        core.counters["produce_dedupe_committed"] += 1
-        return answer(core, waiter, Outcome.COMMITTED, seq=first)
     key = (tx.producer_id, tx.producer_seq)
-    if st.pending.wait_on(key, waiter):
-        return None  # the same transaction is pending here: one answer for both
+    first = tl.dedupe.first_copy(*key)
+    if first is not None:
+        if first[1] != dg.tx_hash(tx):  # another transaction under a committed key
+            return reject_mismatch(core, [waiter])
+        core.counters["produce_dedupe_committed"] += 1
+        return answer(core, waiter, Outcome.COMMITTED, seq=first[0])
+    pending = st.pending.find(key)
+    if pending is not None:
+        if pending.tx != tx:  # another transaction under the same producer sequence
+            return reject_mismatch(core, [waiter])
+        pending.waiters.append(waiter)  # the same one: one answer for both
+        return None
     if (
         not tl.make_room(limits.buffer_max_entries, limits.buffer_max_bytes, tx.size_bytes())
         or len(st.pending) >= limits.max_pending_produces
@@ -61,7 +68,7 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
     seq = core.clock.next_seq(core.wall_ms)
     tl.insert(seq, tx)
     st.out_entries.append((seq, tx))
-    st.pending.add(seq, key, waiter, now_ms + limits.produce_timeout_ms)
+    st.pending.add(seq, tx, waiter, now_ms + limits.produce_timeout_ms)
     return None
 
 
@@ -154,6 +161,21 @@ def answer_all(
         answer(core, waiter, outcome, seq=seq, reason=reason)
 
 
+def answer_copy(core: RelayState, waiters: list[Waiter], first: int, same: bool) -> None:
+    """Answer produces whose (producer id, producer seq) is taken by the transaction at
+    `first`: committed there if they are that transaction (a retry), else rejected: a
+    producer sequence names one transaction (5.6)."""
+    if same:
+        answer_all(core, waiters, Outcome.COMMITTED, first)
+    else:
+        reject_mismatch(core, waiters)
+
+
+def reject_mismatch(core: RelayState, waiters: list[Waiter]) -> None:
+    core.counters["produce_rejected_duplicate_mismatch"] += len(waiters)
+    answer_all(core, waiters, Outcome.REJECTED, -1, RejectReason.DUPLICATE_MISMATCH.value)
+
+
 def resolve_excluded(
     core: RelayState, st: StreamState, point: int, prefix_seen: bool = True
 ) -> None:
@@ -169,7 +191,7 @@ def resolve_excluded(
         assert pending is not None
         first = st.timeline.dedupe.first_copy(*pending.key)
         if first is not None:
-            answer_all(core, pending.waiters, Outcome.COMMITTED, first)
+            answer_copy(core, pending.waiters, first[0], first[1] == dg.tx_hash(pending.tx))
         elif prefix_seen:
             core.counters["produce_rejected_late"] += 1
             answer_all(core, pending.waiters, Outcome.REJECTED, -1, RejectReason.LATE.value)

@@ -36,8 +36,10 @@ class Transaction:
 Entry = tuple[int, Transaction]
 # (point, digest): one digest report
 Report = tuple[int, bytes]
-# (producer_id, producer_seq, seq): one key of the deduplication window
-DedupeKey = tuple[bytes, int, int]
+# (producer_id, producer_seq, seq, content hash): one key of the deduplication window;
+# the hash (digest.tx_hash) tells a retry of the same transaction from another one
+# reusing its producer sequence
+DedupeKey = tuple[bytes, int, int, bytes]
 # (relay, point): "I have received every report of `relay` up to `point`"
 Ack = tuple[int, int]
 
@@ -54,6 +56,8 @@ class RejectReason(enum.Enum):
     UNKNOWN_STREAM = "unknown_stream"
     TOO_LARGE = "too_large"
     BUFFER_FULL = "buffer_full"
+    # the (producer id, producer seq) belongs to a transaction of other content (5.6)
+    DUPLICATE_MISMATCH = "duplicate_mismatch"
 
 
 class ReadStatus(enum.Enum):

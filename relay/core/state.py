@@ -153,6 +153,7 @@ class Waiter:
 @dataclass(slots=True)
 class Pending:
     key: ProducerKey
+    tx: Transaction
     waiters: list[Waiter]
 
 
@@ -168,18 +169,16 @@ class PendingProduces:
     def __len__(self) -> int:
         return len(self.by_seq)
 
-    def add(self, seq: int, key: ProducerKey, waiter: Waiter, deadline_ms: int) -> None:
-        self.by_seq[seq] = Pending(key, [waiter])
+    def add(self, seq: int, tx: Transaction, waiter: Waiter, deadline_ms: int) -> None:
+        key = (tx.producer_id, tx.producer_seq)
+        self.by_seq[seq] = Pending(key, tx, [waiter])
         self.by_key[key] = seq
         self.deadlines.append((deadline_ms, seq))
 
-    def wait_on(self, key: ProducerKey, waiter: Waiter) -> bool:
-        """Add a waiter to the pending produce of `key`; False if there is none."""
+    def find(self, key: ProducerKey) -> Pending | None:
+        """The pending produce of `key`, if there is one."""
         seq = self.by_key.get(key)
-        if seq is None:
-            return False
-        self.by_seq[seq].waiters.append(waiter)
-        return True
+        return None if seq is None else self.by_seq[seq]
 
     def take(self, seq: int) -> Pending | None:
         """Remove the pending produce at `seq` (to answer it)."""

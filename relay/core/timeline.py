@@ -37,27 +37,35 @@ class Insert(enum.Enum):
     CONFLICT = "conflict"  # a different transaction is held at this seq
 
 
+# A newly committed entry: (seq, transaction, seq of the first copy, same content as it)
+Delivered = tuple[int, Transaction, int, bool]
+
+
 class DedupeWindow:
-    """(producer id, producer seq) -> seq of the first committed copy, for the last
-    `capacity` committed (non-duplicate) entries. A pure function of the committed prefix,
-    so every relay skips the same copies."""
+    """(producer id, producer seq) -> (seq, content hash) of the first committed copy, for
+    the last `capacity` committed (non-duplicate) entries. A pure function of the committed
+    prefix, so every relay skips the same copies. The content hash tells a retry (same
+    hash) from another transaction reusing the producer sequence (5.6)."""
 
     def __init__(self, capacity: int, keys: tuple[DedupeKey, ...] = ()) -> None:
         self.capacity = capacity
-        self._first: OrderedDict[tuple[bytes, int], int] = OrderedDict()
-        for pid, pseq, seq in keys:
-            self.add(pid, pseq, seq)
+        self._first: OrderedDict[tuple[bytes, int], tuple[int, bytes]] = OrderedDict()
+        for pid, pseq, seq, content in keys:
+            self.add(pid, pseq, seq, content)
 
-    def first_copy(self, pid: bytes, pseq: int) -> int | None:
+    def first_copy(self, pid: bytes, pseq: int) -> tuple[int, bytes] | None:
+        """(seq, content hash) of the committed copy, if the window holds one."""
         return self._first.get((pid, pseq))
 
-    def add(self, pid: bytes, pseq: int, seq: int) -> None:
-        self._first[(pid, pseq)] = seq
+    def add(self, pid: bytes, pseq: int, seq: int, content: bytes) -> None:
+        self._first[(pid, pseq)] = (seq, content)
         if len(self._first) > self.capacity:
             self._first.popitem(last=False)
 
     def keys(self) -> tuple[DedupeKey, ...]:
-        return tuple((pid, pseq, seq) for (pid, pseq), seq in self._first.items())
+        return tuple(
+            (pid, pseq, seq, content) for (pid, pseq), (seq, content) in self._first.items()
+        )
 
     def __len__(self) -> int:
         return len(self._first)
@@ -168,21 +176,22 @@ class Timeline:
 
     # --- committing -------------------------------------------------------------------
 
-    def deliver_through(self, point: int, digest: bytes) -> list[tuple[int, Transaction, int]]:
+    def deliver_through(self, point: int, digest: bytes) -> list[Delivered]:
         """Commit the prefix up to `point` (whose digest must match) and return the newly
-        committed entries as (seq, tx, first_seq): first_seq != seq marks a duplicate."""
+        committed entries as (seq, tx, first_seq, same): first_seq != seq marks a
+        duplicate, skipped; `same` says whether its content is that of the first copy."""
         end = self.index_after(point)
-        out: list[tuple[int, Transaction, int]] = []
+        out: list[Delivered] = []
         dedupe = self.dedupe
         for i in range(max(self.delivered, self.head), end):
-            seq, tx = self.seqs[i], self.txs[i]
+            seq, tx, content = self.seqs[i], self.txs[i], self.hashes[i]
             first = dedupe.first_copy(tx.producer_id, tx.producer_seq)
             if first is None:
-                dedupe.add(tx.producer_id, tx.producer_seq, seq)
-                out.append((seq, tx, seq))
+                dedupe.add(tx.producer_id, tx.producer_seq, seq, content)
+                out.append((seq, tx, seq, True))
             else:
                 self.skip[i] = True
-                out.append((seq, tx, first))
+                out.append((seq, tx, first[0], first[1] == content))
         self.delivered = max(self.delivered, end)
         self.committed_point = point
         self.committed_digest = digest

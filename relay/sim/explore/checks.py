@@ -200,13 +200,13 @@ def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
         if tl.committed_digest != want:
             p.append(f"relay {rid}: committed digest is not the chain digest at {cp}")
         if tl.base_point == GENESIS_POINT:
-            seen: dict[tuple[bytes, int], int] = {}
+            seen: dict[tuple[bytes, int], tuple[int, bytes]] = {}
             for seq, tx, _, skipped in committed:
                 key = (tx.producer_id, tx.producer_seq)
                 if skipped != (key in seen):
                     p.append(f"relay {rid}: skip flag of {seq} is {skipped}")
-                seen.setdefault(key, seq)
-            if tl.dedupe.keys() != tuple((k[0], k[1], s) for k, s in seen.items()):
+                seen.setdefault(key, (seq, dg.tx_hash(tx)))
+            if tl.dedupe.keys() != tuple((*k, *first) for k, first in seen.items()):
                 p.append(f"relay {rid}: dedupe window differs from the committed prefix")
     if any(tl.skip[h + end :]):
         p.append(f"relay {rid}: an uncommitted entry is marked skipped")
