@@ -3,8 +3,11 @@
 Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
 
 * PUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
-  channels, so each ordered pair of relays is one FIFO link. Multipart `[topic, frame]`;
-  topics end in `|`, so none is a prefix of another:
+  channels, so each ordered pair of relays is one FIFO link. One message part, the topic
+  followed by the frame (`topic + frame`: when libzmq drops a link's queue, a reader that
+  took the first part of a message aborts in libzmq 4.3.5, `Assertion failed: !_more`;
+  one part cannot be cut); topics end in `|`, so none is a prefix of another, and the
+  receiver cuts the topic off at its end:
       b"S|<stream>|"   a stream message (Outgoing.stream set)
       b"D|<relay id>|" a message to one relay (Outgoing.target set)
       b"H|"            a heartbeat (neither)
@@ -69,10 +72,11 @@ from relay.core import (
     drain,
 )
 from relay.core.codec import peer_frame_limit
+from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.errors import AcceptorMemoryError, MalformedFrame
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.service import ClientService
-from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter
+from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter, mesh_subscriber
 
 if TYPE_CHECKING:
     from relay.spool import Spool, SpoolRecord
@@ -81,6 +85,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.node")
 
 HEARTBEAT_TOPIC = b"H|"
+# The longest topic: b"S|" + a stream name of MAX_STREAM_NAME_BYTES + b"|".
+TOPIC_MAX_BYTES = 3 + MAX_STREAM_NAME_BYTES
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
 # Messages queued per client connection: well above a client's largest window (1,000 in
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
@@ -101,6 +107,17 @@ def stream_topic(stream: str) -> bytes:
 
 def direct_topic(relay_id: int) -> bytes:
     return b"D|%d|" % relay_id
+
+
+def strip_topic(message: bytes) -> bytes | None:
+    """The frame after a mesh message's topic (None: no topic of ours starts it)."""
+    if message.startswith(HEARTBEAT_TOPIC):
+        return message[len(HEARTBEAT_TOPIC) :]
+    if message.startswith((b"S|", b"D|")):
+        end = message.find(b"|", 2, TOPIC_MAX_BYTES)
+        if end > 2:
+            return message[end + 1 :]
+    return None
 
 
 def subscription_prefix(pattern: str) -> bytes:
@@ -460,16 +477,12 @@ class RelayNode:
             closers.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
-            pub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame)
+            pub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame + TOPIC_MAX_BYTES)
             timings.apply(pub, pings=False)
             pub.bind(self.spec.mesh_endpoint)
 
-            sub = ctx.socket(zmq.SUB)
+            sub = mesh_subscriber(ctx, timings, max_msg_bytes=max_peer_frame + TOPIC_MAX_BYTES)
             closers.append(sub)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RCVHWM, MESH_HWM)
-            sub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame)
-            timings.apply(sub)
             for prefix in self._subscriptions():
                 sub.setsockopt(zmq.SUBSCRIBE, prefix)
             for relay_id, spec in sorted(self.config.relays.items()):
@@ -677,7 +690,7 @@ class RelayNode:
 
     def _drain_peers(self, socks: _Sockets, now: int, mono: int) -> None:
         for parts in self._received(socks.sub, "peer"):
-            if len(parts) != 2:
+            if len(parts) != 1:
                 self.counters["peer_bad_parts"] += 1
                 self._warn(
                     "peer_bad_parts",
@@ -686,8 +699,15 @@ class RelayNode:
                     len(parts),
                 )
                 continue
+            frame = strip_topic(parts[0])
+            if frame is None:
+                self.counters["peer_bad_topic"] += 1
+                self._warn(
+                    "peer_bad_topic", "relay=%d dropped a mesh message without topic", self.id
+                )
+                continue
             try:
-                self.core.receive(parts[1], now, mono)
+                self.core.receive(frame, now, mono)
             except Exception:  # the core promises not to raise; never let a frame kill us
                 self.counters["peer_frame_core_error"] += 1
                 log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
@@ -814,8 +834,7 @@ class RelayNode:
         else:
             topic = HEARTBEAT_TOPIC
         try:
-            socks.pub.send(topic, _SNDMORE_NOBLOCK)
-            socks.pub.send(out.frame, _NOBLOCK)
+            socks.pub.send(topic + out.frame, _NOBLOCK)
         except zmq.ZMQError as e:
             self.counters["publish_dropped"] += 1
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)

@@ -243,3 +243,31 @@ class MeshLinkTimings:
         sock.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
         sock.setsockopt(zmq.CONNECT_TIMEOUT, self.connect_timeout_ms)
+
+
+def mesh_subscriber(
+    ctx: zmq.Context[Any], timings: MeshLinkTimings, *, max_msg_bytes: int
+) -> zmq.Socket[Any]:
+    """A SUB for the mesh links (not yet subscribed or connected): frames above
+    `max_msg_bytes` refused, `timings` applied, and no receive high-water mark.
+
+    libzmq 4.3.5 aborts the whole process when a link's receive queue is full and the
+    link fails: `Assertion failed: _input_stopped` once the queue drains after the link
+    was replaced, `!_io_error` when the transport's heartbeat fires on the failed link
+    (libzmq issues 3937, 4364, 4767; both seen here on relays busy opening thousands of
+    streams). A link whose queue is full stops reading, so it also stops hearing the
+    heartbeats that keep it open: the failure follows the full queue. Without a mark the
+    queue is never full, and nothing of that path is reachable. What a relay queues is
+    bounded by what its peers publish while it is busy (each peer's PUB still drops above
+    MESH_HWM when a link's TCP buffers fill); the mesh port itself is closed to outsiders
+    by CurveZMQ."""
+    sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+        timings.apply(sock)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock

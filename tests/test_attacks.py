@@ -8,7 +8,6 @@ bounds that hold whatever the configuration.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -30,7 +30,13 @@ from relay import wire
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import FrameError
 from relay.launcher import write_loopback_topology
-from relay.node import GC_FULL_COLLECT_MS, RelayNode, mono_ms, subscription_prefix
+from relay.node import (
+    GC_FULL_COLLECT_MS,
+    TOPIC_MAX_BYTES,
+    RelayNode,
+    mono_ms,
+    subscription_prefix,
+)
 from relay.topology import MeshConfig, load
 from waiting import wait_until_async
 
@@ -560,12 +566,16 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                 rogue.setsockopt(zmq.LINGER, 0)
                 rogue.bind(config.relays[3].mesh_endpoint)
                 await wait_joined(clients, "duo")
-                junk = [
-                    [b"H|", b"\xc1"],
-                    [b"H|", msgpack.packb([4, 3, 1, 1, []]) + b"x"],
-                    [b"D|1|", msgpack.packb([10, 3, 1, 2**63, 1, "hi"])],
-                    [b"S|duo|", msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b"", 0]]])],
-                    [b"S|orders|", b"\x00" * 100],
+                junk = [  # a mesh message is one part: its topic, then the frame
+                    [b"H|\xc1"],
+                    [b"H|" + msgpack.packb([4, 3, 1, 1, []]) + b"x"],
+                    [b"D|1|" + msgpack.packb([10, 3, 1, 2**63, 1, "hi"])],
+                    [
+                        b"S|duo|"
+                        + msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b"", 0]]])
+                    ],
+                    [b"S|orders|" + b"\x00" * 100],
+                    [b"H|", b"a"],  # two parts
                     [b"H|", b"a", b"b"],  # three parts
                 ]
 
@@ -584,7 +594,7 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                     poll_s=0.02,
                 )
                 # Above MAXMSGSIZE: the transport drops that link (and reconnects).
-                await rogue.send_multipart([b"H|", b"\xc1" * (MAX_FRAME + 1)])
+                await rogue.send(b"H|" + b"\xc1" * (MAX_FRAME + TOPIC_MAX_BYTES + 1))
                 resp = await produce_until_definite(clients[1], "duo", b"p", 1, b"still here")
                 assert resp.outcome is Outcome.COMMITTED, resp
                 assert await read_all(clients[2], "duo", 1) == [

@@ -57,6 +57,7 @@ from relay.core.messages import (
 )
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
+from relay.node import TOPIC_MAX_BYTES
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -74,7 +75,7 @@ EXAMPLES = 200
 SLOW_EXAMPLES = 2_000
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
-MARKER = [b"H|", b"robustness-marker", b"3 parts: counted as peer_bad_parts"]
+MARKER = [b"H|robustness-marker", b"2 parts: counted as peer_bad_parts"]
 
 
 def write_topology(directory: Path) -> Path:
@@ -473,7 +474,7 @@ topics = st.one_of(
 peer_message = st.tuples(
     topics,
     hostile_variants(valid_peer_frames).filter(not_forged),
-    st.sampled_from([2, 2, 2, 2, 1, 3]),  # parts; 1 or 3 are dropped by the node
+    st.sampled_from([1, 1, 1, 1, 2, 3]),  # parts; 2 or 3 are dropped by the node
 )
 peer_messages = st.lists(peer_message, min_size=1, max_size=6)
 
@@ -517,10 +518,10 @@ def hostile_peer_case(live: Live, messages: list[tuple[bytes, bytes, int]]) -> N
     base = live.bad_parts()
     want = {r: base[r] + 1 for r in RELAYS}  # the marker
     for topic, frame, parts in messages:
-        if parts == 2:
-            live.hostile_pub.send_multipart([topic, frame])
+        if parts == 1:  # a mesh message: one part, the topic then the frame
+            live.hostile_pub.send(topic + frame)
         else:
-            live.hostile_pub.send_multipart([topic, frame, frame][:parts])
+            live.hostile_pub.send_multipart([topic + frame, frame, frame][:parts])
             for r in RELAYS:
                 want[r] += subscribed(r, topic)
     live.hostile_pub.send_multipart(MARKER)
@@ -551,7 +552,7 @@ def test_hostile_frames_are_counted_not_obeyed(live: Live) -> None:
     for r in RELAYS:
         live.clients[r].send([b"\xc1"])  # a byte msgpack never uses
     base = live.bad_parts()
-    live.hostile_pub.send_multipart([b"H|", b"\xc1"])
+    live.hostile_pub.send(b"H|\xc1")
     live.hostile_pub.send_multipart(MARKER)
     wait_bad_parts(live, {r: base[r] + 1 for r in RELAYS}, resend_marker=False)
     for r in RELAYS:
@@ -601,8 +602,8 @@ def test_oversized_peer_frame_is_dropped_and_the_relays_keep_working(live: Live)
     base = live.bad_parts()
     closed = live.links_closed()
     # Above what any peer frame may be (max_frame_bytes, plus a Relayed's header).
-    too_big = codec.peer_frame_limit(MAX_FRAME_BYTES) + 1
-    live.hostile_pub.send_multipart([b"H|", b"\x00" * too_big])
+    too_big = codec.peer_frame_limit(MAX_FRAME_BYTES) + TOPIC_MAX_BYTES + 1
+    live.hostile_pub.send(b"H|" + b"\x00" * too_big)
     # The SUBs of relays 0-2 drop the connection (ZMQ_MAXMSGSIZE); each relay counts it.
     wait_until(
         lambda: all(live.links_closed()[r] > closed[r] for r in RELAYS),

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -232,3 +235,51 @@ def test_mesh_link_timings_are_set_on_a_socket() -> None:
         pub.close()
     finally:
         ctx.destroy(linger=0)
+
+
+# A child process: a mesh SUB that does not read while its peer publishes far more than
+# libzmq's default queue (1,000) for twice the transport's heartbeat timeout, then reads.
+# With a receive mark, libzmq 4.3.5 stops reading the full link, its heartbeat times out
+# and the process aborts (`_input_stopped` or `!_io_error`) or the link's queue is lost.
+_BUSY_READER = textwrap.dedent(
+    """
+    import time
+    import zmq
+    from relay.core import Limits
+    from relay.sockets import LinkMonitor, MeshLinkTimings, mesh_subscriber
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    timings = MeshLinkTimings.from_limits(
+        Limits(heartbeat_interval_ms=20, suspect_timeout_ms=100)
+    )
+    sub = mesh_subscriber(ctx, timings, max_msg_bytes=1 << 20)
+    sub.subscribe(b"")
+    monitor = LinkMonitor(ctx, sub, zmq.EVENT_DISCONNECTED)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    while not sub.poll(10):  # the link carries
+        pub.send(b"hello")
+    while sub.poll(0):
+        sub.recv()
+    count = 20_000
+    for i in range(count):
+        pub.send(b"%d" % i)
+    time.sleep(2 * timings.heartbeat_timeout_ms / 1000)  # the reader is busy elsewhere
+    got = []
+    while len(got) < count and sub.poll(10_000):
+        got.append(int(sub.recv()))
+    assert got == list(range(count)), (len(got), got[:3])
+    assert monitor.events() == [], monitor.events()
+    print("ok")
+    """
+)
+
+
+def test_a_busy_mesh_reader_keeps_its_link_and_queue() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _BUSY_READER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2_000:]
