@@ -315,7 +315,12 @@ class RelayNode:
     def close(self) -> None:
         """Release the relay's lock without running (`run()` releases it when it ends)."""
         if not self._running:
-            self._lock.release()
+            self._release()
+
+    def _release(self) -> None:
+        if self._acceptors is not None:
+            self._acceptors.close()
+        self._lock.release()
 
     @property
     def running(self) -> bool:
@@ -375,7 +380,7 @@ class RelayNode:
                 self._close_spool()
                 ctx.term()
             finally:
-                self._lock.release()
+                self._release()
             log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
 
     # --- history: the store and the spool ---------------------------------------------
@@ -772,15 +777,17 @@ class RelayNode:
             )
         return files
 
-    def _persist_acceptor(self, stream: str, record: bytes) -> None:
+    def _persist_acceptors(self, records: list[tuple[str, bytes]]) -> None:
         assert self._acceptors is not None  # the core asks only once it was given memory
         try:
-            self._acceptors.save(stream, record)
+            self._acceptors.save_all(records)
         except OSError as e:
             self.counters["acceptor_save_failed"] += 1
+            streams = ", ".join(repr(stream) for stream, _ in records[:3])
+            more = f" and {len(records) - 3} more" if len(records) > 3 else ""
             raise AcceptorMemoryError(
-                f"relay {self.id}: cannot keep the acceptor record of stream {stream!r} in "
-                f"{self._acceptors.directory}: {e}"
+                f"relay {self.id}: cannot keep the acceptor records of stream {streams}{more} "
+                f"in {self._acceptors.path}: {e}"
             ) from e
 
     # --- core output ------------------------------------------------------------------------
@@ -903,8 +910,8 @@ class _Outlet:
         self.node = node
         self.socks = socks
 
-    def persist(self, stream: str, record: bytes) -> None:
-        self.node._persist_acceptor(stream, record)
+    def persist(self, records: list[tuple[str, bytes]]) -> None:
+        self.node._persist_acceptors(records)
 
     def publish(self, out: Outgoing) -> None:
         self.node._publish(self.socks, out)

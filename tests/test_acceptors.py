@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.acceptors import SUFFIX, AcceptorFiles
+from relay.acceptors import COMPACT_MIN_BYTES, LEGACY_SUFFIX, LOG_NAME, AcceptorFiles
 from relay.core import CoreConfig, Limits, RelayCore, Topology, codec
 from relay.core.join import forgot_acceptor
 from relay.core.messages import Interval, ViewValue
@@ -30,26 +30,73 @@ def record(number: int, promised: int, ballot: int = -1, value: ViewValue | None
 # --- the files ---------------------------------------------------------------------------------
 
 
+def loaded(tmp_path: Path, relay_id: int) -> dict[str, bytes]:
+    """What a restarted relay finds."""
+    files = AcceptorFiles.of_relay(tmp_path, relay_id)
+    try:
+        return files.load()
+    finally:
+        files.close()
+
+
 def test_records_round_trip_and_replace(tmp_path: Path) -> None:
     files = AcceptorFiles.of_relay(tmp_path, 4)
-    files.save("orders.eu", b"one")
-    files.save("a/b c", b"two")  # any stream name gives a safe file name
-    files.save("orders.eu", b"three")  # replaces the earlier record
-    assert files.load() == {"orders.eu": b"three", "a/b c": b"two"}
-    assert sorted(p.name for p in files.directory.iterdir()) == sorted(
-        [b"orders.eu".hex() + SUFFIX, b"a/b c".hex() + SUFFIX]
-    )  # no temporary file left behind
+    assert files.load() == {}
+    files.save_all([("orders.eu", b"one"), ("a/b c", b"two")])
+    files.save_all([("orders.eu", b"three")])  # replaces the earlier record
+    files.save_all([])
     # A second AcceptorFiles on the same directory (the restarted relay) reads the same.
-    assert AcceptorFiles.of_relay(tmp_path, 4).load() == files.load()
-    assert AcceptorFiles.of_relay(tmp_path, 5).load() == {}
+    again = AcceptorFiles.of_relay(tmp_path, 4)
+    assert again.load() == {"orders.eu": b"three", "a/b c": b"two"}
+    assert [p.name for p in again.directory.iterdir()] == [LOG_NAME]  # no temporary file
+    assert loaded(tmp_path, 5) == {}
+    files.close()
+    again.close()
 
 
-def test_files_that_are_not_records_are_skipped(tmp_path: Path) -> None:
+def test_saving_before_loading_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="load"):
+        AcceptorFiles.of_relay(tmp_path, 0).save_all([("s", b"x")])
+
+
+def test_a_torn_last_entry_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
     files = AcceptorFiles.of_relay(tmp_path, 0)
-    files.save("s", b"kept")
-    (files.directory / ("zz-not-hex" + SUFFIX)).write_bytes(b"x")
-    (files.directory / "notes.txt").write_bytes(b"x")
-    assert files.load() == {"s": b"kept"}
+    files.load()
+    files.save_all([("s", b"kept"), ("t", b"kept too")])
+    files.save_all([("s", b"torn by a crash")])
+    files.close()
+    data = files.path.read_bytes()
+    files.path.write_bytes(data[:-3])  # the last append never reached the disk whole
+    assert loaded(tmp_path, 0) == {"s": b"kept", "t": b"kept too"}
+    corrupt = bytearray(data)
+    corrupt[-1] ^= 0xFF  # nor may a damaged one count
+    files.path.write_bytes(bytes(corrupt))
+    assert loaded(tmp_path, 0) == {"s": b"kept", "t": b"kept too"}
+
+
+def test_the_log_is_rewritten_once_it_grew_past_what_it_holds(tmp_path: Path) -> None:
+    files = AcceptorFiles.of_relay(tmp_path, 0)
+    files.load()
+    record = b"r" * 1_000
+    for n in range(3 * COMPACT_MIN_BYTES // len(record)):
+        files.save_all([(f"s{n % 10}", record + b"%d" % n)])
+    assert files.path.stat().st_size < COMPACT_MIN_BYTES + 20 * len(record)
+    last = {f"s{n % 10}": record + b"%d" % n for n in range(3 * COMPACT_MIN_BYTES // len(record))}
+    files.close()
+    assert loaded(tmp_path, 0) == last
+
+
+def test_files_of_the_earlier_layout_are_taken_over(tmp_path: Path) -> None:
+    directory = tmp_path / "acceptors" / "relay-0"
+    directory.mkdir(parents=True)
+    (directory / (b"s".hex() + LEGACY_SUFFIX)).write_bytes(b"old")
+    (directory / ("zz-not-hex" + LEGACY_SUFFIX)).write_bytes(b"x")
+    files = AcceptorFiles.of_relay(tmp_path, 0)
+    assert files.load() == {"s": b"old"}
+    files.save_all([("t", b"new")])
+    files.close()
+    assert loaded(tmp_path, 0) == {"s": b"old", "t": b"new"}
+    assert not (directory / (b"s".hex() + LEGACY_SUFFIX)).exists()
 
 
 # --- the codec ---------------------------------------------------------------------------------

@@ -91,6 +91,7 @@ class Ready:
     0. `acceptors`: for each (stream, record), keep the record durably as the relay's
        acceptor memory of the stream (replacing the one before), before anything below is
        sent: the relay's answers in a view change count on it (docs/protocol.md 5.12).
+       The sink gets them all at once, so that one flush to disk can cover them.
        A shell that keeps no acceptor memory never gets any (see
        `RelayCore.remember_acceptors`);
     1. `outgoing`: publish every frame, in order (`recipients` says to whom);
@@ -123,7 +124,7 @@ def recipients(out: Outgoing, topology: Topology, sender: int) -> tuple[int, ...
 class Sink(Protocol):
     """Where a shell puts what `Ready` asks for."""
 
-    def persist(self, stream: str, record: bytes) -> None: ...
+    def persist(self, records: list[tuple[str, bytes]]) -> None: ...
 
     def publish(self, out: Outgoing) -> None: ...
 
@@ -141,8 +142,8 @@ class HasReady(Protocol):
 def drain(core: HasReady, sink: Sink) -> Ready:
     """Take the core's `ready()` and act on it in the contract's order; returns it."""
     ready = core.ready()
-    for stream, record in ready.acceptors:
-        sink.persist(stream, record)
+    if ready.acceptors:
+        sink.persist(ready.acceptors)
     for out in ready.outgoing:
         sink.publish(out)
     for reply in ready.replies:

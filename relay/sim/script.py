@@ -198,7 +198,7 @@ class _MeshSink:
         self.mesh = mesh
         self.rid = rid
 
-    def persist(self, stream: str, record: bytes) -> None:
+    def persist(self, records: list[tuple[str, bytes]]) -> None:
         """Scripted relays keep no acceptor memory (a restart abstains), so none comes."""
 
     def publish(self, out: Outgoing) -> None:

@@ -128,8 +128,8 @@ class _WorldSink:
         self.world = world
         self.node = node
 
-    def persist(self, stream: str, record: bytes) -> None:
-        self.node.disk[stream] = record
+    def persist(self, records: list[tuple[str, bytes]]) -> None:
+        self.node.disk.update(records)
 
     def publish(self, out: Outgoing) -> None:
         world = self.world

@@ -76,7 +76,7 @@ class _Observer:
         self.rebases = 0
         self.timeline = core.streams[STREAM].timeline
 
-    def persist(self, stream: str, record: bytes) -> None:
+    def persist(self, records: list[tuple[str, bytes]]) -> None:
         """The explorer's relays keep no acceptor memory, so none comes."""
 
     def publish(self, o: Outgoing) -> None:
@@ -258,7 +258,7 @@ class _Prefix:
         self.last_report = -1
         self.final_sent = -1
 
-    def persist(self, stream: str, record: bytes) -> None:
+    def persist(self, records: list[tuple[str, bytes]]) -> None:
         """The explorer's relays keep no acceptor memory, so none comes."""
 
     def publish(self, o: Outgoing) -> None:
