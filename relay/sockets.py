@@ -259,8 +259,8 @@ def mesh_subscriber(
     heartbeats that keep it open: the failure follows the full queue. Without a mark the
     queue is never full, and nothing of that path is reachable. What a relay queues is
     bounded by what its peers publish while it is busy (each peer's PUB still drops above
-    MESH_HWM when a link's TCP buffers fill); the mesh port itself is closed to outsiders
-    by CurveZMQ."""
+    MESH_HWM when a link's TCP buffers fill). An outsider that can bind a peer's mesh
+    endpoint could queue more: nothing closes the mesh to outsiders yet."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     try:
         sock.setsockopt(zmq.LINGER, 0)
