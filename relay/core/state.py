@@ -152,9 +152,12 @@ class Waiter:
 
 @dataclass(slots=True)
 class Pending:
-    key: ProducerKey
     tx: Transaction
     waiters: list[Waiter]
+
+    @property
+    def key(self) -> ProducerKey:
+        return (self.tx.producer_id, self.tx.producer_seq)
 
 
 class PendingProduces:
@@ -171,7 +174,7 @@ class PendingProduces:
 
     def add(self, seq: int, tx: Transaction, waiter: Waiter, deadline_ms: int) -> None:
         key = (tx.producer_id, tx.producer_seq)
-        self.by_seq[seq] = Pending(key, tx, [waiter])
+        self.by_seq[seq] = Pending(tx, [waiter])
         self.by_key[key] = seq
         self.deadlines.append((deadline_ms, seq))
 
