@@ -3,11 +3,16 @@
     relay sim --seeds N [--seed S] [--relays K] [--faults LIST] [--first-seed F]
     relay run --config FILE --relay ID [--log-level LEVEL]
     relay up FILE [--log-level LEVEL] [--log-dir DIR] [--timeout SECONDS]
+    relay keygen (--config FILE | --dir DIR --name NAME [--client NAME]) [--force]
     relay status --config FILE [--json] [--timeout SECONDS]
     relay produce --config FILE --stream S [--relay ID] [--key K]
     relay consume --config FILE --stream S [--relay ID] [--from earliest|latest|snapshot|SEQ]
                   [--count N] [--timeout-s T] [--base64]
     relay chaos [--relays 3|5] [--scenario NAME ...|all] [--duration-s S] [--json] (root)
+
+Commands that talk to relays (and the store's) take `--key-file FILE` (or $RELAY_KEY_FILE):
+the client's CurveZMQ secret key, when the topology has `security.curve` on (default: the
+topology's `security.client_key_file`).
 
 Heavy modules are imported inside the subcommands, so `relay --help` stays fast and works
 even while a subcommand's module is broken.
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 
     from relay.client import Record, Start
     from relay.launcher import Mesh, StatusReply
+    from relay.security import ClientCurve
     from relay.store.reader import StoredSnapshot
     from relay.topology import MeshConfig
 
@@ -178,6 +184,15 @@ def sim(
 
 _config_option = click.option(
     "--config", "config_path", required=True, metavar="FILE", help="The topology."
+)
+_key_file_option = click.option(
+    "--key-file",
+    "key_file",
+    envvar="RELAY_KEY_FILE",
+    default=None,
+    metavar="FILE",
+    help="This client's CurveZMQ secret key file, when the topology has security.curve on "
+    "[env RELAY_KEY_FILE; default: the topology's security.client_key_file].",
 )
 _log_level_option = click.option(
     "--log-level",
@@ -447,8 +462,14 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
     metavar="SECONDS",
     help="How long to wait for every relay to come up.",
 )
-def up(config_path: str, log_level: str, log_dir: str | None, timeout_s: float) -> None:
+@_key_file_option
+def up(
+    config_path: str, log_level: str, log_dir: str | None, timeout_s: float, key_file: str | None
+) -> None:
     """Start every relay of the topology FILE on this host and wait.
+
+    With security.curve on, the key pairs the topology needs and keys_dir lacks are
+    created first (their public keys are printed).
 
     Waits until each relay answers a status request with its named streams joined, prints
     the relays and their endpoints, then runs until SIGINT (Ctrl-C) or SIGTERM, which stop
@@ -462,10 +483,19 @@ def up(config_path: str, log_level: str, log_dir: str | None, timeout_s: float) 
     from relay.launcher import Mesh, MeshError
 
     try:
-        mesh = Mesh(config_path, log_level=log_level, log_dir=log_dir, die_with_parent=True)
+        mesh = Mesh(
+            config_path,
+            log_level=log_level,
+            log_dir=log_dir,
+            die_with_parent=True,
+            key_file=key_file,
+        )
+        created = mesh.ensure_keys()
     except ConfigError as e:
         _config_failed(e)
     _warn_config(mesh.config.warnings)
+    for path in created:
+        click.echo(f"created key pair {path} (public key {_public_key_text(path)})", err=True)
 
     stopping = False
 
@@ -504,6 +534,88 @@ def up(config_path: str, log_level: str, log_dir: str | None, timeout_s: float) 
     if code == 0:
         click.echo("mesh stopped", err=True)
     sys.exit(code)
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    metavar="FILE",
+    help="Create every key pair this topology needs that its keys_dir lacks.",
+)
+@click.option("--dir", "directory", default=None, metavar="DIR", help="Where to write one pair.")
+@click.option("--name", "name", default=None, metavar="NAME", help="relay-<id> or client-<name>.")
+@click.option("--client", "client", default="", metavar="NAME", help="Note this client name.")
+@click.option("--force", is_flag=True, help="Replace a pair that exists (with --dir).")
+def keygen(
+    config_path: str | None, directory: str | None, name: str | None, client: str, force: bool
+) -> None:
+    """Write CurveZMQ key pairs: NAME.key (public) and NAME.key_secret (secret), both with
+    0600 permissions, and print the public key(s) to put in a topology (a relay's
+    `public_key`, or a client's under `access`) on other hosts.
+
+    With --config: every relay and client of the topology whose public key is neither given
+    inline nor present under security.keys_dir (existing pairs are kept). With --dir and
+    --name: one pair. Exit codes: 0 done, 2 a usage, configuration or key file error.
+    """
+    from relay.errors import ConfigError
+    from relay.security import KeyRing, generate
+
+    if (config_path is None) == (directory is None) or (directory is not None) != (
+        name is not None
+    ):
+        raise click.UsageError("give either --config FILE, or --dir DIR and --name NAME")
+    try:
+        if config_path is not None:
+            config = _load_config(config_path)
+            ring = KeyRing(config)
+            for path in ring.ensure():
+                click.echo(f"created {path}", err=True)
+            for rid in config.relays:
+                click.echo(f"relay {rid}: {ring.relay_public_key(rid).decode()}")
+            for client_name in config.access.clients:
+                click.echo(f"client {client_name}: {ring.client_public_key(client_name).decode()}")
+        else:
+            assert directory is not None and name is not None
+            path = generate(Path(directory), name, client=client, overwrite=force)
+            click.echo(f"created {path}", err=True)
+            click.echo(_public_key_text(path))
+    except ConfigError as e:
+        _config_failed(e)
+
+
+def _public_key_text(path: Path) -> str:
+    from relay.security import load_public_key
+
+    return load_public_key(path).decode()
+
+
+def _client_curve(config: MeshConfig, key_file: str | None) -> ClientCurve | None:
+    """The CurveZMQ settings of this command as a client (None: curve is off); a key
+    problem ends the command (exit 2) with the file and the problem named."""
+    from relay.errors import ConfigError
+    from relay.security import client_curve
+
+    try:
+        return client_curve(config, key_file)
+    except ConfigError as e:
+        _config_failed(e)
+
+
+def _require_admin(config: MeshConfig, key_file: str | None, what: str) -> None:
+    """With CurveZMQ, the store's commands need the admin right, like status requests
+    (exit 1, NotAuthorized, otherwise)."""
+    from relay.access import Right
+
+    curve = _client_curve(config, key_file)
+    if curve is not None and not config.access.allows(curve.name, Right.ADMIN):
+        click.echo(
+            f"error: NotAuthorized: client {curve.name!r} has no admin right ({what} needs "
+            f"it; see the access section of {config.path})",
+            err=True,
+        )
+        sys.exit(1)
 
 
 def _print_mesh(mesh: Mesh) -> None:
@@ -671,7 +783,8 @@ def _print_status(doc: dict[str, Any]) -> None:
     metavar="SECONDS",
     help="How long to wait for the relays' answers.",
 )
-def status(config_path: str, as_json: bool, timeout_s: float) -> None:
+@_key_file_option
+def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | None) -> None:
     """Ask every relay of the topology for its status and print it.
 
     An unreachable relay is shown as such. Exit codes: 0 if every relay answered, 1 if
@@ -688,7 +801,8 @@ def status(config_path: str, as_json: bool, timeout_s: float) -> None:
     except ConfigError as e:
         _config_failed(e)
     endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
-    doc = _status_document(config_path, query_status(endpoints, timeout_s))
+    curve = _client_curve(config, key_file)
+    doc = _status_document(config_path, query_status(endpoints, timeout_s, curve))
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -788,6 +902,7 @@ async def _produce_stdin(
     relays: dict[int, str] | None,
     stream: str,
     key: bytes | None,
+    curve: ClientCurve | None,
 ) -> tuple[int, int]:
     """Produce every line of `stdin` (pipelined, up to the producer's window in flight);
     print each outcome in input order. Returns (transactions, not committed)."""
@@ -834,7 +949,11 @@ async def _produce_stdin(
             counts[1] += doc["outcome"] != "committed"
             _emit(json.dumps(doc))
 
-    producer = AsyncProducer(topology=config) if relays is None else AsyncProducer(relays=relays)
+    producer = (
+        AsyncProducer(topology=config, curve=curve)
+        if relays is None
+        else AsyncProducer(relays=relays, curve=curve)
+    )
     async with producer:
         printing = asyncio.create_task(printer())
         threading.Thread(target=reader, name="relay-produce-stdin", daemon=True).start()
@@ -860,7 +979,10 @@ async def _produce_stdin(
     help="Send to this relay first (redirects and retries still go elsewhere).",
 )
 @click.option("--key", "key", default=None, metavar="K", help="The key of every transaction.")
-def produce(config_path: str, stream: str, relay_id: int | None, key: str | None) -> None:
+@_key_file_option
+def produce(
+    config_path: str, stream: str, relay_id: int | None, key: str | None, key_file: str | None
+) -> None:
     """Produce one transaction per line of stdin to stream S.
 
     The value is the line's bytes without the newline. Up to the producer's window of
@@ -875,10 +997,11 @@ def produce(config_path: str, stream: str, relay_id: int | None, key: str | None
     config = _load_config(config_path)
     _check_stream_name(stream)
     relays = _client_endpoints(config, relay_id, stream)
+    curve = _client_curve(config, key_file)
     stdin = sys.stdin.buffer
     key_bytes = None if key is None else key.encode("utf-8", "surrogateescape")
     try:
-        total, failed = asyncio.run(_produce_stdin(stdin, config, relays, stream, key_bytes))
+        total, failed = asyncio.run(_produce_stdin(stdin, config, relays, stream, key_bytes, curve))
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -1011,6 +1134,7 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
     is_flag=True,
     help="Read the relays only, not the store under the topology's data_dir.",
 )
+@_key_file_option
 def consume(
     config_path: str,
     stream: str,
@@ -1020,6 +1144,7 @@ def consume(
     timeout_s: float | None,
     as_base64: bool,
     no_store: bool,
+    key_file: str | None,
 ) -> None:
     """Read stream S and print one JSON line per transaction: {"stream", "seq", "key",
     "value"} (bytes decoded as UTF-8 with replacement characters, or base64 with --base64;
@@ -1048,10 +1173,12 @@ def consume(
     if start == "snapshot" and not store:
         click.echo(f"error: --from snapshot needs a store; {config.store_dir} has none", err=True)
         sys.exit(2)
+    curve = _client_curve(config, key_file)
+    options: dict[str, Any] = {"timeout_s": timeout_s, "count": count, "store": store}
     consumer = (
-        Consumer(topology=config, timeout_s=timeout_s, count=count, store=store)
+        Consumer(topology=config, curve=curve, **options)
         if relays is None
-        else Consumer(relays=relays, timeout_s=timeout_s, count=count, store=store)
+        else Consumer(relays=relays, curve=curve, **options)
     )
     seen = 0
     code = 0
@@ -1082,7 +1209,7 @@ def consume(
     else:
         if seen == 0 and timeout_s is not None:
             endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
-            replies = query_status(endpoints, UNREACHABLE_PROBE_S)
+            replies = query_status(endpoints, UNREACHABLE_PROBE_S, curve)
             if not any(reply.reachable for reply in replies.values()):
                 where = ", ".join(f"{r} ({e})" for r, e in endpoints.items())
                 click.echo(
@@ -1255,7 +1382,8 @@ _master_option = click.option(
 @store.command("ingest")
 @_config_option
 @_master_option
-def store_ingest(config_path: str, master: str) -> None:
+@_key_file_option
+def store_ingest(config_path: str, master: str, key_file: str | None) -> None:
     """Append every relay's closed spool segments to the store.
 
     Checks that all relays agree on the digest at every seq and that each stream's chain
@@ -1264,7 +1392,9 @@ def store_ingest(config_path: str, master: str) -> None:
     """
     from relay import storecmd
 
-    sys.exit(storecmd.ingest(_load_config(config_path), master))
+    config = _load_config(config_path)
+    _require_admin(config, key_file, "relay store ingest")
+    sys.exit(storecmd.ingest(config, master))
 
 
 @store.command("snapshot")
@@ -1279,22 +1409,30 @@ def store_ingest(config_path: str, master: str) -> None:
     help="Snapshot as of this seq (with --stream).",
 )
 @_master_option
-def store_snapshot(config_path: str, stream: str | None, as_of: int | None, master: str) -> None:
+@_key_file_option
+def store_snapshot(
+    config_path: str, stream: str | None, as_of: int | None, master: str, key_file: str | None
+) -> None:
     """Build each stream's snapshot (last value per entity and key) from the previous one
     plus newer records. Exit codes: 0 done, 1 an error."""
     from relay import storecmd
 
     if as_of is not None and stream is None:
         raise click.BadParameter("needs --stream", param_hint="--as-of")
-    sys.exit(storecmd.snapshot(_load_config(config_path), master, stream, as_of))
+    config = _load_config(config_path)
+    _require_admin(config, key_file, "relay store snapshot")
+    sys.exit(storecmd.snapshot(config, master, stream, as_of))
 
 
 @store.command("verify")
 @_config_option
 @_master_option
-def store_verify(config_path: str, master: str) -> None:
+@_key_file_option
+def store_verify(config_path: str, master: str, key_file: str | None) -> None:
     """Re-check every stream's chain in the store end to end. Exit codes: 0 intact, 2 a
     broken chain (named), 1 another error."""
     from relay import storecmd
 
-    sys.exit(storecmd.verify(_load_config(config_path), master))
+    config = _load_config(config_path)
+    _require_admin(config, key_file, "relay store verify")
+    sys.exit(storecmd.verify(config, master))

@@ -60,6 +60,14 @@ says where the store ends and names the oldest position that can still be read
 (`Consumer.oldest_available`; subscribe with `start=` that value to resume there).
 Reading the store needs pyarrow (the `store` extra), imported only when a store is used.
 
+Security (docs/security.md): with a topology whose `security.curve` is on, every
+connection is CurveZMQ. The client's key pair is `key_file=`, else $RELAY_KEY_FILE, else the
+topology's `security.client_key_file`; its name is the one the topology's `access:` section
+gives that key (with `relays=`, pass `curve=relay.security.client_curve(config, key_file)`).
+A producer's default id is then `<name>/` and 16 random bytes (relays accept from a client
+only producer ids that start with its name). What the client's rights do not allow raises
+`NotAuthorized` (final), naming the right and the stream.
+
 Neither flavour is thread-safe: use one client per thread (or per event loop).
 
 These rules are carried out by the engines of relay/engines.py, which do no I/O; this
@@ -83,6 +91,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, Ty
 import zmq
 import zmq.asyncio
 
+from relay.access import producer_id_prefix
 from relay.core.config import Limits
 from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND, MAX_U64
 from relay.engines import (
@@ -100,6 +109,7 @@ from relay.engines import (
 from relay.errors import (
     ClientError,
 )
+from relay.security import ClientCurve, client_curve
 from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
@@ -159,6 +169,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
 TopologySource: TypeAlias = str | Path | MeshConfig
 StoreSource: TypeAlias = str | os.PathLike[str] | Literal[False] | None
+KeyFile: TypeAlias = str | os.PathLike[str] | None
+PRODUCER_ID_RANDOM_BYTES = 16  # after the client's name and "/" (with CurveZMQ)
 Item: TypeAlias = bytes | tuple[bytes | None, bytes]
 
 
@@ -220,6 +232,23 @@ def _relays(
     return Relays(endpoints, by_id, limits=Limits(), spin=spin), None
 
 
+def _curve(
+    config: MeshConfig | None, key_file: str | os.PathLike[str] | None, curve: ClientCurve | None
+) -> ClientCurve | None:
+    """The client's CurveZMQ settings: `curve` as given (with `relays=`), else from the
+    topology and `key_file` (relay.security.client_curve)."""
+    if curve is not None:
+        return curve
+    if config is None:
+        if key_file is not None:
+            raise ValueError(
+                "key_file= needs topology= (the relays' public keys come from the topology), "
+                "or give curve=relay.security.client_curve(topology, key_file)"
+            )
+        return None
+    return client_curve(config, key_file)
+
+
 def _random_request_id() -> int:
     """A client's first request id: random, leaving room to count."""
     return int.from_bytes(os.urandom(8), "big") >> 2
@@ -260,7 +289,9 @@ class _Links:
     all of them; the drain logic shared by both flavours. `shadow`: the context is an
     asyncio one, whose sockets are used through their plain views."""
 
-    def __init__(self, ctx: Any, endpoints: Sequence[str], shadow: bool) -> None:
+    def __init__(
+        self, ctx: Any, endpoints: Sequence[str], shadow: bool, curve: ClientCurve | None
+    ) -> None:
         self.ctx = ctx
         self.closed = False
         self.socks: dict[str, Any] = {}  # endpoint -> DEALER (the context's socket class)
@@ -273,6 +304,8 @@ class _Links:
                 sock = ctx.socket(zmq.DEALER)
                 self.socks[endpoint] = sock
                 _configure(sock)
+                if curve is not None:
+                    curve.apply(sock, endpoint)
                 plain: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock
                 monitor = self.monitors[endpoint] = DisconnectMonitor(plain_ctx, plain)
                 sock.connect(endpoint)
@@ -323,8 +356,8 @@ class _Links:
 
 
 class _SyncLinks(_Links):
-    def __init__(self, endpoints: Sequence[str]) -> None:
-        super().__init__(zmq.Context(), endpoints, shadow=False)
+    def __init__(self, endpoints: Sequence[str], curve: ClientCurve | None) -> None:
+        super().__init__(zmq.Context(), endpoints, False, curve)
 
     def wait(self, engine: _Engine, timeout_s: float | None) -> None:
         """Wait up to `timeout_s` (None: until something arrives) and feed the engine."""
@@ -338,8 +371,8 @@ class _AsyncLinks(_Links):
     """Waits through the event loop (`ReadableWaiter.wait`); a producer's wake-up future
     ends the wait too."""
 
-    def __init__(self, endpoints: Sequence[str]) -> None:
-        super().__init__(zmq.asyncio.Context(), endpoints, shadow=True)
+    def __init__(self, endpoints: Sequence[str], curve: ClientCurve | None) -> None:
+        super().__init__(zmq.asyncio.Context(), endpoints, True, curve)
 
     async def wait(
         self,
@@ -397,7 +430,14 @@ class _ProducerBase(Generic[_L]):
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
+        key_file: KeyFile = None,
+        curve: ClientCurve | None = None,
     ) -> None:
+        self._relays, config = _relays(relays, topology)
+        curve = _curve(config, key_file, curve)
+        if producer_id is None and curve is not None:
+            # Relays accept from a client only producer ids that start with its name.
+            producer_id = producer_id_prefix(curve.name) + os.urandom(PRODUCER_ID_RANDOM_BYTES)
         pid = _check_producer_args(
             producer_id,
             first_producer_seq,
@@ -407,7 +447,6 @@ class _ProducerBase(Generic[_L]):
             max_attempts,
             connect_grace_s,
         )
-        self._relays, _ = _relays(relays, topology)
         self._window = int(window)
         self._closed = False
         self._engine = ProduceEngine(
@@ -422,7 +461,7 @@ class _ProducerBase(Generic[_L]):
             now=time.monotonic(),
             first_request_id=_random_request_id(),
         )
-        self._links: _L = self._links_type(self._relays.endpoints)
+        self._links: _L = self._links_type(self._relays.endpoints, curve)
         self._start()
 
     def _start(self) -> None:
@@ -821,6 +860,8 @@ class _ConsumerBase(Generic[_L]):
         count: int | None = None,
         connect_grace_s: float = DEFAULT_CONNECT_GRACE_S,
         store: StoreSource = None,
+        key_file: KeyFile = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
         _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
@@ -831,6 +872,7 @@ class _ConsumerBase(Generic[_L]):
         if count is not None:
             _check_range("count", count, 0)
         self._relays, config = _relays(relays, topology)
+        curve = _curve(config, key_file, curve)
         self._store = _open_store(store, config)
         self._snapshot: StoredSnapshot | None = None
         self._timeout_s = timeout_s
@@ -847,7 +889,7 @@ class _ConsumerBase(Generic[_L]):
             first_request_id=_random_request_id(),
             store_path=None if self._store is None else str(self._store.path),
         )
-        self._links: _L = self._links_type(self._relays.endpoints)
+        self._links: _L = self._links_type(self._relays.endpoints, curve)
 
     def _subscribe(self, stream: str, start: Start) -> None:
         if self._closed:

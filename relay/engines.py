@@ -26,6 +26,7 @@ from relay.errors import (
     ClientError,
     Fenced,
     FrameError,
+    NotAuthorized,
     OutOfRange,
     Rejected,
     Unknown,
@@ -665,6 +666,8 @@ class ProduceEngine:
             )
         if name == "unknown_stream":
             return UnknownStream(f"{self._what(op)}: {detail}")
+        if name == wire.NOT_AUTHORIZED:
+            return NotAuthorized(f"{self._what(op)}: {detail}", right="produce", stream=op.stream)
         return Rejected(
             f"{self._what(op)}: {detail}; this copy will never be delivered", reason=name
         )
@@ -872,9 +875,11 @@ class ReadEngine:
         self._rid = None
         stream = self.stream
         if isinstance(msg, wire.ErrorResp):
-            self.error = Rejected(
-                f"stream {stream!r}: {endpoint} refused the read: {msg.error}: {msg.message}"
-            )
+            text = f"stream {stream!r}: {endpoint} refused the read: {msg.error}: {msg.message}"
+            if msg.error == NotAuthorized.__name__:
+                self.error = NotAuthorized(text, right="consume", stream=stream or "")
+            else:
+                self.error = Rejected(text)
             return
         if not isinstance(msg, wire.ReadResp):
             self.stats["bad_frames"] += 1

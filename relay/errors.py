@@ -24,6 +24,12 @@ class ConfigError(RelayError):
     """A topology or limit is invalid. The message names the file, field and problem."""
 
 
+class KeyFileError(ConfigError):
+    """A CurveZMQ key file cannot be used (relay/security.py): missing, unreadable, not a
+    key file, readable by others (a secret key), or not the key the topology names. The
+    message names the file and the problem."""
+
+
 class AcceptorMemoryError(RelayError):
     """The relay could not keep its acceptor memory on disk (docs/protocol.md 5.12). It
     stops rather than send an answer it might forget: the message names the file and the
@@ -117,6 +123,17 @@ class Fenced(ClientError):
 
 class UnknownStream(ClientError):
     """No relay of the topology serves this stream."""
+
+
+class NotAuthorized(ClientError):
+    """The client's identity lacks the right for what it asked (docs/security.md): `right`
+    is "produce", "consume" or "admin", `stream` the stream it concerned ("" for admin
+    requests). Final: the topology's `access:` section must grant it first."""
+
+    def __init__(self, message: str, *, right: str = "", stream: str = "") -> None:
+        super().__init__(message)
+        self.right = right
+        self.stream = stream
 
 
 class OutOfRange(ClientError):

@@ -14,6 +14,10 @@ unfenced.
 raises `MeshError` naming that relay (with the tail of its log when logs go to files).
 
 `query_status` asks relays for their status over DEALER sockets (used by `relay status`).
+
+With `security.curve` (docs/security.md) `start` first creates the key pairs the topology
+needs and this machine lacks (`KeyRing.ensure`, under keys_dir), and status queries use
+the client key (`key_file`, else $RELAY_KEY_FILE, else security.client_key_file).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import zmq
 
 from relay import wire
 from relay.errors import RelayError
+from relay.security import ClientCurve, KeyRing, client_curve
 from relay.topology import MeshConfig, RelaySpec, load
 
 __all__ = [
@@ -56,6 +61,7 @@ STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 POLL_S = 0.05  # how often start() looks at the children
 PROBE_TIMEOUT_S = 0.25  # one StatusReq round while waiting for relays to come up
 MAX_STATUS_BYTES = 64 * 1024 * 1024
+ADMIN_GRANT = {"produce": ["*"], "consume": ["*"], "admin": True}  # a client with every right
 _PATTERN_CHARS = "*?["
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,9 +97,12 @@ class StatusReply:
         return self.status is not None
 
 
-def query_status(endpoints: Mapping[int, str], timeout_s: float = 1.0) -> dict[int, StatusReply]:
+def query_status(
+    endpoints: Mapping[int, str], timeout_s: float = 1.0, curve: ClientCurve | None = None
+) -> dict[int, StatusReply]:
     """Ask every relay (relay id -> client endpoint) for its status at once; each gets
-    `timeout_s` in total. Never raises for a relay that is down or answers garbage."""
+    `timeout_s` in total (`curve`: as this CurveZMQ client). Never raises for a relay that
+    is down or answers garbage."""
     ctx = zmq.Context()
     socks: dict[int, zmq.Socket[Any]] = {}
     replies: dict[int, StatusReply] = {}
@@ -105,6 +114,8 @@ def query_status(endpoints: Mapping[int, str], timeout_s: float = 1.0) -> dict[i
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_STATUS_BYTES)
             socks[relay_id] = sock
+            if curve is not None:
+                curve.apply(sock, endpoint)
             try:
                 sock.connect(endpoint)
                 request_ids[relay_id] = n + 1
@@ -216,10 +227,13 @@ class Mesh:
         die_with_parent: bool = False,
         stop_grace_s: float = STOP_GRACE_S,
         wrappers: Mapping[int, Sequence[str]] | None = None,
+        key_file: str | Path | None = None,
     ) -> None:
         self.config_path = Path(config_path)
         self.wrappers = {r: list(w) for r, w in (wrappers or {}).items()}
         self.config: MeshConfig = load(self.config_path)
+        self.key_file = key_file
+        self.curve: ClientCurve | None = None  # set by start() (the keys may not exist yet)
         self.log_level = log_level
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.die_with_parent = die_with_parent
@@ -258,10 +272,20 @@ class Mesh:
     def status(self, relay_id: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
         """The relay's status document, or None if it does not answer in time."""
         endpoint = self.config.relays[relay_id].client_endpoint
-        return query_status({relay_id: endpoint}, timeout_s)[relay_id].status
+        return query_status({relay_id: endpoint}, timeout_s, self.curve)[relay_id].status
 
     def statuses(self, timeout_s: float = 1.0) -> dict[int, StatusReply]:
-        return query_status({r: e.client for r, e in self.endpoints.items()}, timeout_s)
+        endpoints = {r: e.client for r, e in self.endpoints.items()}
+        return query_status(endpoints, timeout_s, self.curve)
+
+    def ensure_keys(self) -> list[Path]:
+        """With CurveZMQ: create the key pairs this machine lacks and load the client key
+        of status queries; the secret key files created."""
+        if not self.config.security.curve:
+            return []
+        created = KeyRing(self.config).ensure()
+        self.curve = client_curve(self.config, self.key_file)
+        return created
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -271,6 +295,7 @@ class Mesh:
         if self._started:
             raise RuntimeError("this mesh was already started")
         self._started = True
+        self.ensure_keys()
         self._register_atexit()
         try:
             for relay_id in self.config.relays:
@@ -299,7 +324,7 @@ class Mesh:
                         relay_id=relay_id,
                     )
             endpoints = {r: self.config.relays[r].client_endpoint for r in waiting}
-            for relay_id, reply in query_status(endpoints, PROBE_TIMEOUT_S).items():
+            for relay_id, reply in query_status(endpoints, PROBE_TIMEOUT_S, self.curve).items():
                 if reply.status is None:
                     waiting[relay_id] = f"it did not answer a StatusReq on {reply.endpoint}"
                     continue
@@ -495,10 +520,13 @@ def write_loopback_topology(
     declared: Sequence[str] = (),
     limits: Mapping[str, int] | None = None,
     spool: Mapping[str, Any] | None = None,
+    access: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write `directory/topology.yaml`: relay id -> its subscriptions, every relay on free
     ports of 127.0.0.1, the declared streams, optional limits and spool settings, data
-    under `directory`.
+    under `directory`. `access`: turn CurveZMQ on with these clients and rights (keys under
+    `directory/data/keys`, created by `Mesh.start`); the client `admin`, with every right,
+    is added unless given, and is the default client key.
     For tests and benchmarks that must not collide with a running mesh."""
     directory.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2 * len(subscriptions))
@@ -520,6 +548,14 @@ def write_loopback_topology(
         doc["limits"] = dict(limits)
     if spool is not None:
         doc["spool"] = dict(spool)
+    if access is not None:
+        keys = directory / "data" / "keys"
+        doc["security"] = {
+            "curve": True,
+            "keys_dir": str(keys),
+            "client_key_file": str(keys / "client-admin.key_secret"),
+        }
+        doc["access"] = {"admin": dict(ADMIN_GRANT), **{k: dict(v) for k, v in access.items()}}
     path = directory / "topology.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path

@@ -11,10 +11,19 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
       b"S|<stream>|"   a stream message (Outgoing.stream set)
       b"D|<relay id>|" a message to one relay (Outgoing.target set)
       b"H|"            a heartbeat (neither)
-* SUB, connected to every peer's `mesh_endpoint`, subscribed to `S|<name>|` for each exact
-  stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
+* One SUB per peer, connected to its `mesh_endpoint`, subscribed to `S|<name>|` for each
+  exact stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
   `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
+  A frame read from peer j's SUB must name j as its sender, or the core drops it
+  (`peer_sender_mismatch`): with CurveZMQ the link is j's key, so no other process can
+  speak for j.
 * ROUTER, bound at the relay's `client_endpoint`: the client protocol of `relay.wire`.
+
+With `security.curve` (relay/security.py, docs/security.md) every socket is CurveZMQ: the
+PUB and the ROUTER are servers with the relay's key pair, each SUB a client that accepts
+only its peer's public key, and the context's ZAP handler (`MeshAuthenticator`) lets only
+the topology's relays subscribe and only its clients connect; a client's messages carry
+its name (ZMTP User-Id), which the service's access checks use.
 
 The mesh sockets carry ZeroMQ's own heartbeats and reconnect at the pace of the limits
 (`relay.sockets.MeshLinkTimings`): libzmq drops a link that died silently and connects
@@ -75,6 +84,16 @@ from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.errors import AcceptorMemoryError, MalformedFrame
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
+from relay.security import (
+    CLIENT_DOMAIN,
+    MESH_DOMAIN,
+    Identity,
+    KeyRing,
+    MeshAuthenticator,
+    curve_client,
+    curve_server,
+    relay_key_name,
+)
 from relay.service import ClientService
 from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter, mesh_subscriber
 
@@ -147,10 +166,11 @@ class _StreamView:
 @dataclass
 class _Sockets:
     pub: zmq.Socket[Any]
-    sub: zmq.Socket[Any]
+    subs: dict[zmq.Socket[Any], int]  # one SUB per peer -> the peer's relay id
     router: zmq.Socket[Any]
     links: _PeerLinks
     closers: list[zmq.Socket[Any]] = field(default_factory=list)
+    authenticator: MeshAuthenticator | None = None
 
 
 # pyzmq's flags are enum members; plain ints skip an enum operation per call.
@@ -163,9 +183,10 @@ _CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
 
 
 class _PeerLinks:
-    """Watches the mesh SUB's connections to the peers. A connection closes when the
-    peer's process dies, when libzmq's heartbeat finds it dead, or when libzmq drops it for
-    a frame above ZMQ_MAXMSGSIZE. Either way the core hears at once that the peer is lost
+    """Watches the mesh SUBs' connections to the peers (`subs`: relay id -> (SUB, the
+    peer's mesh endpoint)). A connection closes when the peer's process dies, when libzmq's
+    heartbeat finds it dead, when libzmq drops it for a frame above ZMQ_MAXMSGSIZE, or when
+    the CurveZMQ handshake fails. Either way the core hears at once that the peer is lost
     (`peer_lost`: no need to wait suspect_timeout_ms of silence before the others carry
     on). libzmq connects again by itself (ZMQ_EVENT_CONNECT_RETRIED follows at once),
     except after a protocol error such as the oversized frame: a link closed without that
@@ -174,15 +195,23 @@ class _PeerLinks:
     def __init__(
         self,
         ctx: zmq.Context[Any],
-        sub: zmq.Socket[Any],
-        endpoints: dict[str, int],
+        subs: dict[int, tuple[zmq.Socket[Any], str]],
         grace_ms: int,
     ) -> None:
-        self.sub = sub
-        self.endpoints = endpoints  # mesh endpoint -> relay id
+        self.subs = subs
         self.grace_ms = grace_ms
-        self.reconnect_at: dict[str, int] = {}  # endpoint -> monotonic ms
-        self.monitor = LinkMonitor(ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
+        self.reconnect_at: dict[int, int] = {}  # relay id -> monotonic ms
+        self.monitors: dict[int, LinkMonitor] = {}
+        try:
+            for relay, (sub, _) in subs.items():
+                self.monitors[relay] = LinkMonitor(ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
+        except BaseException:
+            self.close()
+            raise
+
+    def sockets(self) -> list[zmq.Socket[Any]]:
+        """The monitors' sockets, to wait on."""
+        return [monitor.socket for monitor in self.monitors.values()]
 
     def next_due(self) -> int | None:
         """When a link is next due to be connected again here (None: none is)."""
@@ -191,24 +220,25 @@ class _PeerLinks:
     def poll(self, mono: int) -> list[int]:
         """The relays whose link closed since the last call; reconnect the links due."""
         lost: list[int] = []
-        for event, endpoint in self.monitor.events():
-            if event == _CONNECT_RETRIED:  # libzmq connects again by itself
-                self.reconnect_at.pop(endpoint, None)
-                continue
-            relay = self.endpoints.get(endpoint)
-            if relay is not None:
-                lost.append(relay)
-                self.reconnect_at.setdefault(endpoint, mono + self.grace_ms)
-        for endpoint, due in list(self.reconnect_at.items()):
+        for relay, monitor in self.monitors.items():
+            for event, _ in monitor.events():
+                if event == _CONNECT_RETRIED:  # libzmq connects again by itself
+                    self.reconnect_at.pop(relay, None)
+                else:
+                    lost.append(relay)
+                    self.reconnect_at.setdefault(relay, mono + self.grace_ms)
+        for relay, due in list(self.reconnect_at.items()):
             if due <= mono:
-                del self.reconnect_at[endpoint]
+                del self.reconnect_at[relay]
+                sub, endpoint = self.subs[relay]
                 with contextlib.suppress(zmq.ZMQError):  # libzmq may have dropped it already
-                    self.sub.disconnect(endpoint)
-                self.sub.connect(endpoint)
+                    sub.disconnect(endpoint)
+                sub.connect(endpoint)
         return lost
 
     def close(self) -> None:
-        self.monitor.close()
+        for monitor in self.monitors.values():
+            monitor.close()
 
 
 class RelayNode:
@@ -253,6 +283,19 @@ class RelayNode:
 
     def _start(self, core_config: CoreConfig, now: int) -> None:
         """The rest of the construction, once the relay's identity is locked."""
+        # With CurveZMQ: this relay's key pair and who may talk to it, read before any
+        # socket opens (a missing or wrong key stops the start with the file named).
+        self._identity: Identity | None = None
+        self._allowed: dict[str, dict[bytes, str]] = {}
+        self._peer_keys: dict[int, bytes] = {}
+        if self.config.security.curve:
+            ring = KeyRing(self.config)
+            self._identity = ring.relay_identity(self.id)
+            self._peer_keys = ring.relay_public_keys()
+            self._allowed = {
+                MESH_DOMAIN: {key: relay_key_name(rid) for rid, key in self._peer_keys.items()},
+                CLIENT_DOMAIN: ring.client_names(),
+            }
         self.core = RelayCore(core_config, self.incarnation, now)
         self._acceptors = self._open_acceptor_memory()
         self.counters: Counter[str] = Counter()
@@ -265,6 +308,7 @@ class RelayNode:
             status=self.status,
             warn=self._warn,
             relay_id=self.id,
+            access=self.config.access if self._identity is not None else None,
         )
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
@@ -335,12 +379,19 @@ class RelayNode:
             "incarnation": self.incarnation,
             "pending_produces": self.clients.pending_produces,
             "parked_reads": self.clients.parked_reads,
+            "curve": self._identity is not None,
+            "handshakes_refused": self._handshakes_refused(),
             "counters": dict(self.counters),
         }
         if self._spool is not None:
             spooled = self._spool.status()
             status["spool"] = {name: getattr(spooled, name) for name in type(spooled).__slots__}
         return status
+
+    def _handshakes_refused(self) -> int:
+        """CurveZMQ handshakes refused (a key the topology does not list), mesh and clients."""
+        socks = self._sockets
+        return 0 if socks is None or socks.authenticator is None else socks.authenticator.refused
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
@@ -476,23 +527,37 @@ class RelayNode:
         # a peer's frame may be another's passed on inside a Relayed (5.13)
         max_peer_frame = peer_frame_limit(max_frame)
         timings = MeshLinkTimings.from_limits(self.limits)
+        plain_ctx: zmq.Context[Any] = zmq.Context.shadow(ctx.underlying)
+        identity = self._identity
         closers: list[zmq.Socket[Any]] = []
+        authenticator = None
         try:
+            if identity is not None:
+                # Before the first bind: libzmq asks ZAP of every handshake from then on.
+                authenticator = MeshAuthenticator(plain_ctx, self._allowed)
+                authenticator.start()
             pub = ctx.socket(zmq.PUB)
             closers.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
             pub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame + TOPIC_MAX_BYTES)
             timings.apply(pub, pings=False)
+            if identity is not None:
+                curve_server(pub, identity, MESH_DOMAIN)
             pub.bind(self.spec.mesh_endpoint)
 
-            sub = mesh_subscriber(ctx, timings, max_msg_bytes=max_peer_frame + TOPIC_MAX_BYTES)
-            closers.append(sub)
-            for prefix in self._subscriptions():
-                sub.setsockopt(zmq.SUBSCRIBE, prefix)
+            subs: dict[int, tuple[zmq.Socket[Any], str]] = {}  # plain views
             for relay_id, spec in sorted(self.config.relays.items()):
-                if relay_id != self.id:
-                    sub.connect(spec.mesh_endpoint)
+                if relay_id == self.id:
+                    continue
+                sub = mesh_subscriber(ctx, timings, max_msg_bytes=max_peer_frame + TOPIC_MAX_BYTES)
+                closers.append(sub)
+                if identity is not None:
+                    curve_client(sub, identity, self._peer_keys[relay_id])
+                for prefix in self._subscriptions():
+                    sub.setsockopt(zmq.SUBSCRIBE, prefix)
+                sub.connect(spec.mesh_endpoint)
+                subs[relay_id] = (zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint)
 
             router = ctx.socket(zmq.ROUTER)
             closers.append(router)
@@ -503,30 +568,25 @@ class RelayNode:
             # max_frame_bytes; a request above request_limit gets an ErrorResp.
             router.setsockopt(zmq.MAXMSGSIZE, max_frame)
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone client fails
+            if identity is not None:
+                curve_server(router, identity, CLIENT_DOMAIN)
             router.bind(self.spec.client_endpoint)
+            links = _PeerLinks(plain_ctx, subs, grace_ms=timings.reconnect_ivl_ms)
         except BaseException:
             for sock in closers:
                 sock.close(linger=0)
+            if authenticator is not None:
+                authenticator.stop()
             raise
         # Plain (synchronous) views of the same sockets, for non-blocking drains and sends
         # without a Future per frame; the asyncio sockets are only used to wait.
-        plain_sub: zmq.Socket[Any] = zmq.Socket.shadow(sub.underlying)
-        endpoints = {
-            spec.mesh_endpoint: relay_id
-            for relay_id, spec in self.config.relays.items()
-            if relay_id != self.id
-        }
         return _Sockets(
             pub=zmq.Socket.shadow(pub.underlying),
-            sub=plain_sub,
+            subs={sub: relay_id for relay_id, (sub, _) in subs.items()},
             router=zmq.Socket.shadow(router.underlying),
-            links=_PeerLinks(
-                zmq.Context.shadow(ctx.underlying),
-                plain_sub,
-                endpoints,
-                grace_ms=timings.reconnect_ivl_ms,
-            ),
+            links=links,
             closers=closers,
+            authenticator=authenticator,
         )
 
     def _subscriptions(self) -> list[bytes]:
@@ -543,6 +603,8 @@ class RelayNode:
         socks.links.close()
         for sock in socks.closers:
             sock.close(linger=0)
+        if socks.authenticator is not None:
+            socks.authenticator.stop()
 
     def _handle_signals(self, previous: dict[signal.Signals, Any]) -> int | None:
         """Stop on SIGINT and SIGTERM: plain Python handlers rather than the event loop's
@@ -574,7 +636,7 @@ class RelayNode:
         loop = asyncio.get_running_loop()
         assert self._wake_r is not None
         waiter = ReadableWaiter(
-            (socks.sub, socks.router, socks.links.monitor.socket), self._wake_r.fileno()
+            (*socks.subs, socks.router, *socks.links.sockets()), self._wake_r.fileno()
         )
         self._alone_in_loop = len(asyncio.all_tasks(loop)) == 1
         try:
@@ -599,7 +661,7 @@ class RelayNode:
                     self._drain_wake()
                 if self._stopping:
                     break
-                self._turn(socks, socks.sub in readable, socks.router in readable)
+                self._turn(socks, readable)
                 if not yielded:
                     # Let other tasks and callbacks (signals) run. Not after a wait through
                     # the loop, which just did: an extra pass would find the sockets'
@@ -648,14 +710,17 @@ class RelayNode:
                 due = other
         return due
 
-    def _turn(self, socks: _Sockets, peers_readable: bool, clients_readable: bool) -> None:
+    def _turn(self, socks: _Sockets, readable: set[zmq.Socket[Any]]) -> None:
         now, mono = wall_ms(), mono_ms()
         self.counters["loop_turns"] += 1
-        if peers_readable:
-            self._drain_peers(socks, now, mono)
-        if clients_readable:
+        fed = False
+        for sock, relay in socks.subs.items():
+            if sock in readable:
+                self._drain_peer(sock, relay, now, mono)
+                fed = True
+        if socks.router in readable:
             self._drain_clients(socks, now, mono)
-        fed = peers_readable or clients_readable
+            fed = True
         for relay in socks.links.poll(mono):
             self.counters["peer_link_closed"] += 1
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
@@ -693,8 +758,8 @@ class RelayNode:
             self.counters[frames] += 1
             yield parts
 
-    def _drain_peers(self, socks: _Sockets, now: int, mono: int) -> None:
-        for parts in self._received(socks.sub, "peer"):
+    def _drain_peer(self, sub: zmq.Socket[Any], relay: int, now: int, mono: int) -> None:
+        for parts in self._received(sub, "peer"):
             if len(parts) != 1:
                 self.counters["peer_bad_parts"] += 1
                 self._warn(
@@ -712,22 +777,51 @@ class RelayNode:
                 )
                 continue
             try:
-                self.core.receive(frame, now, mono)
+                self.core.receive(frame, now, mono, relay)
             except Exception:  # the core promises not to raise; never let a frame kill us
                 self.counters["peer_frame_core_error"] += 1
                 log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
 
     def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
-        for parts in self._received(socks.router, "client"):
+        received = (
+            self._received(socks.router, "client")
+            if self._identity is None
+            else self._received_with_user(socks.router)
+        )
+        for parts in received:
             try:
                 self._on_client(parts, now, mono)
             except Exception:
                 self.counters["client_frame_node_error"] += 1
                 log.exception("relay=%d failed on a client frame (dropped)", self.id)
 
+    def _received_with_user(self, router: zmq.Socket[Any]) -> Iterator[list[bytes]]:
+        """As `_received`, for a CurveZMQ ROUTER: each message with the name of its client
+        (the ZMTP User-Id its ZAP handshake gave it) put in front: [name, identity, ...]."""
+        frames, errors = "client_frames", "client_recv_error"
+        for _ in range(DRAIN_MAX):
+            try:
+                first = router.recv(_NOBLOCK, copy=False)
+                parts = [b"", first.bytes]
+                while router.getsockopt(zmq.RCVMORE):
+                    parts.append(router.recv(_NOBLOCK))
+                parts[0] = str(first.get("User-Id")).encode()
+            except zmq.Again:
+                return
+            except zmq.ZMQError as e:
+                self.counters[errors] += 1
+                self._warn(errors, "relay=%d client receive failed: %s", self.id, e)
+                return
+            self.counters[frames] += 1
+            yield parts
+
     # --- clients --------------------------------------------------------------------------
 
     def _on_client(self, parts: list[bytes], now: int, mono: int) -> None:
+        client: str | None = None
+        if self._identity is not None:  # [client name, identity, ...] (see above)
+            client = parts[0].decode()
+            parts = parts[1:]
         if len(parts) == 2:  # DEALER: [identity, frame]
             envelope, frame = parts[:1], parts[1]
         elif len(parts) == 3 and parts[1] == b"":  # REQ: [identity, b"", frame]
@@ -738,7 +832,7 @@ class RelayNode:
             bad = MalformedFrame(f"expected one frame per message, got {len(parts) - 1}")
             self.clients.refuse(parts[:1], -1, bad)
             return
-        self.clients.on_request(envelope, frame, now, mono)
+        self.clients.on_request(envelope, frame, now, mono, client)
 
     def _send_client(self, envelope: list[bytes], frame: bytes) -> bool:
         socks = self._sockets

@@ -15,6 +15,11 @@ links, so the simulated clients talk to the same code as real ones.
   - ReadReq: answered at once, or parked (a long poll) until entries arrive, the stream's
     state changes, or `wait_ms` passes.
   - StatusReq: the relay's status as JSON.
+  With an access policy (CurveZMQ on: relay/access.py, docs/security.md) each request is
+  first checked against the rights of the client named with it: a produce needs `produce`
+  on its stream and a producer id of the client's own (else it is rejected,
+  `not_authorized`), a read `consume` on its stream, a status request `admin` (else an
+  ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`).
 * The shell passes on what the core's `Ready` says: `on_reply(ProduceReply)`, and `wake(stream)`
   after a delivery or a rebase of the stream (and when it fenced).
 * `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
@@ -36,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay import wire
+from relay.access import AccessPolicy, Right, owns_producer_id, producer_id_prefix
 from relay.core import (
     Limits,
     Outcome,
@@ -89,8 +95,12 @@ class ClientService:
         status: StatusFn,
         warn: WarnFn,
         relay_id: int,
+        access: AccessPolicy | None = None,
     ) -> None:
+        """`access`: the rights of identified clients (None: clients are not identified,
+        and every request is allowed)."""
         self.core = core
+        self._access = access
         self.limits = limits
         self._members = members  # the relays serving a stream (the topology's rule)
         self.counters = counters  # shared with the shell's own counters
@@ -122,8 +132,16 @@ class ClientService:
 
     # --- requests ---------------------------------------------------------------------
 
-    def on_request(self, envelope: Envelope, frame: bytes, now_ms: int, mono_ms: int) -> None:
-        """One request frame from a client (wall and monotonic clock in ms)."""
+    def on_request(
+        self,
+        envelope: Envelope,
+        frame: bytes,
+        now_ms: int,
+        mono_ms: int,
+        client: str | None = None,
+    ) -> None:
+        """One request frame from a client (wall and monotonic clock in ms); `client`: its
+        authenticated name (None without CurveZMQ)."""
         try:
             msg = wire.decode(frame, self.request_limit, self.limits.max_batch_entries)
         except FrameError as error:
@@ -132,12 +150,20 @@ class ClientService:
             self.refuse(envelope, wire.peek_request_id(frame), error)
             return
         if isinstance(msg, wire.ProduceBatchReq):
-            self._on_produce_batch(envelope, msg, now_ms, mono_ms)
+            self._on_produce_batch(envelope, msg, now_ms, mono_ms, client)
         elif isinstance(msg, wire.ProduceReq):
-            self._on_produce(envelope, msg, now_ms, mono_ms)
+            self._on_produce(envelope, msg, now_ms, mono_ms, client)
         elif isinstance(msg, wire.ReadReq):
+            denied = self._denied(client, Right.CONSUME, msg.stream)
+            if denied:
+                self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
+                return
             self._on_read(envelope, msg, mono_ms)
         elif isinstance(msg, wire.StatusReq):
+            denied = self._denied(client, Right.ADMIN)
+            if denied:
+                self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
+                return
             body = json.dumps(self._status(), default=str, sort_keys=True).encode()
             self._respond(envelope, wire.StatusResp(msg.request_id, body))
         else:  # a response type sent as a request
@@ -158,9 +184,41 @@ class ClientService:
         )
         self._respond(envelope, wire.ErrorResp(request_id, name, str(error)[:1000]))
 
+    def _denied(
+        self, client: str | None, right: Right, stream: str = "", producer_id: bytes = b""
+    ) -> str:
+        """Why `client` may not do this ("" if it may), counted when it may not."""
+        access = self._access
+        if access is None or client is None:
+            return ""
+        if not access.allows(client, right, stream):
+            why = f"client {client!r} has no {right.value} right"
+            why += f" on stream {stream!r}" if stream else ""
+        elif producer_id and not owns_producer_id(client, producer_id):
+            prefix = producer_id_prefix(client).decode()
+            why = (
+                f"client {client!r} may produce only under producer ids starting with "
+                f"{prefix!r}, not {producer_id[:64]!r}"
+            )
+        else:
+            return ""
+        self.counters["not_authorized_" + right.value] += 1
+        self._warn("not_authorized_" + right.value, "relay=%d refused: %s", self._relay_id, why)
+        return why
+
     def _on_produce(
-        self, envelope: Envelope, req: wire.ProduceReq, now_ms: int, mono_ms: int
+        self,
+        envelope: Envelope,
+        req: wire.ProduceReq,
+        now_ms: int,
+        mono_ms: int,
+        client: str | None,
     ) -> None:
+        denied = self._denied(client, Right.PRODUCE, req.stream, req.producer_id)
+        if denied:
+            reason = f"{wire.NOT_AUTHORIZED} ({denied})"
+            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, reason)
+            return
         first = self._next_core_id
         if not self._members(req.stream):
             self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
@@ -169,17 +227,28 @@ class ClientService:
         self._track_produces(first, mono_ms)
 
     def _on_produce_batch(
-        self, envelope: Envelope, req: wire.ProduceBatchReq, now_ms: int, mono_ms: int
+        self,
+        envelope: Envelope,
+        req: wire.ProduceBatchReq,
+        now_ms: int,
+        mono_ms: int,
+        client: str | None,
     ) -> None:
         self.counters["produce_batches"] += 1
         first = self._next_core_id
         producer_id = req.producer_id
         checked = ""  # the items of a batch mostly share one stream: look it up once
+        denied = ""
         for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
-                if not self._members(stream):
+                denied = self._denied(client, Right.PRODUCE, stream, producer_id)
+                if not denied and not self._members(stream):
                     self.counters["client_unknown_stream"] += 1
+            if denied:
+                reason = f"{wire.NOT_AUTHORIZED} ({denied})"
+                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, reason)
+                continue
             tx = Transaction(producer_id, producer_seq, key, value, kind)
             self._produce(envelope, item_id, stream, tx, True, now_ms, mono_ms)
         self._track_produces(first, mono_ms)

@@ -19,6 +19,19 @@ The file format (`config/topology.yaml` is the commented example)::
       segment_max_bytes: 16777216 # a segment closes at this size ...
       segment_max_age_ms: 10000   # ... or this age
       disk_max_bytes: 10737418240 # per relay; beyond it the relay stops spooling
+    security:                     # optional (docs/security.md)
+      curve: true                 # CurveZMQ on every socket; default false
+      keys_dir: ../data/keys      # relative to the file; default <data_dir>/keys
+      client_key_file: ../data/keys/client-admin.key_secret  # tools' default client key
+    access:                       # with curve: the clients and their rights
+      admin:                      # a client name (letters, digits, _ . -; at most 40)
+        public_key: "..."         # optional, Z85; default <keys_dir>/client-admin.key
+        produce: ["*"]            # stream names and patterns it may produce to
+        consume: ["*"]            # ... and read
+        admin: true               # status and store commands; default false
+
+A relay takes `public_key:` (Z85, 40 characters) too; without it its public key is read
+from `<keys_dir>/relay-<id>.key`. Its secret key is `<keys_dir>/relay-<id>.key_secret`.
 
 Rules: unknown keys are errors; ports are 1..65535 and every (host, port) pair is used
 once across all mesh and client ports; stream names are non-empty, at most 255 UTF-8 bytes
@@ -53,6 +66,7 @@ from pydantic import (
     field_validator,
 )
 
+from relay.access import AccessPolicy, ClientGrant
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
@@ -61,6 +75,13 @@ __all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
 
 MAX_STREAM_NAME_BYTES = 255
 MIN_SAFE_RELAYS = 3  # fewer: a majority quorum tolerates no relay failure
+Z85_KEY_CHARS = 40  # a 32-byte CurveZMQ key in Z85
+_Z85_CHARS = frozenset(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+)
+# A client's name starts each of its producer ids (relay/access.py): at most 40 bytes, so
+# the name, a `/` and 16 random bytes fit the 64 bytes of a producer id.
+CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
 _PATTERN_CHARS = "*?["
 
@@ -75,6 +96,7 @@ class RelaySpec:
     mesh_port: int  # the relay's PUB socket binds tcp://host:mesh_port
     client_port: int  # the relay's ROUTER for clients binds tcp://host:client_port
     streams: tuple[str, ...]  # exact names and fnmatch patterns
+    public_key: str | None = None  # Z85, when the topology gives it inline
 
     @property
     def mesh_endpoint(self) -> str:
@@ -100,6 +122,16 @@ class SpoolSettings:
 
 
 @dataclass(frozen=True)
+class SecuritySettings:
+    """CurveZMQ on every socket (`curve`), where this machine's keys are (`keys_dir`,
+    absolute), and the client key tools use when given none (`client_key_file`)."""
+
+    curve: bool = False
+    keys_dir: Path = Path("keys")
+    client_key_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class MeshConfig:
     path: Path
     relays: dict[int, RelaySpec]  # by id, ascending
@@ -109,6 +141,8 @@ class MeshConfig:
     warnings: tuple[str, ...]  # e.g. a declared stream with fewer than 3 relays
     data_dir: Path  # absolute; for the spool and the store
     spool: SpoolSettings = SpoolSettings()
+    security: SecuritySettings = SecuritySettings()
+    access: AccessPolicy = dataclasses.field(default_factory=AccessPolicy)
 
     @property
     def spool_dir(self) -> Path:
@@ -226,8 +260,33 @@ def _stream_entry(value: Any) -> Any:
     )
 
 
+def _check_z85_key(value: str) -> str:
+    if len(value) != Z85_KEY_CHARS or not set(value) <= _Z85_CHARS:
+        raise ValueError(
+            f"{_short(value)} is not a CurveZMQ public key ({Z85_KEY_CHARS} Z85 characters, "
+            "as `relay keygen` prints)"
+        )
+    return value
+
+
+def _check_client_name(value: str) -> str:
+    if not CLIENT_NAME_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{_short(value)} is not a client name (1..40 letters, digits, '_', '.', '-', "
+            "starting with a letter or digit)"
+        )
+    return value
+
+
+def _check_path(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _StreamName = Annotated[str, AfterValidator(_check_name)]
+_PublicKey = Annotated[str, AfterValidator(_check_z85_key)]
 
 
 class _RelayModel(BaseModel):
@@ -238,6 +297,7 @@ class _RelayModel(BaseModel):
     mesh_port: Annotated[int, AfterValidator(_check_port)]
     client_port: Annotated[int, AfterValidator(_check_port)]
     streams: list[_StreamName]
+    public_key: _PublicKey | None = None
 
     @field_validator("streams")
     @classmethod
@@ -272,6 +332,23 @@ class _SpoolModel(BaseModel):
     disk_max_bytes: _Positive = SpoolSettings.disk_max_bytes
 
 
+class _SecurityModel(BaseModel):
+    model_config = _STRICT
+
+    curve: bool = False
+    keys_dir: Annotated[str, AfterValidator(_check_path)] | None = None
+    client_key_file: Annotated[str, AfterValidator(_check_path)] | None = None
+
+
+class _ClientModel(BaseModel):
+    model_config = _STRICT
+
+    public_key: _PublicKey | None = None
+    produce: list[_StreamName] = []
+    consume: list[_StreamName] = []
+    admin: bool = False
+
+
 class _FileModel(BaseModel):
     model_config = _STRICT
 
@@ -280,6 +357,8 @@ class _FileModel(BaseModel):
     limits: dict[str, Any] | None = None
     data_dir: Annotated[str, AfterValidator(_check_data_dir)] | None = None
     spool: _SpoolModel | None = None
+    security: _SecurityModel | None = None
+    access: dict[Annotated[str, AfterValidator(_check_client_name)], _ClientModel] | None = None
 
     @field_validator("relays")
     @classmethod
@@ -296,6 +375,8 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "streams": tuple(_StreamModel.model_fields),
     "limits": _LIMIT_FIELDS,
     "spool": tuple(_SpoolModel.model_fields),
+    "security": tuple(_SecurityModel.model_fields),
+    "access": tuple(_ClientModel.model_fields),
 }
 
 
@@ -423,6 +504,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             mesh_port=r.mesh_port,
             client_port=r.client_port,
             streams=tuple(r.streams),
+            public_key=r.public_key,
         )
         for r in sorted(model.relays, key=lambda r: r.id)
     }
@@ -459,11 +541,36 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
                 )
             )
 
+    security = model.security or _SecurityModel()
+    if model.access and not security.curve:
+        problems.append(
+            (
+                "access",
+                "client rights need identities: set security.curve: true (without "
+                "CurveZMQ no client is identified, and every client may do anything)",
+            )
+        )
+    if security.curve and not model.access:
+        problems.append(
+            (
+                "access",
+                "missing; with security.curve on, only the clients listed here may "
+                "connect (e.g. access: {admin: {produce: ['*'], consume: ['*'], admin: true}})",
+            )
+        )
+
     if problems:
         raise ConfigError(_join(file, problems))
 
     base = file.parent
     data_dir = base / model.data_dir if model.data_dir is not None else base / ".." / "data"
+    data_dir = Path(os.path.abspath(data_dir))
+    keys_dir = (
+        Path(os.path.abspath(base / security.keys_dir))
+        if security.keys_dir is not None
+        else data_dir / "keys"
+    )
+    client_key = security.client_key_file
     return MeshConfig(
         path=file,
         relays=relays,
@@ -471,8 +578,26 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
         limits=limits,
         topology=topology,
         warnings=tuple(f"{file}: {at}: {text}" for at, text in warnings),
-        data_dir=Path(os.path.abspath(data_dir)),
+        data_dir=data_dir,
         spool=SpoolSettings(**model.spool.model_dump()) if model.spool else SpoolSettings(),
+        security=SecuritySettings(
+            curve=security.curve,
+            keys_dir=keys_dir,
+            client_key_file=None
+            if client_key is None
+            else Path(os.path.abspath(base / client_key)),
+        ),
+        access=AccessPolicy(
+            {
+                name: ClientGrant(
+                    produce=tuple(grant.produce),
+                    consume=tuple(grant.consume),
+                    admin=grant.admin,
+                    public_key=grant.public_key,
+                )
+                for name, grant in (model.access or {}).items()
+            }
+        ),
     )
 
 

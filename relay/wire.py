@@ -18,7 +18,9 @@ Requests (client -> relay) and their answers:
     ProduceResp [2, request_id, outcome, seq, reason, redirect]
         outcome: "committed" (seq is the committed sequence number), "rejected" (reason:
         "late", "unknown_stream", "too_large", "buffer_full", "invalid",
-        "duplicate_mismatch": another transaction holds this producer_id and producer_seq),
+        "duplicate_mismatch": another transaction holds this producer_id and producer_seq,
+        "not_authorized": the client's identity may not produce to the stream, or under this
+        producer_id; the reason goes on to say which, docs/security.md),
         "fenced" (try a relay in redirect) or "unknown" (no definite answer in time: retry
         with the same producer_seq). seq: -1 unless committed. redirect: array of relay
         ids (map them to endpoints with the topology).
@@ -58,8 +60,10 @@ Requests (client -> relay) and their answers:
 
     ErrorResp   [7, request_id, error, message]
         The relay could not accept a frame: error is the name of the relay.errors class
-        ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"); message
-        says what was wrong. request_id is -1 when it could not be read from the frame.
+        ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType", or
+        "NotAuthorized" for a read or status request the client's rights do not allow);
+        message says what was wrong. request_id is -1 when it could not be read from the
+        frame.
 
 Bounds: a request frame may be at most `request_frame_limit(limits)` bytes:
 min(max_frame_bytes, max_tx_bytes + REQUEST_OVERHEAD_BYTES). Answers are at most
@@ -117,6 +121,7 @@ __all__ = [
 MAX_READ_ENTRIES = 65_536
 MAX_WAIT_MS = 600_000
 MAX_TEXT_CHARS = 4_096  # reason, error, message
+NOT_AUTHORIZED = "not_authorized"  # the reject reason of a produce the client may not make
 # Room for everything in a ProduceReq besides the transaction's own bytes (stream name,
 # producer id, ints, msgpack headers), so a frame carrying a max_tx_bytes transaction fits.
 REQUEST_OVERHEAD_BYTES = 1_024

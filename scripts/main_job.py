@@ -40,6 +40,7 @@ from relay.cli import relays_first
 from relay.client import Consumer, Producer
 from relay.errors import ClientError, ConfigError
 from relay.launcher import Mesh, MeshError
+from relay.security import client_curve
 from relay.topology import MeshConfig, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,7 +167,8 @@ def produce(
     out = Produced()
     items = [message(i) for i in range(first, first + count)]
     started = time.monotonic()
-    with Producer(relays=relays_first(config, relay_id, STREAM)) as producer:
+    relays = relays_first(config, relay_id, STREAM)
+    with Producer(relays=relays, curve=client_curve(config)) as producer:
         results = producer.send_many(STREAM, items, return_exceptions=True)
         out.elapsed_s = time.monotonic() - started
         out.retries = producer.stats["retries"]
@@ -201,6 +203,7 @@ def read_back(
     last: int | None = None
     consumer = Consumer(
         relays=relays_first(config, relay_id, STREAM),
+        curve=client_curve(config),
         timeout_s=READ_IDLE_S,
         store=config.store_dir if use_store else False,
     )

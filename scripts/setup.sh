@@ -4,6 +4,8 @@
 #     (skipped when pyproject.toml and the version in relay/__init__.py are unchanged since
 #     the last successful install, so the installed metadata keeps the version;
 #     RELAY_SETUP_FORCE=1 forces it);
+#   - creates the CurveZMQ key pairs config/topology.yaml needs that data/keys lacks
+#     (`relay keygen --config config/topology.yaml`; never committed: data/ is ignored);
 #   - checks for Java 17+ (the store's Spark jobs and their tests need it) and, if missing, installs
 #     openjdk-17-jre-headless with apt-get when running as root. Java problems only warn.
 set -euo pipefail
@@ -76,4 +78,10 @@ else
     else
         warn "could not install openjdk-17-jre-headless; Spark steps will not work"
     fi
+fi
+
+# The default topology runs with CurveZMQ: its relays' and clients' keys (kept if present).
+if ! "$VENV/bin/relay" keygen --config config/topology.yaml >/dev/null; then
+    printf 'setup: ERROR: could not create the keys of config/topology.yaml\n' >&2
+    exit 1
 fi

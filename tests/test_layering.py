@@ -18,9 +18,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
     ("incarnation",),
-    ("service", "engines", "spool", "sockets", "acceptors"),
+    ("service", "engines", "spool", "sockets", "acceptors", "security"),
     ("wire", "topology", "store"),
-    ("segment",),
+    ("segment", "access"),
     ("core",),
     ("errors", "__init__"),
 )

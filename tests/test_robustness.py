@@ -16,6 +16,12 @@ read of `orders.eu` and `audit` from each relay must extend what was read before
 ErrorResp, or the connection dropped by ZMQ_MAXMSGSIZE) and the relay keeps working; an
 unknown stream gets a clear error. The example counts keep the module well under a minute;
 the `slow` variants run ten times as many.
+
+Every test runs twice: on a plain mesh, and on one with CurveZMQ (`curve`): there the hostile
+PUB holds relay 3's key pair and the raw clients the `admin` client's, so the hostile
+frames come from an authenticated peer and authenticated clients (docs/security.md: a
+relay or client with a key is not trusted with anything beyond its rights either). The
+probes' producer ids start with `admin/`, the name the ACLs bind producer ids to.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from relay.core.messages import (
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
 from relay.node import TOPIC_MAX_BYTES
+from relay.security import ClientCurve, KeyRing, curve_server
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -76,9 +83,10 @@ SLOW_EXAMPLES = 2_000
 MAX_U63 = (1 << 63) - 1
 MAX_U64 = (1 << 64) - 1
 MARKER = [b"H|robustness-marker", b"2 parts: counted as peer_bad_parts"]
+PRODUCER = b"admin/p"  # a producer id the admin client may use
 
 
-def write_topology(directory: Path) -> Path:
+def write_topology(directory: Path, curve: bool) -> Path:
     subscriptions = {i: ["orders.*", "audit"] for i in RELAYS}
     subscriptions[HOSTILE] = ["hostile"]
     limits = {
@@ -86,7 +94,9 @@ def write_topology(directory: Path) -> Path:
         "max_frame_bytes": MAX_FRAME_BYTES,
         "max_batch_bytes": 262144,
     }
-    return write_loopback_topology(directory, subscriptions, ["orders.eu", "audit"], limits)
+    return write_loopback_topology(
+        directory, subscriptions, ["orders.eu", "audit"], limits, access={} if curve else None
+    )
 
 
 # --- a raw client -----------------------------------------------------------------------------
@@ -95,10 +105,12 @@ def write_topology(directory: Path) -> Path:
 class RawClient:
     """A DEALER to one relay: sends any bytes, and waits for the answer to a request id."""
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, curve: ClientCurve | None) -> None:
         self.endpoint = endpoint
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self.sock, endpoint)
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
 
@@ -172,6 +184,7 @@ class Live:
     ctx: zmq.Context[Any]
     clients: dict[int, RawClient]
     hostile_pub: zmq.Socket[Any]
+    curve: ClientCurve | None
     probe_seqs: Iterator[int] = field(default_factory=itertools.count)
     committed_probes: list[tuple[int, int]] = field(default_factory=list)  # (relay, seq)
 
@@ -199,7 +212,7 @@ class Live:
 
         def committed() -> bool:
             req = wire.ProduceReq(
-                client.next_id(), "orders.eu", b"robustness-probe", pseq, b"probe", b"%d" % pseq
+                client.next_id(), "orders.eu", b"admin/probe", pseq, b"probe", b"%d" % pseq
             )
             answer = client.ask(req, timeout_s=10.0)
             assert isinstance(answer, wire.ProduceResp), answer
@@ -252,10 +265,13 @@ def wait_bad_parts(live: Live, want: dict[int, int], resend_marker: bool) -> Non
     )
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+@pytest.fixture(scope="module", params=["plain", "curve"])
+def live(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
+    curved = request.param == "curve"
     directory = tmp_path_factory.mktemp("robust")
-    mesh = Mesh(write_topology(directory), log_level="warning", log_dir=directory / "logs")
+    mesh = Mesh(write_topology(directory, curved), log_level="warning", log_dir=directory / "logs")
     ctx: zmq.Context[Any] = zmq.Context()
     clients: dict[int, RawClient] = {}
     try:
@@ -264,9 +280,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, 100_000)
+        if curved:  # relay 3's own key: the relays' SUBs accept only that one
+            curve_server(pub, KeyRing(mesh.config).relay_identity(HOSTILE), "mesh")
         pub.bind(mesh.endpoints[HOSTILE].mesh)
-        clients = {r: RawClient(ctx, mesh.endpoints[r].client) for r in RELAYS}
-        live = Live(mesh, ctx, clients, pub)
+        clients = {r: RawClient(ctx, mesh.endpoints[r].client, mesh.curve) for r in RELAYS}
+        live = Live(mesh, ctx, clients, pub, mesh.curve)
         # Slow joiner: wait until every relay's SUB receives what the hostile PUB sends.
         base = live.bad_parts()
         wait_bad_parts(live, {r: base[r] + 1 for r in RELAYS}, resend_marker=True)
@@ -570,17 +588,17 @@ def test_oversized_client_frames_are_refused_and_the_relay_keeps_working(live: L
     before = live.views()
     client = live.clients[0]
     # Above the request limit (max_tx_bytes + overhead), below max_frame_bytes: an ErrorResp.
-    big = wire.ProduceReq(client.next_id(), "orders.eu", b"p", 0, None, b"x" * REQUEST_LIMIT)
+    big = wire.ProduceReq(client.next_id(), "orders.eu", PRODUCER, 0, None, b"x" * REQUEST_LIMIT)
     assert REQUEST_LIMIT < len(wire.encode(big)) < MAX_FRAME_BYTES
     answer = client.ask(big)
     assert isinstance(answer, wire.ErrorResp) and answer.error == "OversizedFrame", answer
     # A transaction just above max_tx_bytes in a frame the relay reads: rejected too_large.
-    value = b"y" * (MAX_TX_BYTES - 16)  # size_bytes: 1 (producer id) + value + 16
-    answer = client.ask(wire.ProduceReq(client.next_id(), "orders.eu", b"p", 0, None, value))
+    value = b"y" * (MAX_TX_BYTES - 22)  # size_bytes: 7 (producer id) + value + 16
+    answer = client.ask(wire.ProduceReq(client.next_id(), "orders.eu", PRODUCER, 0, None, value))
     assert isinstance(answer, wire.ProduceResp), answer
     assert answer.outcome is Outcome.REJECTED and answer.reason == "too_large", answer
     # Above max_frame_bytes: ZMQ_MAXMSGSIZE drops the connection; nothing is answered.
-    doomed = RawClient(live.ctx, live.endpoint(0))
+    doomed = RawClient(live.ctx, live.endpoint(0), live.curve)
     try:
         doomed.send([b"z" * (MAX_FRAME_BYTES + 1)])
         assert not doomed.sock.poll(500), "an oversized frame was answered"
@@ -627,22 +645,22 @@ def test_a_peer_link_recovers_after_an_oversized_frame(live: Live) -> None:
 
 def test_an_unknown_stream_gets_a_clear_error(live: Live) -> None:
     client = live.clients[1]
-    answer = client.ask(wire.ProduceReq(client.next_id(), "nosuch.stream", b"p", 0, None, b"v"))
+    answer = client.ask(wire.ProduceReq(client.next_id(), "nosuch.stream", PRODUCER, 0, None, b"v"))
     assert isinstance(answer, wire.ProduceResp), answer
     assert answer.outcome is Outcome.REJECTED and answer.reason == "unknown_stream", answer
     answer = client.ask(wire.ReadReq(client.next_id(), "nosuch.stream", -1, 10, 0))
     assert isinstance(answer, wire.ReadResp) and answer.status is ReadStatus.UNKNOWN_STREAM
     endpoints = {r: live.endpoint(r) for r in RELAYS}
     with (
-        Producer(relays=endpoints, request_timeout_s=2.0) as producer,
+        Producer(relays=endpoints, request_timeout_s=2.0, curve=live.curve) as producer,
         pytest.raises(UnknownStream, match=r"nosuch\.stream"),
     ):
         producer.send("nosuch.stream", b"v")
-    with Consumer(relays=endpoints, timeout_s=5.0) as consumer:
+    with Consumer(relays=endpoints, timeout_s=5.0, curve=live.curve) as consumer:
         consumer.subscribe("nosuch.stream", "earliest")
         with pytest.raises(UnknownStream, match=r"nosuch\.stream"):
             next(consumer)
-    replies = query_status(endpoints, 2.0)
+    replies = query_status(endpoints, 2.0, live.curve)
     assert all(reply.reachable for reply in replies.values())
 
 

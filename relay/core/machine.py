@@ -120,12 +120,19 @@ class RelayCore(RelayState):
         self.now_ms = wall_ms if mono_ms is None else mono_ms
         return self.now_ms
 
-    def receive(self, frame: bytes, now_ms: int, mono_ms: int | None = None) -> None:
+    def receive(
+        self, frame: bytes, now_ms: int, mono_ms: int | None = None, from_relay: int = -1
+    ) -> None:
         """A frame from a peer. Never raises; a bad frame is counted and changes nothing.
-        `now_ms`: wall clock (Unix ms); `mono_ms`: monotonic clock (defaults to now_ms)."""
+        `now_ms`: wall clock (Unix ms); `mono_ms`: monotonic clock (defaults to now_ms).
+        `from_relay`: the relay the shell knows the frame came from (an authenticated
+        link); a frame claiming another sender is dropped and counted (-1: unknown)."""
         now_ms = self._set_time(now_ms, mono_ms)
         msg = self._decode(frame)
         if msg is None:
+            return
+        if from_relay >= 0 and msg.sender != from_relay:
+            self.counters["peer_sender_mismatch"] += 1
             return
         peer = self.peers[msg.sender]
         if not links.admit(self, msg, peer, now_ms):

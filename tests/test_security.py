@@ -1,0 +1,378 @@
+"""CurveZMQ identities and access rights (docs/security.md), on a live mesh with real keys.
+
+Key files and the topology's `security:`/`access:` sections first; then one 3-relay mesh
+with CurveZMQ on (module fixture), its clients `admin` (every right), `app` (produce and
+consume `orders.*`) and `reader` (consume `audit` only). Each attack of issue 11 that keys
+stop is tried as an outsider would: subscribing to a relay's mesh PUB, connecting to its
+ROUTER, binding a dead relay's mesh endpoint, with no key or with a key of its own. Each
+must end in a refused handshake (seen in the outsider's own socket monitor: a condition,
+not a silence that might only mean "not yet"), and the mesh must go on committing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from relay import wire
+from relay.access import AccessPolicy, ClientGrant, Right
+from relay.client import Consumer, Producer
+from relay.core import RelayCore
+from relay.core.codec import encode
+from relay.core.messages import Heartbeat
+from relay.errors import ConfigError, KeyFileError, NotAuthorized
+from relay.launcher import Mesh, query_status, write_loopback_topology
+from relay.node import RelayNode
+from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
+from relay.topology import loads
+from waiting import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAM = "orders.eu"
+START_TIMEOUT_S = 60.0
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+ACCESS = {
+    "app": {"produce": ["orders.*"], "consume": ["orders.*"]},
+    "reader": {"consume": ["audit"]},
+}
+
+
+# --- key files -------------------------------------------------------------------------------
+
+
+def test_keygen_writes_owner_only_files_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    secret = generate(tmp_path / "keys", "client-x", client="x")
+    public = secret.with_suffix(".key")
+    for path in (secret, public):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+    identity = load_identity(secret)
+    assert len(identity.public_key) == len(identity.secret_key) == 40
+    with pytest.raises(KeyFileError, match="exists already"):
+        generate(tmp_path / "keys", "client-x")
+    assert generate(tmp_path / "keys", "client-x", overwrite=True) == secret
+    assert load_identity(secret) != identity
+
+
+def test_a_secret_key_readable_by_others_or_broken_is_refused(tmp_path: Path) -> None:
+    secret = generate(tmp_path, "relay-0")
+    secret.chmod(0o644)
+    with pytest.raises(KeyFileError, match=r"readable by its owner only \(mode 0644\)"):
+        load_identity(secret)
+    secret.chmod(0o600)
+    with pytest.raises(KeyFileError, match="holds no secret key"):
+        public = secret.with_suffix(".key")
+        load_identity(public)
+    with pytest.raises(KeyFileError, match="no such key file"):
+        load_identity(tmp_path / "nothing.key_secret")
+    garbage = tmp_path / "garbage.key_secret"
+    garbage.write_text('curve\n    public-key = "short"\n    secret-key = "x"\n')
+    garbage.chmod(0o600)
+    with pytest.raises(KeyFileError, match=r"garbage\.key_secret"):
+        load_identity(garbage)
+
+
+# --- the topology ------------------------------------------------------------------------------
+
+RELAY = "relays: [{id: 0, host: 127.0.0.1, mesh_port: 7, client_port: 8, streams: [a]%s}]\n"
+
+
+def test_the_topology_names_every_security_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"access: missing; with security.curve on"):
+        loads(RELAY % "" + "security: {curve: true}\n", tmp_path / "t.yaml")
+    with pytest.raises(ConfigError, match=r"access: client rights need identities"):
+        loads(RELAY % "" + "access: {app: {produce: [a]}}\n", tmp_path / "t.yaml")
+    with pytest.raises(ConfigError, match=r"relays\[0\].public_key: 'nope' is not a CurveZMQ"):
+        loads(RELAY % ", public_key: nope", tmp_path / "t.yaml")
+    with pytest.raises(ConfigError, match=r"access.app.produc: unknown field; did you mean"):
+        loads(
+            RELAY % "" + "security: {curve: true}\naccess: {app: {produc: [a]}}\n",
+            tmp_path / "t.yaml",
+        )
+    config = loads(
+        RELAY % "" + "security: {curve: true, keys_dir: k}\n"
+        "access: {app: {produce: ['a*'], consume: [b]}, ops: {admin: true}}\n",
+        tmp_path / "t.yaml",
+    )
+    assert config.security.curve and config.security.keys_dir == tmp_path / "k"
+    assert config.access.allows("app", Right.PRODUCE, "abc")
+    assert not config.access.allows("app", Right.CONSUME, "abc")
+    assert not config.access.allows("app", Right.ADMIN)
+    assert config.access.allows("ops", Right.ADMIN)
+    assert not config.access.allows("stranger", Right.CONSUME, "b")
+
+
+def test_a_relay_without_its_key_does_not_start(tmp_path: Path) -> None:
+    path = write_loopback_topology(tmp_path, {0: ["a"], 1: ["a"]}, ["a"], access={})
+    config = Mesh(path).config
+    KeyRing(config).ensure()
+    (config.security.keys_dir / "relay-1.key_secret").unlink()
+    with pytest.raises(KeyFileError, match=r"relay-1.key_secret: no such key file"):
+        RelayNode(config, 1, handle_signals=False, incarnation=1)
+    # The CLI says so in one line, exit 2 (a configuration error).
+    run = subprocess.run(
+        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run
+    assert "relay-1.key_secret: no such key file" in run.stderr
+    # A secret key that is not the one the topology gives the relay is refused too.
+    public = config.security.keys_dir / "relay-1.key"
+    listed = public.read_bytes()
+    generate(config.security.keys_dir, "relay-1", overwrite=True)
+    public.write_bytes(listed)
+    with pytest.raises(KeyFileError, match="not the one the topology gives relay 1"):
+        RelayNode(config, 1, handle_signals=False, incarnation=1)
+
+
+def test_a_frame_claiming_another_sender_than_its_link_is_dropped(tmp_path: Path) -> None:
+    path = write_loopback_topology(tmp_path, {0: ["a"], 1: ["a"], 2: ["a"]}, ["a"])
+    core = RelayCore(Mesh(path).config.core_config(0), incarnation=1, now_ms=1_000)
+    forged = encode(Heartbeat(2, 5, 1, ()))
+    core.receive(forged, 1_000, 1_000, from_relay=1)  # read on relay 1's link
+    assert core.counters["peer_sender_mismatch"] == 1
+    core.receive(forged, 1_000, 1_000, from_relay=2)
+    assert core.counters["peer_sender_mismatch"] == 1
+
+
+def test_the_access_policy_binds_producer_ids_to_names() -> None:
+    from relay.access import owns_producer_id
+
+    policy = AccessPolicy({"app": ClientGrant(produce=("orders.*",))})
+    assert policy.allows("app", Right.PRODUCE, "orders.eu")
+    assert not policy.allows("app", Right.PRODUCE, "audit")
+    assert owns_producer_id("app", b"app/1")
+    assert not owns_producer_id("app", b"app/")
+    assert not owns_producer_id("app", b"apple/1")
+    assert not owns_producer_id("app", b"admin/1")
+
+
+# --- a live mesh with CurveZMQ ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    directory = tmp_path_factory.mktemp("security")
+    path = write_loopback_topology(
+        directory, {r: ["orders.*", "audit"] for r in range(3)}, [STREAM, "audit"], access=ACCESS
+    )
+    running = Mesh(path, log_level="warning", log_dir=directory / "logs")
+    try:
+        running.start(timeout_s=START_TIMEOUT_S)
+        yield running
+    finally:
+        running.stop()
+
+
+def key_file(mesh: Mesh, client: str) -> Path:
+    return mesh.config.security.keys_dir / f"client-{client}.key_secret"
+
+
+def commit_one(mesh: Mesh, value: bytes = b"v") -> int:
+    with Producer(topology=mesh.config, send_timeout_s=60) as producer:
+        return producer.send(STREAM, value)
+
+
+def counters(mesh: Mesh, relay_id: int) -> dict[str, Any]:
+    status = mesh.status(relay_id, timeout_s=10)
+    assert status is not None
+    node: dict[str, Any] = status["node"]
+    return node
+
+
+class Outsider:
+    """A socket of a process that is not in the topology, and its monitor."""
+
+    def __init__(self, kind: int) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.monitor = self.sock.get_monitor_socket(
+            HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
+
+    def handshake_failed(self) -> bool:
+        """Wait for the next handshake event; True if it failed."""
+        while True:
+            assert self.monitor.poll(30_000), "no handshake event within 30 s"
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return False
+            if event & HANDSHAKE_FAILED:
+                return True
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def outsider_sub() -> Iterator[Outsider]:
+    outsider = Outsider(zmq.SUB)
+    yield outsider
+    outsider.close()
+
+
+def test_an_outsider_without_a_key_cannot_read_the_mesh(mesh: Mesh, outsider_sub: Outsider) -> None:
+    outsider_sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
+    outsider_sub.sock.connect(mesh.endpoints[0].mesh)
+    assert outsider_sub.handshake_failed()
+    commit_one(mesh)
+    assert not outsider_sub.sock.poll(0)
+
+
+def test_an_outsider_with_a_key_of_its_own_cannot_read_the_mesh(
+    mesh: Mesh, outsider_sub: Outsider, tmp_path: Path
+) -> None:
+    """It knows relay 0's public key (public keys are no secret) and has a key pair; the
+    relay's ZAP handler refuses every key but its peers'."""
+    refused = counters(mesh, 0)["handshakes_refused"]
+    own = load_identity(generate(tmp_path, "relay-9"))
+    curve_client(outsider_sub.sock, own, KeyRing(mesh.config).relay_public_key(0))
+    outsider_sub.sock.setsockopt(zmq.SUBSCRIBE, b"")
+    outsider_sub.sock.connect(mesh.endpoints[0].mesh)
+    assert outsider_sub.handshake_failed()
+    assert counters(mesh, 0)["handshakes_refused"] > refused
+    commit_one(mesh)
+    assert not outsider_sub.sock.poll(0)
+
+
+def test_a_client_without_a_listed_key_cannot_connect(mesh: Mesh, tmp_path: Path) -> None:
+    stranger = generate(tmp_path, "client-stranger")
+    with pytest.raises(KeyFileError, match="belongs to no client"):
+        Producer(topology=mesh.config, key_file=stranger)
+    outsider = Outsider(zmq.DEALER)
+    try:
+        curve_client(
+            outsider.sock, load_identity(stranger), KeyRing(mesh.config).relay_public_key(1)
+        )
+        outsider.sock.connect(mesh.endpoints[1].client)
+        outsider.sock.send(wire.encode(wire.StatusReq(1)))
+        assert outsider.handshake_failed()
+        assert not outsider.sock.poll(0)
+    finally:
+        outsider.close()
+    plain = Outsider(zmq.DEALER)  # and without any key
+    try:
+        plain.sock.connect(mesh.endpoints[1].client)
+        plain.sock.send(wire.encode(wire.StatusReq(1)))
+        assert plain.handshake_failed()
+    finally:
+        plain.close()
+
+
+def test_an_outsider_at_a_dead_relays_endpoint_is_not_heard(mesh: Mesh) -> None:
+    """The attack that forged a committed transaction: bind relay 2's mesh endpoint while
+    relay 2 is down and publish as relay 2. The relays' SUBs accept only relay 2's key, so
+    the handshake fails on both of their links, and nothing is taken."""
+    mesh.kill(2)
+    outsider = Outsider(zmq.PUB)
+    try:
+        own = load_identity(generate(mesh.config.data_dir / "outsider", "relay-2"))
+        outsider.sock.setsockopt(zmq.CURVE_SERVER, 1)
+        outsider.sock.setsockopt(zmq.CURVE_SECRETKEY, own.secret_key)
+        wait_until(
+            lambda: _bound(outsider.sock, mesh.endpoints[2].mesh),
+            "relay 2's mesh endpoint to be free",
+        )
+        for _ in range(4):  # relays 0 and 1 try again and again; never in
+            assert outsider.handshake_failed()
+        # A heartbeat with the highest incarnation (which used to make relays 0 and 1 drop
+        # each other's frames for good) has no connection to travel on.
+        outsider.sock.send(b"H|" + encode(Heartbeat(2, (1 << 63) - 1, 1, ())))
+        assert commit_one(mesh) > 0
+    finally:
+        outsider.close()
+        mesh.restart(2, timeout_s=START_TIMEOUT_S)
+    assert commit_one(mesh) > 0
+
+
+def _bound(sock: zmq.Socket[Any], endpoint: str) -> bool:
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError:
+        return False
+    return True
+
+
+# --- rights -------------------------------------------------------------------------------------
+
+
+def test_rights_are_enforced_and_named(mesh: Mesh) -> None:
+    app = key_file(mesh, "app")
+    with Producer(topology=mesh.config, key_file=app, send_timeout_s=60) as producer:
+        assert producer.producer_id.startswith(b"app/")
+        committed = producer.send(STREAM, b"by app")
+        with pytest.raises(NotAuthorized, match="no produce right on stream 'audit'") as denied:
+            producer.send("audit", b"x")
+        assert (denied.value.right, denied.value.stream) == ("produce", "audit")
+        assert not denied.value.retriable
+    # Another client's producer id: refused, whatever the stream.
+    with (
+        Producer(topology=mesh.config, key_file=app, producer_id=b"admin/1") as producer,
+        pytest.raises(NotAuthorized, match="only under producer ids starting with 'app/'"),
+    ):
+        producer.send(STREAM, b"x")
+    reader = key_file(mesh, "reader")
+    with (
+        Consumer(topology=mesh.config, key_file=reader, store=False, timeout_s=30) as consumer,
+        pytest.raises(NotAuthorized, match=r"no consume right on stream 'orders\.eu'"),
+    ):
+        next(consumer.subscribe(STREAM, "earliest"))
+    with Consumer(topology=mesh.config, key_file=app, store=False, timeout_s=30) as consumer:
+        consumer.subscribe(STREAM, committed - 1)
+        assert next(consumer).value == b"by app"
+    # Status is an admin request.
+    replies = query_status({0: mesh.endpoints[0].client}, 10.0, client_curve(mesh.config, reader))
+    assert "NotAuthorized" in (replies[0].error or ""), replies
+    node = counters(mesh, 0)["counters"]
+    assert node.get("not_authorized_admin", 0) >= 1, node
+
+
+def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
+    config = str(mesh.config.path)
+    env = {**os.environ, "RELAY_KEY_FILE": str(key_file(mesh, "reader"))}
+    status = subprocess.run(
+        [sys.executable, "-m", "relay", "status", "--config", config, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert status.returncode == 1 and "NotAuthorized" in status.stdout, status
+    admin = [sys.executable, "-m", "relay", "status", "--config", config, "--json"]
+    ok = subprocess.run(
+        [*admin, "--key-file", str(key_file(mesh, "admin"))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok
+    verify = subprocess.run(
+        [sys.executable, "-m", "relay", "store", "verify", "--config", config],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert verify.returncode == 1, verify
+    assert "NotAuthorized: client 'reader' has no admin right" in verify.stderr
