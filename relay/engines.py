@@ -29,6 +29,8 @@ from relay.errors import (
     NotAuthorized,
     OutOfRange,
     Rejected,
+    SlowConsumer,
+    TooManyStreams,
     Unknown,
     UnknownStream,
 )
@@ -58,6 +60,14 @@ _REJECT_TEXT = {
     "invalid": "the relay found the transaction invalid",
     "unknown_stream": "no relay serves the stream",
     "duplicate_mismatch": "another transaction already holds this producer id and producer seq",
+    "too_many_streams": "the relay would have to open a stream beyond its bounds",
+}
+
+
+# ErrorResp names a read may get, as the errors a consumer raises (others: Rejected)
+_READ_REFUSALS: dict[str, type[ClientError]] = {
+    SlowConsumer.__name__: SlowConsumer,
+    TooManyStreams.__name__: TooManyStreams,
 }
 
 
@@ -879,7 +889,7 @@ class ReadEngine:
             if msg.error == NotAuthorized.__name__:
                 self.error = NotAuthorized(text, right="consume", stream=stream or "")
             else:
-                self.error = Rejected(text)
+                self.error = _READ_REFUSALS.get(msg.error, Rejected)(text)
             return
         if not isinstance(msg, wire.ReadResp):
             self.stats["bad_frames"] += 1

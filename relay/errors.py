@@ -136,5 +136,19 @@ class NotAuthorized(ClientError):
         self.stream = stream
 
 
+class SlowConsumer(ClientError):
+    """The relay refused a read because this connection left more than
+    `limits.max_unread_reply_bytes` of earlier answers unread (docs/security.md). Reading
+    what is queued makes room again."""
+
+    retriable = True
+
+
+class TooManyStreams(ClientError):
+    """The relay would have to open a new stream (a new name of a pattern it serves) but
+    this client already opened `limits.max_new_streams_per_client` there, or the relay
+    tracks `limits.max_streams` streams (docs/security.md)."""
+
+
 class OutOfRange(ClientError):
     """The requested position is older than what the relay still holds."""

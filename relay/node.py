@@ -2,7 +2,7 @@
 
 Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
 
-* PUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
+* XPUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
   channels, so each ordered pair of relays is one FIFO link. One message part, the topic
   followed by the frame (`topic + frame`: when libzmq drops a link's queue, a reader that
   took the first part of a message aborts in libzmq 4.3.5, `Assertion failed: !_more`;
@@ -11,6 +11,10 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
       b"S|<stream>|"   a stream message (Outgoing.stream set)
       b"D|<relay id>|" a message to one relay (Outgoing.target set)
       b"H|"            a heartbeat (neither)
+  Subscriptions are taken by hand (ZMQ_XPUB_MANUAL): only those a relay of the topology
+  makes (`_mesh_subscriptions`) are applied; any other is dropped and counted
+  (`mesh_subscription_refused`), so a subscriber cannot grow the PUB's subscription
+  table beyond the topology's prefixes.
 * One SUB per peer, connected to its `mesh_endpoint`, subscribed to `S|<name>|` for each
   exact stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
   `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
@@ -62,7 +66,7 @@ import logging
 import signal
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -107,7 +111,11 @@ HEARTBEAT_TOPIC = b"H|"
 # The longest topic: b"S|" + a stream name of MAX_STREAM_NAME_BYTES + b"|".
 TOPIC_MAX_BYTES = 3 + MAX_STREAM_NAME_BYTES
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
-# Messages queued per client connection: well above a client's largest window (1,000 in
+# What a subscriber sends the mesh XPUB: (un)subscriptions (a flag byte and a topic prefix,
+# at most 1 + TOPIC_MAX_BYTES) and, with CurveZMQ, its handshake (a few hundred bytes; the
+# limit applies to every frame of the connection).
+SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
+# Answers queued per client connection: well above a client's largest window (1,000 in
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
 CLIENT_HWM = 10_000
 WAKE_DRAIN_BYTES = 4_096  # read from the wake-up socket at once
@@ -118,6 +126,9 @@ STATE_LOG_MS = 100
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
+# Answers at least this large are tracked until written out (`_UnreadReplies`), so that a
+# client that does not read is refused more (limits.max_unread_reply_bytes).
+TRACKED_REPLY_MIN_BYTES = 64 * 1024
 
 
 def stream_topic(stream: str) -> bytes:
@@ -165,7 +176,7 @@ class _StreamView:
 
 @dataclass
 class _Sockets:
-    pub: zmq.Socket[Any]
+    pub: zmq.Socket[Any]  # an XPUB (see the module doc)
     subs: dict[zmq.Socket[Any], int]  # one SUB per peer -> the peer's relay id
     router: zmq.Socket[Any]
     links: _PeerLinks
@@ -241,6 +252,41 @@ class _PeerLinks:
             monitor.close()
 
 
+class _UnreadReplies:
+    """The bytes of large answers the ROUTER still queues, per client connection: each such
+    answer is sent without a copy and tracked (pyzmq's MessageTracker is done once libzmq
+    let go of it, i.e. wrote it to the connection or dropped the connection). A client's
+    queue drains in order, so its trackers finish in order. Small answers are not tracked:
+    a client gets at most one per request it sends, and CLIENT_HWM bounds their number."""
+
+    def __init__(self) -> None:
+        self._queued: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
+        self._bytes: dict[bytes, int] = {}
+
+    def add(self, client: bytes, tracker: zmq.MessageTracker, size: int) -> None:
+        self._queued.setdefault(client, deque()).append((tracker, size))
+        self._bytes[client] = self._bytes.get(client, 0) + size
+
+    def of(self, client: bytes) -> int:
+        """The bytes of tracked answers to `client` libzmq still holds."""
+        queued = self._queued.get(client)
+        if queued is None:
+            return 0
+        total = self._bytes[client]
+        while queued and queued[0][0].done:
+            total -= queued.popleft()[1]
+        if queued:
+            self._bytes[client] = total
+        else:
+            del self._queued[client], self._bytes[client]
+        return total
+
+    def prune(self) -> None:
+        """Forget the clients whose answers all went out (housekeeping)."""
+        for client in list(self._queued):
+            self.of(client)
+
+
 class RelayNode:
     """One relay of the mesh. `await run()` until `stop()` (or SIGINT/SIGTERM)."""
 
@@ -309,6 +355,11 @@ class RelayNode:
             warn=self._warn,
             relay_id=self.id,
             access=self.config.access if self._identity is not None else None,
+            unread=self._unread_bytes,
+        )
+        self._unread = _UnreadReplies()
+        self._allowed_subscriptions = frozenset(
+            prefix for relay_id in self.config.relays for prefix in self._subscriptions(relay_id)
         )
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
@@ -536,11 +587,12 @@ class RelayNode:
                 # Before the first bind: libzmq asks ZAP of every handshake from then on.
                 authenticator = MeshAuthenticator(plain_ctx, self._allowed)
                 authenticator.start()
-            pub = ctx.socket(zmq.PUB)
+            pub = ctx.socket(zmq.XPUB)
             closers.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
-            pub.setsockopt(zmq.MAXMSGSIZE, max_peer_frame + TOPIC_MAX_BYTES)
+            pub.setsockopt(zmq.XPUB_MANUAL, 1)
+            pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBER_MESSAGE_MAX_BYTES)
             timings.apply(pub, pings=False)
             if identity is not None:
                 curve_server(pub, identity, MESH_DOMAIN)
@@ -563,7 +615,12 @@ class RelayNode:
             closers.append(router)
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.SNDHWM, CLIENT_HWM)
-            router.setsockopt(zmq.RCVHWM, CLIENT_HWM)
+            # No receive mark: libzmq 4.3.5 aborts the process (`Assertion failed:
+            # !_io_error`) when a connection whose receive queue is full closes while a
+            # ZMTP PING waits in its buffer (scripts/libzmq_router_abort.py shows it), which
+            # any client can arrange. Unmarked, a client's requests queue until the loop
+            # takes them (DRAIN_MAX per turn, in order).
+            router.setsockopt(zmq.RCVHWM, 0)
             # The transport refuses (drops the connection of) anything above
             # max_frame_bytes; a request above request_limit gets an ErrorResp.
             router.setsockopt(zmq.MAXMSGSIZE, max_frame)
@@ -589,9 +646,11 @@ class RelayNode:
             authenticator=authenticator,
         )
 
-    def _subscriptions(self) -> list[bytes]:
-        prefixes = [subscription_prefix(p) for p in self.spec.streams]
-        prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
+    def _subscriptions(self, relay_id: int | None = None) -> list[bytes]:
+        """The SUB prefixes of relay `relay_id` (default: this one)."""
+        spec = self.spec if relay_id is None else self.config.relays[relay_id]
+        prefixes = [subscription_prefix(p) for p in spec.streams]
+        prefixes += [direct_topic(spec.id), HEARTBEAT_TOPIC]
         return list(dict.fromkeys(prefixes))
 
     def _shutdown(self) -> None:
@@ -636,7 +695,8 @@ class RelayNode:
         loop = asyncio.get_running_loop()
         assert self._wake_r is not None
         waiter = ReadableWaiter(
-            (*socks.subs, socks.router, *socks.links.sockets()), self._wake_r.fileno()
+            (*socks.subs, socks.router, socks.pub, *socks.links.sockets()),
+            self._wake_r.fileno(),
         )
         self._alone_in_loop = len(asyncio.all_tasks(loop)) == 1
         try:
@@ -721,6 +781,8 @@ class RelayNode:
         if socks.router in readable:
             self._drain_clients(socks, now, mono)
             fed = True
+        if socks.pub in readable:
+            self._take_subscriptions(socks.pub)
         for relay in socks.links.poll(mono):
             self.counters["peer_link_closed"] += 1
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
@@ -737,6 +799,7 @@ class RelayNode:
             self._last_state_log = mono
             self._alone_in_loop = len(asyncio.all_tasks()) == 1
             self._watch_streams()
+            self._unread.prune()
             if self.manage_gc:
                 self._tend_gc(mono)
             if self._spool is not None:
@@ -757,6 +820,23 @@ class RelayNode:
                 return
             self.counters[frames] += 1
             yield parts
+
+    def _take_subscriptions(self, pub: zmq.Socket[Any]) -> None:
+        """Apply the (un)subscriptions a relay of the topology would make; drop the rest.
+        (ZMQ_XPUB_MANUAL applies each to the connection it came from.)"""
+        allowed = self._allowed_subscriptions
+        for parts in self._received(pub, "subscription"):
+            message = parts[0] if len(parts) == 1 else b""
+            if message[:1] in (b"\x00", b"\x01") and message[1:] in allowed:
+                option = zmq.SUBSCRIBE if message[0] == 1 else zmq.UNSUBSCRIBE
+                pub.setsockopt(option, message[1:])
+            else:
+                self.counters["mesh_subscription_refused"] += 1
+                self._warn(
+                    "mesh_subscription_refused",
+                    "relay=%d refused a mesh subscription (no relay of the topology makes it)",
+                    self.id,
+                )
 
     def _drain_peer(self, sub: zmq.Socket[Any], relay: int, now: int, mono: int) -> None:
         for parts in self._received(sub, "peer"):
@@ -842,11 +922,18 @@ class RelayNode:
             router = socks.router
             for part in envelope:
                 router.send(part, _SNDMORE_NOBLOCK)
-            router.send(frame, _NOBLOCK)
+            if len(frame) < TRACKED_REPLY_MIN_BYTES:
+                router.send(frame, _NOBLOCK)
+            else:
+                tracker = router.send(frame, _NOBLOCK, copy=False, track=True)
+                self._unread.add(envelope[0], tracker, len(frame))
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
             log.debug("relay=%d reply dropped: %s", self.id, e)
             return False
         return True
+
+    def _unread_bytes(self, client: bytes) -> int:
+        return self._unread.of(client)
 
     # --- acceptor memory (docs/protocol.md 5.12) ------------------------------------------
 

@@ -13,8 +13,15 @@ links, so the simulated clients talk to the same code as real ones.
     with a ProduceResp; the items of ProduceBatchReqs that settle in one turn are answered
     together (one ProduceBatchResp per client, at `flush`).
   - ReadReq: answered at once, or parked (a long poll) until entries arrive, the stream's
-    state changes, or `wait_ms` passes.
+    state changes, or `wait_ms` passes. A client that leaves more than
+    `limits.max_unread_reply_bytes` of earlier answers unread (`unread(identity)`, what the
+    shell's socket still queues for it) gets an ErrorResp "SlowConsumer" instead of
+    entries, so a reader that does not read costs a relay a bounded amount of memory.
   - StatusReq: the relay's status as JSON.
+  A request that would open a stream (a new name of a pattern this relay serves) counts
+  against its client's `max_new_streams_per_client` (per client name with CurveZMQ, else per
+  connection); beyond it, and beyond the relay's `max_streams`, a produce is rejected
+  `too_many_streams` and a read gets an ErrorResp "TooManyStreams".
   With an access policy (CurveZMQ on: relay/access.py, docs/security.md) each request is
   first checked against the rights of the client named with it: a produce needs `produce`
   on its stream and a producer id of the client's own (else it is rejected,
@@ -36,7 +43,7 @@ import heapq
 import itertools
 import json
 import logging
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +65,9 @@ from relay.errors import FrameError, MalformedFrame
 log = logging.getLogger("relay.node")
 
 MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
+# Clients whose opened streams are counted (the least recently seen are forgotten beyond
+# it: without CurveZMQ a client is a connection, and connections come and go).
+MAX_COUNTED_CLIENTS = 100_000
 # A produce the core has not answered this long after its deadline is answered `unknown`
 # here (the core answers every produce within produce_timeout_ms; this only guards that).
 PRODUCE_BACKSTOP_GRACE_MS = 1_000
@@ -69,6 +79,7 @@ Envelope = list[bytes]  # how the shell addresses a client; [0] identifies it
 SendFn = Callable[[Envelope, bytes], bool]  # False: the response could not be sent
 WarnFn = Callable[..., None]  # (counter name, message, *args): a rate-limited warning
 StatusFn = Callable[[], dict[str, object]]
+UnreadFn = Callable[[bytes], int]
 
 # A produce waiting for the core's answer: (client envelope, the client's request or item
 # id, stream, whether it came in a ProduceBatchReq). A tuple: one is made per transaction.
@@ -96,11 +107,16 @@ class ClientService:
         warn: WarnFn,
         relay_id: int,
         access: AccessPolicy | None = None,
+        unread: UnreadFn | None = None,
     ) -> None:
         """`access`: the rights of identified clients (None: clients are not identified,
-        and every request is allowed)."""
+        and every request is allowed). `unread`: the bytes of answers the shell still
+        queues for a client (by its envelope's first part; None: the shell queues none)."""
         self.core = core
         self._access = access
+        self._unread = unread
+        # streams opened by first use, per client (name, or connection identity)
+        self._opened: OrderedDict[bytes | str, int] = OrderedDict()
         self.limits = limits
         self._members = members  # the relays serving a stream (the topology's rule)
         self.counters = counters  # shared with the shell's own counters
@@ -158,6 +174,10 @@ class ClientService:
             if denied:
                 self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
                 return
+            crowded = self._crowded(client or envelope[0], msg.stream)
+            if crowded:
+                self._respond(envelope, wire.ErrorResp(msg.request_id, "TooManyStreams", crowded))
+                return
             self._on_read(envelope, msg, mono_ms)
         elif isinstance(msg, wire.StatusReq):
             denied = self._denied(client, Right.ADMIN)
@@ -206,6 +226,35 @@ class ClientService:
         self._warn("not_authorized_" + right.value, "relay=%d refused: %s", self._relay_id, why)
         return why
 
+    def _crowded(self, client: bytes | str, stream: str) -> str:
+        """Why `client` may not open `stream` here ("" if it may, or need not): a request
+        for a stream this relay does not track yet but would open counts against the
+        client's share and the relay's max_streams."""
+        core = self.core
+        if core.has_stream(stream) or self._relay_id not in self._members(stream):
+            return ""
+        opened = self._opened.get(client, 0)
+        limits = self.limits
+        if opened >= limits.max_new_streams_per_client:
+            why = (
+                f"this client opened {opened} streams on relay {self._relay_id} already "
+                f"(limits.max_new_streams_per_client); {stream!r} is not opened"
+            )
+        elif not core.can_open(stream):
+            why = (
+                f"relay {self._relay_id} tracks its maximum of {limits.max_streams} streams "
+                f"(limits.max_streams); {stream!r} is not opened"
+            )
+        else:
+            self._opened[client] = opened + 1
+            self._opened.move_to_end(client)
+            if len(self._opened) > MAX_COUNTED_CLIENTS:
+                self._opened.popitem(last=False)
+            return ""
+        self.counters["refused_too_many_streams"] += 1
+        self._warn("refused_too_many_streams", "relay=%d refused: %s", self._relay_id, why)
+        return why
+
     def _on_produce(
         self,
         envelope: Envelope,
@@ -217,6 +266,11 @@ class ClientService:
         denied = self._denied(client, Right.PRODUCE, req.stream, req.producer_id)
         if denied:
             reason = f"{wire.NOT_AUTHORIZED} ({denied})"
+            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, reason)
+            return
+        crowded = self._crowded(client or envelope[0], req.stream)
+        if crowded:
+            reason = f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
             self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, reason)
             return
         first = self._next_core_id
@@ -243,11 +297,16 @@ class ClientService:
             if stream != checked:
                 checked = stream
                 denied = self._denied(client, Right.PRODUCE, stream, producer_id)
+                if denied:
+                    denied = f"{wire.NOT_AUTHORIZED} ({denied})"
+                else:
+                    crowded = self._crowded(client or envelope[0], stream)
+                    if crowded:
+                        denied = f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
                 if not denied and not self._members(stream):
                     self.counters["client_unknown_stream"] += 1
             if denied:
-                reason = f"{wire.NOT_AUTHORIZED} ({denied})"
-                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, reason)
+                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, denied)
                 continue
             tx = Transaction(producer_id, producer_seq, key, value, kind)
             self._produce(envelope, item_id, stream, tx, True, now_ms, mono_ms)
@@ -391,6 +450,19 @@ class ClientService:
         return result
 
     def _answer_read(self, envelope: Envelope, req: wire.ReadReq, result: ReadResult) -> None:
+        if result.entries and self._unread is not None:
+            unread = self._unread(envelope[0])
+            if unread >= self.limits.max_unread_reply_bytes:
+                self.counters["read_refused_slow_consumer"] += 1
+                why = (
+                    f"{unread} bytes of earlier answers to this connection are still unread "
+                    f"(at most {self.limits.max_unread_reply_bytes}); read them first"
+                )
+                self._warn(
+                    "read_refused_slow_consumer", "relay=%d refused a read: %s", self._relay_id, why
+                )
+                self._respond(envelope, wire.ErrorResp(req.request_id, "SlowConsumer", why))
+                return
         entries = tuple(
             (seq, tx.key, tx.value, tx.producer_id, tx.producer_seq, tx.kind)
             for seq, tx in result.entries

@@ -20,7 +20,8 @@ Requests (client -> relay) and their answers:
         "late", "unknown_stream", "too_large", "buffer_full", "invalid",
         "duplicate_mismatch": another transaction holds this producer_id and producer_seq,
         "not_authorized": the client's identity may not produce to the stream, or under this
-        producer_id; the reason goes on to say which, docs/security.md),
+        producer_id; the reason goes on to say which, docs/security.md; "too_many_streams":
+        the stream would be a new one beyond the client's or the relay's bound),
         "fenced" (try a relay in redirect) or "unknown" (no definite answer in time: retry
         with the same producer_seq). seq: -1 unless committed. redirect: array of relay
         ids (map them to endpoints with the topology).
@@ -60,8 +61,10 @@ Requests (client -> relay) and their answers:
 
     ErrorResp   [7, request_id, error, message]
         The relay could not accept a frame: error is the name of the relay.errors class
-        ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType", or
-        "NotAuthorized" for a read or status request the client's rights do not allow);
+        ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"; for a read
+        or status request: "NotAuthorized", the client's rights do not allow it,
+        "SlowConsumer", the connection left too many answers unread, "TooManyStreams", the
+        stream would be a new one beyond the client's or the relay's bound);
         message says what was wrong. request_id is -1 when it could not be read from the
         frame.
 

@@ -43,6 +43,11 @@ class Limits:
     report_log_entries: int = 100_000  # own reports kept to answer gap fills
     max_pending_produces: int = 100_000
     max_streams: int = 10_000
+    # Shell bounds on what one client may cost a relay (relay/service.py): streams it opens
+    # by first use of a pattern's name (per client name with CurveZMQ, else per
+    # connection), and bytes of answers it leaves unread before its reads are refused.
+    max_new_streams_per_client: int = 1_000
+    max_unread_reply_bytes: int = 64 * 1024 * 1024
     max_stream_name_bytes: int = 255
 
     def __post_init__(self) -> None:

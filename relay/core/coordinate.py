@@ -38,7 +38,8 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
     if core.id not in members:
         return forward(core, stream, tx, waiter, members, now_ms)
     if not core.can_open(stream):
-        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+        core.counters["produce_refused_max_streams"] += 1
+        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_MANY_STREAMS.value)
     st = core.stream(stream)
     why = fencing.reason(core, st, now_ms)
     if why:

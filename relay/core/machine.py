@@ -291,6 +291,11 @@ class RelayCore(RelayState):
         """The streams this relay tracks (served, and opened)."""
         return list(self.streams)
 
+    def has_stream(self, stream: str) -> bool:
+        """Whether this relay tracks `stream` (a pattern's streams open on first use, while
+        fewer than max_streams are open: `can_open`)."""
+        return stream in self.streams
+
     def fenced(self, stream: str) -> bool:
         """Joined or not, this relay may not coordinate the stream's produces now: too few
         members heard, not admitted by the view, or its clock is an outlier (5.9)."""

@@ -58,6 +58,8 @@ class RejectReason(enum.Enum):
     BUFFER_FULL = "buffer_full"
     # the (producer id, producer seq) belongs to a transaction of other content (5.6)
     DUPLICATE_MISMATCH = "duplicate_mismatch"
+    # the relay tracks max_streams streams already, or the client opened its share (5.10)
+    TOO_MANY_STREAMS = "too_many_streams"
 
 
 class ReadStatus(enum.Enum):
