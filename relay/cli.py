@@ -1258,8 +1258,18 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     is_flag=True,
     help="Run relay 0 under cProfile and profile the producer; print where time goes.",
 )
+@click.option(
+    "--security",
+    is_flag=True,
+    help="Measure the cost of CurveZMQ: every run on a plain and a CurveZMQ mesh, side by side.",
+)
 def bench(
-    duration_s: float | None, sizes: tuple[int, ...], quick: bool, as_json: bool, profile: bool
+    duration_s: float | None,
+    sizes: tuple[int, ...],
+    quick: bool,
+    as_json: bool,
+    profile: bool,
+    security: bool,
 ) -> None:
     """Benchmark a local 3-relay mesh side by side with raw ZeroMQ PUB/SUB.
 
@@ -1271,8 +1281,17 @@ def bench(
     """
     from relay.tools.bench import run_cli
 
+    if security and profile:
+        raise click.UsageError("--profile and --security measure different things; pick one")
     sys.exit(
-        run_cli(duration_s=duration_s, sizes=sizes, quick=quick, as_json=as_json, profile=profile)
+        run_cli(
+            duration_s=duration_s,
+            sizes=sizes,
+            quick=quick,
+            as_json=as_json,
+            profile=profile,
+            security=security,
+        )
     )
 
 

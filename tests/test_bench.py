@@ -103,6 +103,18 @@ def test_quick_profile_says_where_time_goes() -> None:
     assert any("relay/" in row["function"] for row in relay0["top_by_own_time"])
 
 
+def test_quick_security_run_compares_a_plain_and_a_curve_mesh() -> None:
+    report = bench("--security", "--sizes", "100")
+    for side in ("plain", "curve"):
+        for run in report[side]["throughput"]:
+            assert run["committed"] > 0 and run["tx_per_s"] > 0, run
+        for run in report[side]["latency"]:
+            assert run["committed"] > 0, run
+            check_summary(run["commit_ms"])
+    assert len(report["ratios"]) == 4  # two windows, two latency loads
+    assert all(r.get("tx_s") or r.get("commit_p50") for r in report["ratios"]), report["ratios"]
+
+
 def test_bad_options_are_refused_before_any_mesh_starts() -> None:
     runner = CliRunner()
     for args in (["--sizes", "abc"], ["--sizes", "4"], ["--sizes", ""], ["--duration-s", "0"]):

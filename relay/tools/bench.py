@@ -25,7 +25,13 @@ machine other processes keep busy, the functions that wake another thread or pro
 as zmq sends, absorb their turns on the CPUs); CPU seconds of every relay and of the client
 are recorded for each throughput run in any case (Linux /proc).
 
+`--security` measures the cost of CurveZMQ instead (docs/security.md): two meshes run at
+once, one plain and one with CurveZMQ on every socket (its producer and consumer are the
+`admin` client); every run above is made on both, one right after the other, and the
+report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
+
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
+    relay bench --security [--duration-s S] [--sizes 100] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import zmq
 from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
 from relay.errors import ClientError
 from relay.launcher import Mesh, MeshError, write_loopback_topology
+from relay.security import ClientCurve
 
 __all__ = [
     "DEFAULT_DURATION_S",
@@ -199,8 +206,9 @@ class _CpuMeter:
 # --- the mesh -----------------------------------------------------------------------------
 
 
-def _write_topology(directory: Path) -> Path:
-    return write_loopback_topology(directory, {i: [STREAM] for i in range(3)}, [STREAM])
+def _write_topology(directory: Path, curve: bool = False) -> Path:
+    subscriptions = {i: [STREAM] for i in range(3)}
+    return write_loopback_topology(directory, subscriptions, [STREAM], access={} if curve else None)
 
 
 class _ProfiledMesh(Mesh):
@@ -229,9 +237,10 @@ class _Deliveries(threading.Thread):
     reads from "latest" and stamps the arrival of every record of one run (value header:
     run id, index). One per latency run: it runs only while that run does."""
 
-    def __init__(self, relays: dict[int, str], run_id: int) -> None:
+    def __init__(self, relays: dict[int, str], run_id: int, curve: ClientCurve | None) -> None:
         super().__init__(name="bench-consumer", daemon=True)
         self.relays = relays
+        self.curve = curve
         self.ready = threading.Event()
         self.stopping = threading.Event()
         self.run_id = run_id
@@ -241,7 +250,9 @@ class _Deliveries(threading.Thread):
 
     def run(self) -> None:
         try:
-            with Consumer(relays=self.relays, timeout_s=0.05, wait_ms=1_000) as consumer:
+            with Consumer(
+                relays=self.relays, timeout_s=0.05, wait_ms=1_000, curve=self.curve
+            ) as consumer:
                 consumer.subscribe(STREAM, "latest")
                 while not self.stopping.is_set():
                     record = next(consumer, None)
@@ -260,8 +271,8 @@ class _Deliveries(threading.Thread):
 
 
 @contextlib.contextmanager
-def _consuming(relays: dict[int, str], run_id: int) -> Iterator[_Deliveries]:
-    deliveries = _Deliveries(relays, run_id)
+def _consuming(ctx: _Context, run_id: int) -> Iterator[_Deliveries]:
+    deliveries = _Deliveries(ctx.consumer_relays, run_id, ctx.curve)
     deliveries.start()
     try:
         if not deliveries.ready.wait(10.0) or deliveries.error is not None:
@@ -280,6 +291,7 @@ class _Context:
     pids: dict[int, int]
     mesh: Mesh
     client_profile: cProfile.Profile | None = None
+    curve: ClientCurve | None = None  # the client's CurveZMQ settings (a CurveZMQ mesh)
     run_ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 1 << 16)))
 
 
@@ -296,7 +308,7 @@ def _relay_throughput(ctx: _Context, size: int, window: int, profile: bool) -> d
     run_id = next(ctx.run_ids)
     pad = os.urandom(size)
     duration = ctx.options.duration_s
-    with Producer(relays=ctx.producer_relays, window=window) as producer:
+    with Producer(relays=ctx.producer_relays, window=window, curve=ctx.curve) as producer:
         warm = [_payload(0, i, size, pad) for i in range(max(WARMUP_TX, window))]
         producer.send_many(STREAM, warm, return_exceptions=True)
         deadline = 0.0
@@ -393,8 +405,8 @@ def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
     committed_at: dict[int, float] = {}
     failed = 0
     with (
-        _consuming(ctx.consumer_relays, run_id) as deliveries,
-        Producer(relays=ctx.producer_relays, window=1) as producer,
+        _consuming(ctx, run_id) as deliveries,
+        Producer(relays=ctx.producer_relays, window=1, curve=ctx.curve) as producer,
     ):
         for i in range(WARMUP_TX // 4):
             with contextlib.suppress(ClientError):
@@ -442,7 +454,8 @@ def _relay_at_rate(ctx: _Context, size: int) -> dict[str, Any]:
 
     async def main() -> None:
         # Open loop: the i-th transaction is sent at start + i / rate whatever came back.
-        async with AsyncProducer(relays=ctx.producer_relays, window=MAX_WINDOW) as producer:
+        producer = AsyncProducer(relays=ctx.producer_relays, window=MAX_WINDOW, curve=ctx.curve)
+        async with producer:
             warm = [_payload(0, i, size, pad) for i in range(WARMUP_TX)]
             await producer.send_many(STREAM, warm, return_exceptions=True)
             frames[0] = -_mesh_frames(ctx)
@@ -462,7 +475,7 @@ def _relay_at_rate(ctx: _Context, size: int) -> dict[str, Any]:
             elapsed[0] = time.perf_counter() - started
             frames[0] += _mesh_frames(ctx)
 
-    with _consuming(ctx.consumer_relays, run_id) as deliveries:
+    with _consuming(ctx, run_id) as deliveries:
         asyncio.run(main())
         return _latency_result(
             ctx, size, "rate", sent_at, committed_at, failures[0], elapsed[0], deliveries, frames[0]
@@ -885,6 +898,140 @@ def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> d
     return report
 
 
+# --- the cost of CurveZMQ ------------------------------------------------------------------------
+
+SECURITY_SIDES = ("plain", "curve")
+
+
+def run_security(
+    options: BenchOptions, *, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The same relay runs on a plain mesh and on a CurveZMQ mesh, each pair back to back;
+    the report (`relay bench --security --json`): per side the runs, and the ratios."""
+    say = log or (lambda text: None)
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-security-"))
+    keep = False
+    meshes: dict[str, Mesh] = {}
+    report: dict[str, Any] = {
+        "config": {
+            "duration_s": options.duration_s,
+            "sizes": list(options.sizes),
+            "windows": list(options.windows),
+            "rate_tx_s": options.rate_tx_s,
+            "quick": options.quick,
+            "relays": 3,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyzmq": zmq.pyzmq_version(),
+            "libzmq": zmq.zmq_version(),
+        },
+        **{side: {"throughput": [], "latency": []} for side in SECURITY_SIDES},
+    }
+    try:
+        contexts: dict[str, _Context] = {}
+        for side in SECURITY_SIDES:
+            say(f"starting the {side} 3-relay mesh ...")
+            directory = workdir / side
+            mesh = Mesh(_write_topology(directory, side == "curve"), log_dir=directory / "logs")
+            meshes[side] = mesh
+            mesh.start(START_TIMEOUT_S)
+            ends = mesh.endpoints
+            contexts[side] = _Context(
+                options,
+                producer_relays={r: ends[r].client for r in (0, 1, 2)},
+                consumer_relays={r: ends[r].client for r in (1, 2, 0)},
+                pids=mesh.pids,
+                mesh=mesh,
+                curve=mesh.curve,
+            )
+        for size in options.sizes:
+            for window in options.windows:
+                for side in SECURITY_SIDES:
+                    say(f"throughput, {side}: {size} B, window {window}")
+                    run = _relay_throughput(contexts[side], size, window, False)
+                    report[side]["throughput"].append(run)
+            for side in SECURITY_SIDES:
+                say(f"latency, {side}: {size} B, one in flight")
+                report[side]["latency"].append(_relay_one_in_flight(contexts[side], size))
+            for side in SECURITY_SIDES:
+                say(f"latency, {side}: {size} B, {options.rate_tx_s} tx/s")
+                report[side]["latency"].append(_relay_at_rate(contexts[side], size))
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        for mesh in meshes.values():
+            mesh.stop()
+        if keep:
+            say(f"relay logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["ratios"] = _security_ratios(report)
+    return report
+
+
+def _security_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """curve / plain for every pair of runs."""
+    plain, curve = report["plain"], report["curve"]
+    out: list[dict[str, Any]] = []
+    for p, c in zip(plain["throughput"], curve["throughput"], strict=True):
+        out.append(
+            {
+                "run": f"throughput {p['value_bytes']} B window {p['window']}",
+                "tx_s": _ratio(c["tx_per_s"], p["tx_per_s"]),
+            }
+        )
+    for p, c in zip(plain["latency"], curve["latency"], strict=True):
+        load = "one in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
+        out.append(
+            {
+                "run": f"latency {p['value_bytes']} B {load}",
+                "commit_p50": _ratio(c["commit_ms"]["p50"], p["commit_ms"]["p50"]),
+                "commit_p99": _ratio(c["commit_ms"]["p99"], p["commit_ms"]["p99"]),
+            }
+        )
+    return out
+
+
+def print_security_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cfg = report["config"]
+    console.print(
+        f"relay bench --security: two 3-relay meshes on 127.0.0.1 (plain, CurveZMQ), "
+        f"{cfg['cpus']} CPUs, pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); "
+        f"{cfg['duration_s']:g} s per run"
+    )
+    table = Table(title="throughput: committed tx/s")
+    for name in ("value", "window", "plain tx/s", "curve tx/s", "curve/plain"):
+        table.add_column(name, justify="right")
+    for p, c in zip(report["plain"]["throughput"], report["curve"]["throughput"], strict=True):
+        table.add_row(
+            f"{p['value_bytes']} B",
+            str(p["window"]),
+            _fmt(p["tx_per_s"], 0),
+            _fmt(c["tx_per_s"], 0),
+            _fmt(_ratio(c["tx_per_s"], p["tx_per_s"]), 3),
+        )
+    console.print(table)
+    table = Table(title="latency ms, produce->commit p50 / p99")
+    for name in ("value", "load", "plain", "curve", "curve/plain p50 / p99"):
+        table.add_column(name, justify="right")
+    for p, c in zip(report["plain"]["latency"], report["curve"]["latency"], strict=True):
+        load = "1 in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
+        pc, cc = p["commit_ms"], c["commit_ms"]
+        table.add_row(
+            f"{p['value_bytes']} B",
+            load,
+            f"{_fmt(pc['p50'])} / {_fmt(pc['p99'])}",
+            f"{_fmt(cc['p50'])} / {_fmt(cc['p99'])}",
+            f"{_fmt(_ratio(cc['p50'], pc['p50']))} / {_fmt(_ratio(cc['p99'], pc['p99']))}",
+        )
+    console.print(table)
+
+
 def _ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     base_t = {(b["value_bytes"], b["window"]): b for b in report["baseline"]["throughput"]}
@@ -1060,6 +1207,7 @@ def run_cli(
     quick: bool,
     as_json: bool,
     profile: bool,
+    security: bool = False,
 ) -> int:
     """The `relay bench` command: 0 when every run produced figures, 1 otherwise."""
     if duration_s is None:
@@ -1070,7 +1218,7 @@ def run_cli(
         print(text, file=sys.stderr, flush=True)
 
     try:
-        report = run(options, log=log)
+        report = run_security(options, log=log) if security else run(options, log=log)
     except MeshError as e:
         print(f"error: the mesh did not start: {e}", file=sys.stderr)
         return 1
@@ -1079,9 +1227,14 @@ def run_cli(
         return 130
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True))
+    elif security:
+        print_security_report(report)
     else:
         print_report(report)
-    ok = all(r["committed"] > 0 for r in report["relay"]["throughput"]) and all(
-        r["committed"] > 0 for r in report["relay"]["latency"]
+    sides = SECURITY_SIDES if security else ("relay",)
+    ok = all(
+        r["committed"] > 0
+        for side in sides
+        for r in (*report[side]["throughput"], *report[side]["latency"])
     )
     return 0 if ok else 1
