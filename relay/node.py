@@ -2,7 +2,7 @@
 
 Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
 
-* XPUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
+* PUB, bound at the relay's `mesh_endpoint`: every frame the core emits, on all four
   channels, so each ordered pair of relays is one FIFO link. One message part, the topic
   followed by the frame (`topic + frame`: when libzmq drops a link's queue, a reader that
   took the first part of a message aborts in libzmq 4.3.5, `Assertion failed: !_more`;
@@ -11,10 +11,11 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
       b"S|<stream>|"   a stream message (Outgoing.stream set)
       b"D|<relay id>|" a message to one relay (Outgoing.target set)
       b"H|"            a heartbeat (neither)
-  Subscriptions are taken by hand (ZMQ_XPUB_MANUAL): only those a relay of the topology
-  makes (`_mesh_subscriptions`) are applied; any other is dropped and counted
-  (`mesh_subscription_refused`), so a subscriber cannot grow the PUB's subscription
-  table beyond the topology's prefixes.
+  A subscription longer than any topic (or, with CurveZMQ, than a handshake) drops the
+  connection (ZMQ_MAXMSGSIZE). libzmq keeps every subscription a subscriber makes (an
+  XPUB taking them by hand, ZMQ_XPUB_MANUAL, keeps them too: measured, 200,000 of them
+  cost it more than a PUB), so only keys bound their number: with CurveZMQ only the
+  topology's relays can subscribe.
 * One SUB per peer, connected to its `mesh_endpoint`, subscribed to `S|<name>|` for each
   exact stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
   `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
@@ -111,10 +112,10 @@ HEARTBEAT_TOPIC = b"H|"
 # The longest topic: b"S|" + a stream name of MAX_STREAM_NAME_BYTES + b"|".
 TOPIC_MAX_BYTES = 3 + MAX_STREAM_NAME_BYTES
 MESH_HWM = 10_000  # messages queued per peer link (PUB drops above it; the core repairs)
-# What a subscriber sends the mesh XPUB: (un)subscriptions (a flag byte and a topic prefix,
-# at most 1 + TOPIC_MAX_BYTES) and, with CurveZMQ, its handshake (a few hundred bytes; the
-# limit applies to every frame of the connection).
-SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
+# What a subscriber sends the mesh PUB: (un)subscriptions, a flag byte and a topic prefix;
+# with CurveZMQ also its handshake, a few hundred bytes (the limit applies to every frame).
+SUBSCRIPTION_MAX_BYTES = 1 + TOPIC_MAX_BYTES
+CURVE_SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
 # Answers queued per client connection: well above a client's largest window (1,000 in
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
 CLIENT_HWM = 10_000
@@ -176,7 +177,7 @@ class _StreamView:
 
 @dataclass
 class _Sockets:
-    pub: zmq.Socket[Any]  # an XPUB (see the module doc)
+    pub: zmq.Socket[Any]
     subs: dict[zmq.Socket[Any], int]  # one SUB per peer -> the peer's relay id
     router: zmq.Socket[Any]
     links: _PeerLinks
@@ -358,9 +359,6 @@ class RelayNode:
             unread=self._unread_bytes,
         )
         self._unread = _UnreadReplies()
-        self._allowed_subscriptions = frozenset(
-            prefix for relay_id in self.config.relays for prefix in self._subscriptions(relay_id)
-        )
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
         self._wake_r: socket.socket | None = None  # a byte here ends a wait in zmq_poll
@@ -587,12 +585,16 @@ class RelayNode:
                 # Before the first bind: libzmq asks ZAP of every handshake from then on.
                 authenticator = MeshAuthenticator(plain_ctx, self._allowed)
                 authenticator.start()
-            pub = ctx.socket(zmq.XPUB)
+            pub = ctx.socket(zmq.PUB)
             closers.append(pub)
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, MESH_HWM)
-            pub.setsockopt(zmq.XPUB_MANUAL, 1)
-            pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBER_MESSAGE_MAX_BYTES)
+            pub.setsockopt(
+                zmq.MAXMSGSIZE,
+                CURVE_SUBSCRIBER_MESSAGE_MAX_BYTES
+                if identity is not None
+                else SUBSCRIPTION_MAX_BYTES,
+            )
             timings.apply(pub, pings=False)
             if identity is not None:
                 curve_server(pub, identity, MESH_DOMAIN)
@@ -646,11 +648,9 @@ class RelayNode:
             authenticator=authenticator,
         )
 
-    def _subscriptions(self, relay_id: int | None = None) -> list[bytes]:
-        """The SUB prefixes of relay `relay_id` (default: this one)."""
-        spec = self.spec if relay_id is None else self.config.relays[relay_id]
-        prefixes = [subscription_prefix(p) for p in spec.streams]
-        prefixes += [direct_topic(spec.id), HEARTBEAT_TOPIC]
+    def _subscriptions(self) -> list[bytes]:
+        prefixes = [subscription_prefix(p) for p in self.spec.streams]
+        prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
         return list(dict.fromkeys(prefixes))
 
     def _shutdown(self) -> None:
@@ -695,8 +695,7 @@ class RelayNode:
         loop = asyncio.get_running_loop()
         assert self._wake_r is not None
         waiter = ReadableWaiter(
-            (*socks.subs, socks.router, socks.pub, *socks.links.sockets()),
-            self._wake_r.fileno(),
+            (*socks.subs, socks.router, *socks.links.sockets()), self._wake_r.fileno()
         )
         self._alone_in_loop = len(asyncio.all_tasks(loop)) == 1
         try:
@@ -781,8 +780,6 @@ class RelayNode:
         if socks.router in readable:
             self._drain_clients(socks, now, mono)
             fed = True
-        if socks.pub in readable:
-            self._take_subscriptions(socks.pub)
         for relay in socks.links.poll(mono):
             self.counters["peer_link_closed"] += 1
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
@@ -820,23 +817,6 @@ class RelayNode:
                 return
             self.counters[frames] += 1
             yield parts
-
-    def _take_subscriptions(self, pub: zmq.Socket[Any]) -> None:
-        """Apply the (un)subscriptions a relay of the topology would make; drop the rest.
-        (ZMQ_XPUB_MANUAL applies each to the connection it came from.)"""
-        allowed = self._allowed_subscriptions
-        for parts in self._received(pub, "subscription"):
-            message = parts[0] if len(parts) == 1 else b""
-            if message[:1] in (b"\x00", b"\x01") and message[1:] in allowed:
-                option = zmq.SUBSCRIBE if message[0] == 1 else zmq.UNSUBSCRIBE
-                pub.setsockopt(option, message[1:])
-            else:
-                self.counters["mesh_subscription_refused"] += 1
-                self._warn(
-                    "mesh_subscription_refused",
-                    "relay=%d refused a mesh subscription (no relay of the topology makes it)",
-                    self.id,
-                )
 
     def _drain_peer(self, sub: zmq.Socket[Any], relay: int, now: int, mono: int) -> None:
         for parts in self._received(sub, "peer"):
