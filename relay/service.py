@@ -255,6 +255,18 @@ class ClientService:
         self._warn("refused_too_many_streams", "relay=%d refused: %s", self._relay_id, why)
         return why
 
+    def _produce_refusal(
+        self, envelope: Envelope, client: str | None, stream: str, producer_id: bytes
+    ) -> str:
+        """The reject reason of a produce its client may not make here ("" if it may)."""
+        denied = self._denied(client, Right.PRODUCE, stream, producer_id)
+        if denied:
+            return f"{wire.NOT_AUTHORIZED} ({denied})"
+        crowded = self._crowded(client or envelope[0], stream)
+        if crowded:
+            return f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
+        return ""
+
     def _on_produce(
         self,
         envelope: Envelope,
@@ -263,15 +275,9 @@ class ClientService:
         mono_ms: int,
         client: str | None,
     ) -> None:
-        denied = self._denied(client, Right.PRODUCE, req.stream, req.producer_id)
-        if denied:
-            reason = f"{wire.NOT_AUTHORIZED} ({denied})"
-            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, reason)
-            return
-        crowded = self._crowded(client or envelope[0], req.stream)
-        if crowded:
-            reason = f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
-            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, reason)
+        refused = self._produce_refusal(envelope, client, req.stream, req.producer_id)
+        if refused:
+            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, refused)
             return
         first = self._next_core_id
         if not self._members(req.stream):
@@ -296,13 +302,7 @@ class ClientService:
         for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
-                denied = self._denied(client, Right.PRODUCE, stream, producer_id)
-                if denied:
-                    denied = f"{wire.NOT_AUTHORIZED} ({denied})"
-                else:
-                    crowded = self._crowded(client or envelope[0], stream)
-                    if crowded:
-                        denied = f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
+                denied = self._produce_refusal(envelope, client, stream, producer_id)
                 if not denied and not self._members(stream):
                     self.counters["client_unknown_stream"] += 1
             if denied:
