@@ -43,6 +43,8 @@ class Limits:
     report_log_entries: int = 100_000  # own reports kept to answer gap fills
     max_pending_produces: int = 100_000
     max_streams: int = 10_000
+    # 5.11: stream statuses each heartbeat repeats in turn besides the ones it must give
+    heartbeat_repeated_statuses: int = 64
     max_stream_name_bytes: int = 255
 
     def __post_init__(self) -> None:

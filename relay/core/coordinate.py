@@ -40,6 +40,7 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
     if not core.can_open(stream):
         return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
     st = core.stream(stream)
+    st.written = True  # in use: its members ask to be admitted (5.12)
     why = fencing.reason(core, st, now_ms)
     if why:
         core.counters["produce_fenced"] += 1

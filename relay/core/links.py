@@ -81,6 +81,7 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
     peer.quiet_gap_ms = 0
     peer.settled = False
     peer.inherited_acked.clear()
+    peer.statuses.clear()
     # On first contact we join its message streams wherever they are; after a restart
     # they begin again at 1, and anything missing from there is a real gap.
     peer.sync_links = not restarted
@@ -112,6 +113,19 @@ def timeout_ms(core: RelayState, peer: PeerState) -> int:
     """How long `peer` may be silent before it is suspected."""
     base = core.limits.suspect_timeout_ms
     return min(max(base, HEARTBEAT_GAP_FACTOR * peer.gap_max_ms), SUSPECT_MAX_FACTOR * base)
+
+
+def lag_ms(core: RelayState, members: tuple[int, ...], now_ms: int) -> int:
+    """How much longer than suspect_timeout_ms the slowest live one of `members` may be
+    silent, because its heartbeats have been arriving late (a loaded relay or a loaded
+    machine): 0 on an idle mesh. Waits for answers stretch by it (5.12)."""
+    base = core.limits.suspect_timeout_ms
+    lag = 0
+    for m in members:
+        peer = core.peers[m]
+        if is_live(core, peer, now_ms):
+            lag = max(lag, timeout_ms(core, peer) - base)
+    return lag
 
 
 def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
