@@ -4,15 +4,18 @@ network (relay.sim.script.Mesh): simulated milliseconds, no wall clock.
 - Thousands of streams opened by reads (a client reading new `orders.*` names) cost no
   view change, go dormant, and do not hold up commits of a stream in use
   (docs/protocol.md 5.11, 5.12).
+- A frame claiming an incarnation far beyond any relay's clock is refused, so it cannot
+  make a real relay's messages look stale (section 3).
 """
 
 from __future__ import annotations
 
-from relay.core import codec
+from relay.core import codec, links
 from relay.core.config import Limits, Topology
-from relay.core.messages import Heartbeat, Outcome, Transaction
+from relay.core.messages import Heartbeat, Outcome, Reports, Transaction
+from relay.core.seq import EPOCH_MS
 from relay.core.shell import ProduceReply, ProduceRequest
-from relay.sim.script import Mesh
+from relay.sim.script import START_UNIX_MS, Mesh
 
 STREAM = "orders.eu"
 RELAYS = (0, 1, 2)
@@ -58,6 +61,12 @@ def commits_within(mesh: Mesh, relay: int, request_id: int, bound_ms: int) -> in
 
 def counter(mesh: Mesh, name: str) -> int:
     return sum(mesh.running(r).counters[name] for r in RELAYS)
+
+
+def forge(mesh: Mesh, target: int, msg: Heartbeat | Reports) -> None:
+    """A well-formed frame that claims to be `msg.sender`'s, straight into `target`."""
+    mesh.running(target).receive(codec.encode(msg), mesh.clock(target), mesh.now)
+    mesh.drain(target)
 
 
 # --- thousands of streams opened by reads ---------------------------------------------------
@@ -134,3 +143,49 @@ def test_new_streams_written_at_once_get_their_views_without_duels() -> None:
     for i in range(len(names)):
         got = answer(mesh, 200 + i)
         assert got is not None and got.outcome is Outcome.COMMITTED, (names[i], got)
+
+
+# --- the incarnation bound ---------------------------------------------------------------------
+
+
+def heartbeat_of(mesh: Mesh, sender: int, incarnation: int) -> Heartbeat:
+    core = mesh.running(sender)
+    return Heartbeat(
+        sender=sender,
+        incarnation=incarnation,
+        floor=core.clock.floor,
+        streams=(),
+        wall_ms=mesh.clock(sender),
+        hears=tuple(r for r in RELAYS if r != sender),
+    )
+
+
+def test_a_forged_heartbeat_with_a_huge_incarnation_is_refused() -> None:
+    mesh = mesh_with()
+    forge(mesh, 0, heartbeat_of(mesh, 1, MAX_U63))
+    core = mesh.running(0)
+    assert core.counters["incarnation_implausible"] == 1
+    assert core.peers[1].incarnation == 1  # relay 1's real incarnation still counts
+    run(mesh, SETTLE_MS)
+    assert core.counters["stale_incarnation"] == 0
+    assert links.is_live(core, core.peers[1], mesh.now)
+    for r in RELAYS:
+        assert commits_within(mesh, r, 1 + r, COMMIT_BOUND_MS)
+    assert [mesh.running(r).streams[STREAM].view.number for r in RELAYS] == [1, 1, 1]
+
+
+def test_the_incarnation_bound_is_the_clock_plus_max_clock_ahead() -> None:
+    """A relay takes max(last + 1, wall ms since EPOCH_MS) at each start: up to the
+    receiver's clock plus max_clock_ahead_ms is a restart, above it a lie."""
+    mesh = mesh_with()
+    core = mesh.running(0)
+    cap = links.incarnation_cap(core, mesh.now)
+    # (the majority's clock: ours, give or take the millisecond our peers' heartbeats take)
+    assert abs(cap - (mesh.clock(0) - EPOCH_MS + core.limits.max_clock_ahead_ms)) <= 1
+    forge(mesh, 0, heartbeat_of(mesh, 1, cap + 1))
+    assert core.counters["incarnation_implausible"] == 1
+    assert core.peers[1].incarnation == 1
+    forge(mesh, 0, heartbeat_of(mesh, 1, cap))
+    assert core.counters["incarnation_implausible"] == 1
+    assert core.peers[1].incarnation == cap  # taken as a restart of relay 1
+    assert cap > START_UNIX_MS - EPOCH_MS

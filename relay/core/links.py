@@ -57,6 +57,11 @@ def admit(
         core.counters["stale_incarnation"] += 1
         return False
     if msg.incarnation > peer.incarnation:
+        if msg.incarnation > incarnation_cap(core, now_ms):
+            # Taken, it would make us drop every later message of the relay's real
+            # incarnation as stale, for good (a forged or corrupted frame): refused.
+            core.counters["incarnation_implausible"] += 1
+            return False
         new_incarnation(core, msg.sender, peer, msg.incarnation)
     peer.last_heard_ms = now_ms
     if direct:
@@ -68,6 +73,16 @@ def admit(
     else:
         core.clock.raise_floor(msg.floor)
     return True
+
+
+def incarnation_cap(core: RelayState, now_ms: int) -> int:
+    """The highest incarnation we take from a peer (section 3): the majority's clock in
+    ms since EPOCH_MS, plus max_clock_ahead_ms. A relay takes max(last + 1, its wall
+    clock in those ms) at each start (relay/incarnation.py), so one whose clock is not an
+    outlier's never goes above it; one started with its clock far ahead is not heard
+    until real time catches up with the incarnation it took."""
+    majority_ms = wall_ms(core.wall_ms + majority_offset_ms(core, now_ms))
+    return majority_ms + core.limits.max_clock_ahead_ms
 
 
 def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation: int) -> None:
