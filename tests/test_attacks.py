@@ -3,11 +3,15 @@ would try it, with real relay processes and real sockets, and what it can no lon
 
 One 3-relay mesh per module (relays 0-2 serve `orders.*`), security off: these are the
 bounds that hold whatever the configuration (tests/test_security.py has the attacks that
-keys stop). Its per-client bounds are set low, so that the attacks reach them quickly.
+keys stop). Its per-client bounds are set low, so that the attacks reach them quickly. The
+forged peer frames come from a PUB bound at a killed relay's mesh endpoint (what an
+outsider can do without CurveZMQ): the other relays' SUBs for that relay take whatever it
+publishes in that relay's name (in another name it is dropped, `peer_sender_mismatch`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Iterator
@@ -19,10 +23,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from relay import wire
 from relay.client import Consumer, Producer
-from relay.core.messages import Outcome, ReadStatus
+from relay.core import codec
+from relay.core.messages import Heartbeat, Outcome, ReadStatus, Reports
 from relay.errors import Rejected
 from relay.launcher import Mesh, write_loopback_topology
-from relay.node import TOPIC_MAX_BYTES
+from relay.node import HEARTBEAT_TOPIC, TOPIC_MAX_BYTES, stream_topic
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,6 +41,12 @@ BIG_VALUE_BYTES = 64 * 1024
 # flight, and room for the allocator and the test's own traffic; without the bound the
 # attack below queues about 300 answers of 4 MiB.
 SLOW_READER_RSS_SLACK_BYTES = UNREAD_REPLY_BYTES + 4 * 1024 * 1024 + 96 * 1024 * 1024
+HONEST = (0, 1, 2)
+VICTIM = 1  # the relay whose name the forged frames take, from its own endpoint
+MAX_U63 = (1 << 63) - 1
+# Two parts: a mesh message has one, so each relay counts it (`peer_bad_parts`) and drops
+# it. Once every relay counted one, its SUB is connected to the forging PUB.
+MARKER = [b"H|attacks-marker", b"two parts"]
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +95,18 @@ def test_a_client_cannot_take_over_another_producers_sequence(mesh: Mesh) -> Non
     assert b"genuine 2" not in values.values()
 
 
+def status(mesh: Mesh, relay: int) -> dict[str, Any]:
+    found = mesh.status(relay, timeout_s=10)
+    assert found is not None, f"relay {relay} did not answer a StatusReq"
+    return found
+
+
 def node_counter(mesh: Mesh, relay_id: int, name: str) -> int:
-    status = mesh.status(relay_id, timeout_s=10)
-    assert status is not None, f"relay {relay_id} did not answer"
-    return int(status["node"]["counters"].get(name, 0))
+    return int(status(mesh, relay_id)["node"]["counters"].get(name, 0))
+
+
+def core_counter(mesh: Mesh, relay: int, name: str) -> int:
+    return int(status(mesh, relay)["counters"].get(name, 0))
 
 
 def rss_bytes(pid: int) -> int:
@@ -199,3 +218,102 @@ def test_a_subscription_longer_than_any_topic_drops_the_subscriber(mesh: Mesh) -
         ctx.term()
     with Producer(relays(mesh), send_timeout_s=60) as producer:
         assert producer.send(STREAM, b"v") > 0
+
+
+# --- forged frames on the mesh links ---------------------------------------------------------
+
+
+def hears(mesh: Mesh, relay: int, peer: int) -> bool:
+    return peer in status(mesh, relay)["peers_heard"]
+
+
+def reported(mesh: Mesh, relay: int, point: int) -> bool:
+    return int(status(mesh, relay)["streams"][STREAM]["reported"]) >= point
+
+
+def commit_through(mesh: Mesh, relay: int, value: bytes) -> int:
+    """Produce through `relay` alone: it must coordinate and commit it itself."""
+    with Producer({relay: mesh.endpoints[relay].client}, send_timeout_s=60) as producer:
+        return producer.send(STREAM, value)
+
+
+def forge_as_victim(mesh: Mesh, frames: list[bytes]) -> None:
+    """Kill the victim, bind a PUB at its mesh endpoint, publish `frames` in its name until
+    the others took them (each round ends with MARKER: a link is FIFO, so once a relay
+    counted the marker it read the frames before it), then let the victim start again."""
+    others = [r for r in HONEST if r != VICTIM]
+    base = {r: node_counter(mesh, r, "peer_bad_parts") for r in others}
+    mesh.kill(VICTIM)
+    ctx: zmq.Context[Any] = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        endpoint = mesh.endpoints[VICTIM].mesh
+        wait_until(lambda: _bound(pub, endpoint), "the victim's mesh endpoint to be free")
+
+        def taken() -> bool:
+            for frame in frames:  # (a SUB not yet connected misses them: send again)
+                pub.send(frame)
+            pub.send_multipart(MARKER)
+            return all(node_counter(mesh, r, "peer_bad_parts") > base[r] for r in others)
+
+        wait_until(taken, f"relays {others} to read the forged frames", poll_s=0.1)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+        mesh.restart(VICTIM, timeout_s=START_TIMEOUT_S)
+
+
+def _bound(sock: zmq.Socket[Any], endpoint: str) -> bool:
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError:
+        return False
+    return True
+
+
+def test_a_forged_heartbeat_with_a_huge_incarnation_cannot_silence_a_relay(mesh: Mesh) -> None:
+    """The attack: while relay 1 is down, bind its mesh endpoint and send a heartbeat in its
+    name with incarnation 2**63-1. Before, relays 0 and 2 took it, and dropped every frame
+    of relay 1's real incarnation as stale for good, restarts included. Now an incarnation
+    beyond any relay's clock is refused."""
+    others = [r for r in HONEST if r != VICTIM]
+    refused = {r: core_counter(mesh, r, "incarnation_implausible") for r in others}
+    lie = Heartbeat(sender=VICTIM, incarnation=MAX_U63, floor=0, streams=(), hears=(0, 2))
+    forge_as_victim(mesh, [HEARTBEAT_TOPIC + codec.encode(lie)])
+    assert all(core_counter(mesh, r, "incarnation_implausible") > refused[r] for r in others)
+    stale = {r: core_counter(mesh, r, "stale_incarnation") for r in others}
+    seq = commit_through(mesh, VICTIM, b"after a forged heartbeat")
+    for r in others:
+        wait_until(functools.partial(hears, mesh, r, VICTIM), f"relay {r} to hear relay 1")
+        wait_until(functools.partial(reported, mesh, r, seq), f"relay {r} to report {seq}")
+        assert core_counter(mesh, r, "stale_incarnation") == stale[r]
+
+
+def test_a_forged_huge_link_counter_cannot_make_a_relay_drop_anothers_messages(
+    mesh: Mesh,
+) -> None:
+    """The attack: a report in relay 1's name with link counter 2**63-1 (its incarnation
+    read from its status). Before, the others took every later message of relay 1 on the
+    stream for a duplicate and stopped reporting. Frames bound to their sender's link leave
+    a forger only the endpoint of a relay that is down, whose restart starts its count
+    afresh; and a message below the count that never arrived makes a relay follow the
+    sender's count again anyway (docs/protocol.md 5.2; tests/test_core_bounds.py forges
+    it while the sender is up)."""
+    incarnation = int(status(mesh, VICTIM)["incarnation"])
+    lie = Reports(
+        sender=VICTIM,
+        incarnation=incarnation,
+        floor=0,
+        stream=STREAM,
+        link_seq=MAX_U63,
+        points=(),
+        committed_point=-1,
+        committed_digest=bytes(16),
+    )
+    forge_as_victim(mesh, [stream_topic(STREAM) + codec.encode(lie)])
+    seq = 0
+    for n in range(3):
+        seq = commit_through(mesh, VICTIM, b"after a forged link counter %d" % n)
+    for r in (0, 2):  # each reports it itself: it took relay 1's messages since
+        wait_until(functools.partial(reported, mesh, r, seq), f"relay {r} to report {seq}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from relay.core.config import CoreConfig
+from relay.core.config import CoreConfig, Limits
 from relay.core.machine import RelayCore
 from relay.core.shell import Delivery, Ready
 from relay.sim import FAULT_KINDS, FaultConfig
@@ -230,6 +230,21 @@ def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
         print(_report(results))
     assert not failed, _report(results)
     assert {r.relays for r in results} >= ({3, 4, 5, 6, 7} if count >= 50 else set())
+
+
+def test_seeds_with_heartbeats_giving_statuses_in_turn() -> None:
+    """With few streams every heartbeat gives every stream's status; with one repeated
+    per heartbeat (docs/protocol.md 5.11) statuses come only when they change, while the
+    stream has something to commit, or in turn, and the guarantees hold all the same."""
+    limits = Limits(heartbeat_repeated_statuses=1)
+    results = list(run_many(range(400, 408), 0, "all", jobs=JOBS, limits=limits))
+    assert all(r.ok for r in results), _report(results)
+    results = list(
+        run_many(
+            range(400, 400 + len(SINGLE_FAULTS)), 0, jobs=JOBS, single=SINGLE_FAULTS, limits=limits
+        )
+    )
+    assert all(r.ok for r in results), _report(results)
 
 
 def test_replay_gives_same_event_hash() -> None:

@@ -156,7 +156,10 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
     collect_reports(core, st, core.now_ms)
     committed = st.timeline.committed_point
     our_acks = acks(st)
-    acks_moved = any(st.acks_sent.get(m, -1) < p for m, p in our_acks)
+    # Acks of reports at or below our committed point need no message of their own: our
+    # committed point tells their authors more (a stream just joined would otherwise
+    # send a Reports per member heard, thousands when thousands of streams open at once).
+    acks_moved = any(st.acks_sent.get(m, -1) < p and p > committed for m, p in our_acks)
     if st.out_reports or committed > st.announced_commit or acks_moved:
         st.link_seq_out += 1
         st.announced_commit = committed

@@ -43,6 +43,8 @@ class Limits:
     report_log_entries: int = 100_000  # own reports kept to answer gap fills
     max_pending_produces: int = 100_000
     max_streams: int = 10_000
+    # 5.11: stream statuses each heartbeat repeats in turn besides the ones it must give
+    heartbeat_repeated_statuses: int = 64
     # Shell bounds on what one client may cost a relay (relay/service.py): streams it opens
     # by first use of a pattern's name (per client name with CurveZMQ, else per
     # connection), and bytes of answers it leaves unread before its reads are refused.

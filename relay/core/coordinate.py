@@ -41,6 +41,7 @@ def accept(core: RelayState, stream: str, tx: Transaction, waiter: Waiter, now_m
         core.counters["produce_refused_max_streams"] += 1
         return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_MANY_STREAMS.value)
     st = core.stream(stream)
+    st.written = True  # in use: its members ask to be admitted (5.12)
     why = fencing.reason(core, st, now_ms)
     if why:
         core.counters["produce_fenced"] += 1

@@ -47,6 +47,7 @@ def seed(core: RelayState, stream: str, point: int, digest: bytes) -> bool:
     join = st.join
     if join is None or not join.amnesiac or join.first_round_done:
         return False
+    st.written = True  # it has durable history: it is in use (5.12)
     if st.seed is None or point > st.seed[0]:
         st.seed = (point, digest)
     core.clock.raise_floor(point)  # our own sequence numbers come after it
@@ -239,6 +240,9 @@ def adopt_base(
     # (collect_reports also keeps below the promise made while joining).
     st.votes_final_through = max(st.votes_final_through, never_report_through)
     st.votes.settle_through(point)
+    # The members we took it from know it committed (or, joining without a quorum, take
+    # the same one): nothing to announce (5.4).
+    st.announced_commit = max(st.announced_commit, point)
     st.join = None
     if st.acceptor.number > st.view.number + 1:
         # Remembered from a history the members no longer hold (the whole mesh restarted

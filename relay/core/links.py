@@ -41,6 +41,14 @@ SUSPECT_MAX_FACTOR = 8
 GAP_DECAY_SHIFT = 3  # the gap maximum decays by 1/8 per heartbeat
 # A tick this many heartbeat intervals late means this relay itself stalled.
 SELF_STALL_INTERVALS = 3
+# Per link, which of the last LINK_WINDOW link_seqs below the next expected one arrived.
+# Only a message seen there is a duplicate (the same frame passed on by another relay as
+# well, 5.13, or a network that duplicates frames: they trail the original by what the
+# sender published in between, far fewer than this); any other message below the next
+# expected one was never received, and resynchronises the link (5.2). An older duplicate
+# taken for new is processed twice, which changes nothing, and costs a gap fill.
+LINK_WINDOW = 1024
+_WINDOW_MASK = (1 << LINK_WINDOW) - 1
 
 
 # --- admitting a peer's message --------------------------------------------------------------
@@ -57,6 +65,11 @@ def admit(
         core.counters["stale_incarnation"] += 1
         return False
     if msg.incarnation > peer.incarnation:
+        if msg.incarnation > incarnation_cap(core, now_ms):
+            # Taken, it would make us drop every later message of the relay's real
+            # incarnation as stale, for good (a forged or corrupted frame): refused.
+            core.counters["incarnation_implausible"] += 1
+            return False
         new_incarnation(core, msg.sender, peer, msg.incarnation)
     peer.last_heard_ms = now_ms
     if direct:
@@ -70,6 +83,16 @@ def admit(
     return True
 
 
+def incarnation_cap(core: RelayState, now_ms: int) -> int:
+    """The highest incarnation we take from a peer (section 3): the majority's clock in
+    ms since EPOCH_MS, plus max_clock_ahead_ms. A relay takes max(last + 1, its wall
+    clock in those ms) at each start (relay/incarnation.py), so one whose clock is not an
+    outlier's never goes above it; one started with its clock far ahead is not heard
+    until real time catches up with the incarnation it took."""
+    majority_ms = wall_ms(core.wall_ms + majority_offset_ms(core, now_ms))
+    return majority_ms + core.limits.max_clock_ahead_ms
+
+
 def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation: int) -> None:
     """First contact with a peer, or the peer restarted with empty memory (section 3)."""
     restarted = peer.incarnation >= 0
@@ -81,6 +104,7 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
     peer.quiet_gap_ms = 0
     peer.settled = False
     peer.inherited_acked.clear()
+    peer.statuses.clear()
     # On first contact we join its message streams wherever they are; after a restart
     # they begin again at 1, and anything missing from there is a real gap.
     peer.sync_links = not restarted
@@ -112,6 +136,19 @@ def timeout_ms(core: RelayState, peer: PeerState) -> int:
     """How long `peer` may be silent before it is suspected."""
     base = core.limits.suspect_timeout_ms
     return min(max(base, HEARTBEAT_GAP_FACTOR * peer.gap_max_ms), SUSPECT_MAX_FACTOR * base)
+
+
+def lag_ms(core: RelayState, members: tuple[int, ...], now_ms: int) -> int:
+    """How much longer than suspect_timeout_ms the slowest live one of `members` may be
+    silent, because its heartbeats have been arriving late (a loaded relay or a loaded
+    machine): 0 on an idle mesh. Waits for answers stretch by it (5.12)."""
+    base = core.limits.suspect_timeout_ms
+    lag = 0
+    for m in members:
+        peer = core.peers[m]
+        if is_live(core, peer, now_ms):
+            lag = max(lag, timeout_ms(core, peer) - base)
+    return lag
 
 
 def is_live(core: RelayState, peer: PeerState, now_ms: int) -> bool:
@@ -238,12 +275,17 @@ def on_link_message(
     if state.expected == 0:
         state.expected = link_seq
     if link_seq < state.expected:
-        core.counters["link_duplicate"] += 1
-        return False
-    if link_seq > state.expected:
+        if _seen(state, link_seq):
+            core.counters["link_duplicate"] += 1
+            return False
+        # Never received, yet below the count we expect: that count ran ahead of the
+        # sender's (a forged or corrupted message claimed a higher one). Follow the
+        # sender's again, and fetch what may have been lost meanwhile.
+        _rewind(core, st, sender, state, link_seq, floor, now_ms)
+    elif link_seq > state.expected:
         core.counters["link_gap"] += 1
         open_hole(core, st, sender, state, floor, now_ms)
-    state.expected = link_seq + 1
+    _count(state, link_seq, received=True)
     state.latest_floor = max(state.latest_floor, floor)
     if state.hole_lo < 0:
         state.contig_floor = state.latest_floor
@@ -267,11 +309,48 @@ def on_link_status(
     if last_link_seq >= state.expected:
         core.counters["link_gap_heartbeat"] += 1
         open_hole(core, st, sender, state, floor, now_ms)
-        state.expected = last_link_seq + 1
+        _count(state, last_link_seq, received=False)
+    elif last_link_seq < state.expected - 1 and not _seen(state, last_link_seq):
+        # The sender's last message is one we never received, below our count: as above.
+        _rewind(core, st, sender, state, last_link_seq, floor, now_ms)
+        _count(state, last_link_seq, received=False)
     if last_link_seq == state.expected - 1:
         state.latest_floor = max(state.latest_floor, floor)
         if state.hole_lo < 0:
             state.contig_floor = state.latest_floor
+
+
+def _seen(state: LinkState, link_seq: int) -> bool:
+    """Whether the message `link_seq`, below the next expected one, arrived (LINK_WINDOW)."""
+    back = state.expected - 1 - link_seq
+    return 0 <= back < LINK_WINDOW and bool(state.seen >> back & 1)
+
+
+def _count(state: LinkState, link_seq: int, *, received: bool) -> None:
+    """The sender published up to `link_seq` (at or above the next expected one); we
+    received that message itself if `received`."""
+    shift = link_seq + 1 - state.expected
+    state.seen = 0 if shift >= LINK_WINDOW else state.seen << shift & _WINDOW_MASK
+    state.seen |= int(received)
+    state.expected = link_seq + 1
+
+
+def _rewind(
+    core: RelayState,
+    st: StreamState,
+    sender: int,
+    state: LinkState,
+    link_seq: int,
+    floor: int,
+    now_ms: int,
+) -> None:
+    """Our count of the sender's messages ran ahead of the sender's: start again from
+    `link_seq` (what we saw above it no longer counts as seen), and treat what may have
+    come in between as missing: a hole, as after a gap."""
+    core.counters["link_rewound"] += 1
+    open_hole(core, st, sender, state, floor, now_ms)
+    state.expected = link_seq
+    state.seen = 0
 
 
 def open_hole(

@@ -70,6 +70,7 @@ from relay.core.state import (
     RelayState,
     StreamState,
     Waiter,
+    retry_due,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
 from relay.errors import FieldError, FrameError, OversizedFrame
@@ -84,7 +85,9 @@ class RelayCore(RelayState):
         topology = self.topology
         named = [p for p in topology.subscriptions[self.id] if not any(c in p for c in "*?[")]
         for stream in named + [s for s in config.declared_streams if topology.serves(self.id, s)]:
-            self.stream(stream)  # named and declared streams join at start; others on first use
+            # Named and declared streams join at start, and are in use (5.12) from then
+            # on; others join on first use.
+            self.stream(stream).written = True
 
     def remember_acceptors(self, records: Mapping[str, bytes]) -> list[str]:
         """The shell keeps acceptor memory (Ready.acceptors) and gives back what it kept
@@ -204,11 +207,23 @@ class RelayCore(RelayState):
             # stop passing frames on, 5.13), at the usual pace.
             self.note_busy(now_ms)
             self.last_heartbeat_ms = NEVER
+        every, reach = heartbeat.peer_picture(self, now_ms)
+        if (every, reach) != self.peer_picture:
+            # What streams' timers read of the peers changed (one was suspected or heard
+            # again, restarted, hears others differently; our clock): the streams that
+            # read it look again, dormant or not (5.11).
+            woken = every != self.peer_picture[0]
+            self.peer_picture = (every, reach)
+            self.counters["dormant_woken_all" if woken else "dormant_woken_in_use"] += 1
+            for st in self.streams.values():
+                if woken or view.in_use(self, st):
+                    self.wake(st)
         went_quiet = heartbeat.update_quiet(self, now_ms)
         if went_quiet or now_ms - self.last_heartbeat_ms >= heartbeat.interval_ms(self):
             heartbeat.send_heartbeat(self, now_ms)
         for st in self.streams.values():
-            self._tick_stream(st, now_ms)
+            if not st.dormant:
+                self._tick_stream(st, now_ms)
         coordinate.expire_forwards(self, now_ms)
         self.tick_interval_ms = heartbeat.interval_ms(self)
 
@@ -222,15 +237,19 @@ class RelayCore(RelayState):
         if self.forward_deadlines:
             due = min(due, self.forward_deadlines[0][0])
         for st in self.streams.values():
-            if st.pending.deadlines:
+            if not st.dormant and st.pending.deadlines:
                 due = min(due, st.pending.deadlines[0][0])
         return due
 
     def ready(self) -> Ready:
         """Drain what the shell must do now: publish, answer, deliver (see `Ready`)."""
         for st in self.streams.values():
+            if st.dormant:
+                continue
             coordinate.publish_batches(self, st)
             commit.publish_reports(self, st)
+            if not st.touched and heartbeat.can_sleep(self, st, self.now_ms):
+                st.dormant = True
         if self.announce_floor and self.clock.floor > self.floor_sent:
             heartbeat.send_heartbeat(self, self.now_ms)
         self.announce_floor = False
@@ -250,7 +269,8 @@ class RelayCore(RelayState):
             return ReadResult(
                 ReadStatus.NOT_READY, redirect=tuple(m for m in members if m != self.id)
             )
-        st = self.stream(stream)
+        # A read changes nothing: it opens a stream but does not wake one (5.11).
+        st = self.streams.get(stream) or self.stream(stream)
         redirect = fencing.redirect_for(self, st)
         if st.join is not None and st.join.amnesiac:
             return ReadResult(ReadStatus.NOT_READY, redirect=redirect)
@@ -488,6 +508,7 @@ class RelayCore(RelayState):
             repair.on_repair_reply(self, st, msg, now_ms)
 
     def _tick_stream(self, st: StreamState, now_ms: int) -> None:
+        st.touched = False
         if fencing.update_fence(self, st, now_ms) and st.join is None:
             coordinate.abandon_pending(self, st)
         was = st.stall_reason
@@ -504,7 +525,14 @@ class RelayCore(RelayState):
             if join.on_join_round(self, st, now_ms):
                 repair.advance(self, st, now_ms)
             return
-        if joining is not None and now_ms - joining.sent_ms >= self.limits.repair_retry_ms:
+        if joining is not None and retry_due(
+            now_ms,
+            joining.sent_ms,
+            joining.resends,
+            self.limits.repair_retry_ms + links.lag_ms(self, st.peers, now_ms),
+        ):
+            if joining.sent_ms != NEVER:
+                joining.resends += 1
             join.send_join_request(self, st, now_ms)
         coordinate.expire_pending(self, st, now_ms)
         repair.tick_repair(self, st, now_ms)

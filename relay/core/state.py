@@ -25,6 +25,7 @@ from relay.core.messages import (
     Relayed,
     RepairRequest,
     Report,
+    StreamStatus,
     Transaction,
     ViewPhase,
     ViewReply,
@@ -44,6 +45,17 @@ REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across
 
 ProducerKey = tuple[bytes, int]  # (producer id, producer seq)
 
+# A request resent for want of an answer waits twice as long as before each time, up to
+# this many doublings of its first interval: when thousands of streams open at once,
+# answers take longer than that interval, and resending at a fixed pace would only
+# lengthen the queues that delay them (5.8, 5.12).
+RETRY_BACKOFF_MAX_SHIFT = 3
+
+
+def retry_due(now_ms: int, sent_ms: int, resends: int, interval_ms: int) -> bool:
+    """Whether a request sent at `sent_ms`, after `resends` resends, is due again."""
+    return now_ms - sent_ms >= interval_ms << min(resends, RETRY_BACKOFF_MAX_SHIFT)
+
 
 # --- what we know of each peer (5.2) ------------------------------------------------------
 
@@ -53,6 +65,8 @@ class LinkState:
     """What this relay has received of one peer's messages about one stream."""
 
     expected: int = 1  # next link_seq we expect; 0: not yet synchronised (first contact)
+    # bit i: we received link_seq expected - 1 - i (links.LINK_WINDOW of them): duplicates
+    seen: int = 0
     contig_floor: int = 0  # peer floor as of its last message with nothing missing before it
     latest_floor: int = 0  # peer floor as of its latest message on this link
     hole_lo: int = -1  # -1: no hole. Else transactions lo < seq <= hole_hi may be missing
@@ -78,6 +92,8 @@ class PeerState:
     # next may take, and whether it said it has nothing in flight
     quiet_gap_ms: int = 0
     settled: bool = False
+    # 5.11 stream -> the status its last heartbeat gave of the stream
+    statuses: dict[str, StreamStatus] = field(default_factory=dict)
     # 5.2 clocks: its wall clock minus ours, as of its last heartbeat (None: not known)
     wall_offset_ms: int | None = None
     hears: frozenset[int] = frozenset()  # the peers it heard directly, as of its heartbeat
@@ -256,6 +272,7 @@ class Proposal:
     started_ms: int
     sent_ms: int
     phase: ViewPhase = ViewPhase.PREPARE
+    resends: int = 0  # of this phase's requests (RETRY_BACKOFF_MAX_SHIFT)
     promises: dict[int, ViewReply] = field(default_factory=dict)
     accepted_by: set[int] = field(default_factory=set)
     value: ViewValue | None = None
@@ -302,6 +319,7 @@ class JoinState:
     replies: dict[int, JoinReply] = field(default_factory=dict)
     first_round_done: bool = False
     sent_ms: int = NEVER
+    resends: int = 0  # of the request last sent (RETRY_BACKOFF_MAX_SHIFT)
     asked_after_commit: int = -1  # highest known commit we already asked a base for
 
 
@@ -348,7 +366,18 @@ class StreamState:
         self.view_adopted_ms = NEVER  # when this relay adopted its current view
         self.stall_reason = ""  # fencing.stall's reason, as of the last tick
         self.stall_since_ms = NEVER  # since when it holds
-        self.view_pushed: dict[int, int] = {}  # peer -> when we last sent it our view
+        # peer -> when we last sent it our view, and how often since it was seen current
+        self.view_pushed: dict[int, tuple[int, int]] = {}
+        # 5.11 dormancy: the stream had nothing in flight after its last tick and nothing
+        # concerned it since (see RelayCore.ready): ticks, ready() and heartbeats pass it
+        # by until an input concerns it or what the relay knows of its peers changes
+        self.dormant = False
+        self.touched = True  # an input concerned it since its last tick: not dormant yet
+        self.status_told: StreamStatus | None = None  # in our last heartbeat that gave one
+        # 5.12: a produce reached us for it, or it was opened at start (named or declared):
+        # once a stream is in use its members ask to be admitted; until then, opened only
+        # by reads or a member's join, it gets no view (see view.in_use)
+        self.written = False
         # (member, incarnation) -> that incarnation's last contiguous floor here, once a
         # newer incarnation was heard while the view still admits the older one
         self.stale_floors: dict[tuple[int, int], int] = {}
@@ -434,6 +463,12 @@ class RelayState:
         # hear directly
         self.route_via: dict[int, int] = {}
         self.hears_sent: tuple[int, ...] = ()
+        # 5.11 dormancy: what every stream's timers read of the peers, as of the last tick
+        # (a change wakes every stream); the next dormant stream whose status a heartbeat
+        # repeats; the stream names in order
+        self.peer_picture: tuple[tuple[object, ...], tuple[object, ...]] = ((), ())
+        self.status_cursor = 0
+        self._names: list[str] = []
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,
@@ -521,9 +556,12 @@ class RelayState:
         )
 
     def stream(self, stream: str) -> StreamState:
-        """The stream's state, opened on first use (the caller checked `can_open`)."""
+        """The stream's state, opened on first use (the caller checked `can_open`), and
+        awake: an input concerns it (5.11 dormancy)."""
         st = self.streams.get(stream)
-        if st is None:
+        if st is not None:
+            self.wake(st)
+        else:
             members = self.topology.members(stream)
             st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
             self.note_busy(self.now_ms)  # it has to join
@@ -535,8 +573,18 @@ class RelayState:
         """Bound the number of streams a relay tracks (patterns admit any name)."""
         return stream in self.streams or len(self.streams) < self.limits.max_streams
 
+    def wake(self, st: StreamState) -> None:
+        st.dormant = False
+        st.touched = True
+
+    def stream_names_sorted(self) -> list[str]:
+        """The streams this relay tracks, by name (streams are opened, never closed)."""
+        if len(self._names) != len(self.streams):
+            self._names = sorted(self.streams)
+        return self._names
+
     def served_streams(self) -> list[StreamState]:
-        return [self.streams[s] for s in sorted(self.streams)]
+        return [self.streams[s] for s in self.stream_names_sorted()]
 
 
 def chunks(entries: list[Entry], limits: Limits) -> Iterator[list[Entry]]:

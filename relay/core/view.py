@@ -26,8 +26,11 @@ A view change is one instance of single-decree Paxos per view number:
    view no longer counts (none of them reported: they lie above s), adds those the value
    carries, and reports again.
 
-Proposers are staggered by rank (the lowest live admitted member first), a frozen acceptor
-that sees no decision takes over, and members that fall behind are sent the current view.
+Proposers are staggered by rank (the lowest live admitted member first; a member not
+admitted only after the others had their turn), a frozen acceptor that sees no decision
+takes over, and members that fall behind are sent the current view. The waits for answers
+stretch with the members' lag (a loaded mesh answers later). A stream gets a view only once
+it is in use: one opened only by reads needs none.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections import deque
 
 from relay.core import coordinate, links
 from relay.core.fencing import heard
-from relay.core.links import clock_outlier, is_live
+from relay.core.links import clock_outlier, is_live, lag_ms
 from relay.core.messages import (
     Entry,
     Interval,
@@ -59,12 +62,21 @@ from relay.core.state import (
     StreamState,
     admits_seq,
     open_interval,
+    retry_due,
 )
 from relay.core.transit import reaches
 
 VIEW_STAGGER_MS = 20  # per rank: how long a member lets lower-ranked ones propose first
 VIEW_ROUND_MS = 400  # a proposal without a decision this long starts again, higher ballot
 VIEW_TAKEOVER_MS = 600  # a frozen acceptor without a decision this long proposes itself
+# A member not admitted lets the live members ranked before it propose for this long (they
+# want what it wants)
+VIEW_DEFER_MS = 600
+# The three waits above that expect answers (a round, a takeover, a deferral) grow by this
+# many times the members' lag (links.lag_ms): a round is two exchanges, and on a loaded
+# mesh (thousands of streams opened at once) answers take longer than on an idle one;
+# timers that end every round before its answers come make rounds duel for ever.
+VIEW_LAG_FACTOR = 2
 BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per proposer
 
 
@@ -77,10 +89,26 @@ def admitted(core: RelayState, st: StreamState) -> bool:
     return interval is not None and interval.incarnation == core.incarnation
 
 
-def wants_in(core: RelayState, st: StreamState, now_ms: int) -> bool:
-    """Joined, with a clock that agrees with the majority's, and not admitted: this relay
-    asks to be admitted (in its heartbeats, and by proposing it)."""
-    return st.join is None and not admitted(core, st) and not clock_outlier(core, now_ms)
+def in_use(core: RelayState, st: StreamState) -> bool:
+    """Whether the stream needs a view: it was opened at start (named or declared), a
+    produce reached us for it, a view admits anyone already, or a member asks to be
+    admitted. A stream opened only by reads or by a member's join gets none until then:
+    its members join, serve reads (nothing is committed) and go dormant, so thousands of
+    streams opened by reads cost no view change (5.12)."""
+    return (
+        st.written
+        or st.view.number > 0
+        or any(m in core.peers and st.stream in core.peers[m].want_in for m in st.peers)
+    )
+
+
+def wants_in(core: RelayState, st: StreamState, now_ms: int, outlier: bool | None = None) -> bool:
+    """Joined, with a clock that agrees with the majority's, not admitted and the stream in
+    use: this relay asks to be admitted (in its heartbeats, and by proposing it).
+    `outlier`: whether our clock is an outlier, if the caller knows already."""
+    if st.join is not None or admitted(core, st) or not in_use(core, st):
+        return False
+    return not (clock_outlier(core, now_ms) if outlier is None else outlier)
 
 
 # --- the acceptor -----------------------------------------------------------------------------
@@ -259,15 +287,34 @@ def _cut_off(core: RelayState, st: StreamState, m: int, now_ms: int) -> bool:
 
 
 def rank(core: RelayState, st: StreamState, now_ms: int) -> int:
-    """This relay's place among the admitted members it hears (and itself): lower ranks
-    propose first."""
+    """This relay's place in the order in which members propose (lower first): the live
+    members the view admits, by id, then the other live members that have joined, by id.
+    Every member has its own place, also when the view admits nobody (a new stream's
+    first view, which every member asks for as soon as it has joined)."""
+    mine = admitted(core, st)
     ahead = 0
-    for i in st.view.intervals:
-        if i.cut < 0 and i.member < core.id and i.member != core.id:
-            peer = core.peers.get(i.member)
-            if peer is not None and is_live(core, peer, now_ms):
-                ahead += 1
+    for m in st.peers:
+        peer = core.peers[m]
+        if not peer.joined.get(st.stream) or not is_live(core, peer, now_ms):
+            continue
+        held = open_interval(st.view, m)
+        theirs = held is not None and held.incarnation == peer.incarnation
+        if (theirs and not mine) or (theirs == mine and m < core.id):
+            ahead += 1
     return ahead
+
+
+def defer_ms(core: RelayState, st: StreamState, rank_: int, now_ms: int) -> int:
+    """How long after wanting a change this relay lets the members ranked before it
+    propose. Admitted members wait VIEW_STAGGER_MS per rank: one of them sees a fault
+    first, and the next takes over soon if the first does not see it. A member the view
+    does not admit waits VIEW_DEFER_MS besides: what it wants (its own admission, or the
+    first view) the members before it want too, and proposing at once as well would start
+    a duel, on every stream at once when thousands open together (5.12)."""
+    wait_ms = rank_ * VIEW_STAGGER_MS
+    if rank_ > 0 and not admitted(core, st):
+        wait_ms += VIEW_DEFER_MS + VIEW_LAG_FACTOR * lag_ms(core, st.peers, now_ms)
+    return wait_ms
 
 
 def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
@@ -281,13 +328,15 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         st.proposal = None
         st.view_wanted_ms = NEVER
         return
-    if prop is not None and now_ms - prop.started_ms >= VIEW_ROUND_MS:
+    lag = VIEW_LAG_FACTOR * lag_ms(core, st.peers, now_ms)
+    if prop is not None and now_ms - prop.started_ms >= VIEW_ROUND_MS + lag:
         # Given up: what to change is judged again below, on what we hear now (a new
         # ballot still carries any value accepted in this instance).
         core.counters["view_round_timeout"] += 1
         st.proposal = prop = None
     if prop is not None:
-        if now_ms - prop.sent_ms >= core.limits.repair_retry_ms:
+        if retry_due(now_ms, prop.sent_ms, prop.resends, core.limits.repair_retry_ms + lag):
+            prop.resends += 1
             _send_requests(core, st, prop, now_ms)
         return
     excluding, including = wanted(core, st, now_ms)
@@ -295,9 +344,10 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
     # Taken over when the instance stopped moving (not since the first promise: two
     # members frozen that long would otherwise outbid each other on every tick), at once
     # when the proposer we promised is gone; staggered by rank so that one goes first.
-    wait_ms = rank(core, st, now_ms) * VIEW_STAGGER_MS
+    place = rank(core, st, now_ms)
+    wait_ms = place * VIEW_STAGGER_MS
     if not _proposer_gone(core, acc, now_ms):
-        wait_ms += VIEW_TAKEOVER_MS
+        wait_ms += VIEW_TAKEOVER_MS + lag  # (a live proposer may just be slow)
     stalled = acc.promised >= 0 and now_ms - acc.active_ms >= wait_ms
     if not excluding and not including and not stalled:
         st.view_wanted_ms = NEVER
@@ -306,7 +356,7 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         st.view_wanted_ms = now_ms
     if acc.promised >= 0 and not stalled:
         return  # another proposal is under way
-    if not stalled and now_ms - st.view_wanted_ms < rank(core, st, now_ms) * VIEW_STAGGER_MS:
+    if not stalled and now_ms - st.view_wanted_ms < defer_ms(core, st, place, now_ms):
         return
     if stalled:
         core.counters["view_takeover"] += 1
@@ -405,6 +455,7 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
     if prop.phase is ViewPhase.PREPARE and len(prop.promises) >= st.q:
         prop.value = _value(st, prop)
         prop.phase = ViewPhase.ACCEPT
+        prop.resends = 0
         mine = answer(
             core, st, core.id, ViewPhase.ACCEPT, prop.number, prop.ballot, (), prop.value, now_ms
         )
@@ -466,13 +517,14 @@ def on_decided(core: RelayState, st: StreamState, msg: ViewDecided, now_ms: int)
 def push_view(
     core: RelayState, st: StreamState, peer: int, now_ms: int, *, force: bool = False
 ) -> None:
-    """Send `peer`, seen behind, our view (at most once per repair_retry_ms)."""
+    """Send `peer`, seen behind, our view: at once, then after repair_retry_ms, backing
+    off while it stays behind (its heartbeats may only lag the view on its way)."""
     if st.view.number == 0:
         return
-    last = st.view_pushed.get(peer, NEVER)
-    if not force and now_ms - last < core.limits.repair_retry_ms:
+    last, resends = st.view_pushed.get(peer, (NEVER, -1))
+    if not force and not retry_due(now_ms, last, max(resends, 0), core.limits.repair_retry_ms):
         return
-    st.view_pushed[peer] = now_ms
+    st.view_pushed[peer] = (now_ms, resends + 1)
     _send_decided(core, st, peer, st.view)
 
 
