@@ -19,10 +19,10 @@ import zmq
 
 from relay.client import Consumer, Producer
 from relay.core import codec
-from relay.core.messages import Heartbeat
+from relay.core.messages import Heartbeat, Reports
 from relay.errors import Rejected
 from relay.launcher import Mesh, write_loopback_topology
-from relay.node import HEARTBEAT_TOPIC
+from relay.node import HEARTBEAT_TOPIC, stream_topic
 from waiting import wait_until
 
 STREAM = "orders.eu"
@@ -156,3 +156,35 @@ def test_a_forged_heartbeat_with_a_huge_incarnation_cannot_silence_a_relay(
     for r in others:
         wait_until(functools.partial(hears, mesh, r, VICTIM), f"relay {r} to hear relay 1")
         assert core_counter(mesh, r, "stale_incarnation") == stale[r]
+
+
+def test_a_forged_huge_link_counter_cannot_make_a_relay_drop_anothers_messages(
+    forger: tuple[Mesh, zmq.Socket[Any]],
+) -> None:
+    """Before: relays 0 and 2 took every later message of relay 1 on the stream for a
+    duplicate of one below the forged counter, and stopped reporting (their watermark
+    waited on relay 1's floor there for good). Now relay 1's next real message, never
+    received yet below that counter, makes them follow relay 1's counter again."""
+    mesh, pub = forger
+    incarnation = int(status(mesh, VICTIM)["incarnation"])
+    lie = Reports(
+        sender=VICTIM,
+        incarnation=incarnation,
+        floor=0,
+        stream=STREAM,
+        link_seq=MAX_U63,
+        points=(),
+        committed_point=-1,
+        committed_digest=bytes(16),
+    )
+    pub.send(stream_topic(STREAM) + codec.encode(lie))
+    others = [r for r in HONEST if r != VICTIM]
+    wait_until(
+        lambda: all(core_counter(mesh, r, "link_rewound") >= 1 for r in others),
+        "relays 0 and 2 to follow relay 1's link counter again",
+    )
+    seq = 0
+    for n in range(3):
+        seq = commit_through(mesh, VICTIM, b"after a forged link counter %d" % n)
+    for r in others:  # each reports it itself: it took relay 1's messages since
+        wait_until(functools.partial(reported, mesh, r, seq), f"relay {r} to report {seq}")

@@ -6,6 +6,8 @@ network (relay.sim.script.Mesh): simulated milliseconds, no wall clock.
   (docs/protocol.md 5.11, 5.12).
 - A frame claiming an incarnation far beyond any relay's clock is refused, so it cannot
   make a real relay's messages look stale (section 3).
+- A frame claiming a link counter far ahead of the sender's cannot make the sender's
+  later messages look like duplicates (5.2).
 """
 
 from __future__ import annotations
@@ -189,3 +191,57 @@ def test_the_incarnation_bound_is_the_clock_plus_max_clock_ahead() -> None:
     assert core.counters["incarnation_implausible"] == 1
     assert core.peers[1].incarnation == cap  # taken as a restart of relay 1
     assert cap > START_UNIX_MS - EPOCH_MS
+
+
+# --- the link counter bound ---------------------------------------------------------------------
+
+
+def reports_of(mesh: Mesh, sender: int, link_seq: int) -> Reports:
+    core = mesh.running(sender)
+    return Reports(
+        sender=sender,
+        incarnation=core.incarnation,
+        floor=0,
+        stream=STREAM,
+        link_seq=link_seq,
+        points=(),
+        committed_point=-1,
+        committed_digest=bytes(16),
+    )
+
+
+def test_a_forged_huge_link_seq_does_not_drop_the_senders_later_messages() -> None:
+    mesh = mesh_with()
+    forge(mesh, 0, reports_of(mesh, 1, MAX_U63))
+    core = mesh.running(0)
+    assert core.peers[1].links[STREAM].expected == MAX_U63 + 1
+    # Relay 1's next real message on the stream (its transactions here) is below that
+    # count and was never received: the link follows relay 1's count again.
+    duplicates = core.counters["link_duplicate"]
+    assert commits_within(mesh, 1, 1, COMMIT_BOUND_MS)
+    assert core.counters["link_rewound"] == 1
+    assert core.peers[1].links[STREAM].expected < 1_000
+    run(mesh, 50)
+    assert core.counters["link_duplicate"] == duplicates
+    assert mesh.delivered(0, STREAM) == mesh.delivered(1, STREAM) != []
+    for r in RELAYS:
+        assert commits_within(mesh, r, 10 + r, COMMIT_BOUND_MS)
+    run(mesh, 50)
+    assert mesh.delivered(0, STREAM) == mesh.delivered(1, STREAM) == mesh.delivered(2, STREAM)
+
+
+def test_a_forged_small_jump_drops_no_real_message_and_duplicates_still_are() -> None:
+    mesh = mesh_with()
+    core = mesh.running(0)
+    expected = core.peers[1].links[STREAM].expected
+    forge(mesh, 0, reports_of(mesh, 1, expected + 5))
+    for n in range(1, 8):  # relay 1's next real messages take the counts the lie claimed
+        assert commits_within(mesh, 1, n, COMMIT_BOUND_MS)
+        assert mesh.delivered(0, STREAM) == mesh.delivered(1, STREAM)
+    assert core.counters["link_rewound"] == 1
+    # A frame that arrived once is a duplicate the second time.
+    frame = codec.encode(reports_of(mesh, 1, core.peers[1].links[STREAM].expected))
+    duplicates = core.counters["link_duplicate"]
+    for _ in range(2):
+        core.receive(frame, mesh.clock(0), mesh.now)
+    assert core.counters["link_duplicate"] == duplicates + 1

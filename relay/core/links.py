@@ -41,6 +41,15 @@ SUSPECT_MAX_FACTOR = 8
 GAP_DECAY_SHIFT = 3  # the gap maximum decays by 1/8 per heartbeat
 # A tick this many heartbeat intervals late means this relay itself stalled.
 SELF_STALL_INTERVALS = 3
+# Per link, which of the last LINK_WINDOW link_seqs below the next expected one arrived.
+# Only a message seen there is a duplicate (the same frame passed on by another relay as
+# well, 5.13, or a network that duplicates frames: they trail the original by what the
+# sender published in between, far fewer than this); any other message below the next
+# expected one was never received (it was overtaken, or a forged count ran ahead of the
+# sender's), and resynchronises the link (5.2). An older duplicate taken for new is
+# processed twice, which changes nothing, and costs a gap fill.
+LINK_WINDOW = 1024
+_WINDOW_MASK = (1 << LINK_WINDOW) - 1
 
 
 # --- admitting a peer's message --------------------------------------------------------------
@@ -267,12 +276,18 @@ def on_link_message(
     if state.expected == 0:
         state.expected = link_seq
     if link_seq < state.expected:
-        core.counters["link_duplicate"] += 1
-        return False
-    if link_seq > state.expected:
+        if _seen(state, link_seq):
+            core.counters["link_duplicate"] += 1
+            return False
+        # Never received, yet below the count we expect: a later message or a heartbeat
+        # overtook it (it came round through another relay), or a forged or corrupted
+        # message claimed a count the sender never reached. Take it, follow the sender's
+        # count from it again, and fetch what may have been lost meanwhile.
+        _rewind(core, st, sender, state, link_seq, floor, now_ms)
+    elif link_seq > state.expected:
         core.counters["link_gap"] += 1
         open_hole(core, st, sender, state, floor, now_ms)
-    state.expected = link_seq + 1
+    _count(state, link_seq, received=True)
     state.latest_floor = max(state.latest_floor, floor)
     if state.hole_lo < 0:
         state.contig_floor = state.latest_floor
@@ -296,11 +311,48 @@ def on_link_status(
     if last_link_seq >= state.expected:
         core.counters["link_gap_heartbeat"] += 1
         open_hole(core, st, sender, state, floor, now_ms)
-        state.expected = last_link_seq + 1
+        _count(state, last_link_seq, received=False)
+    elif last_link_seq < state.expected - 1 and not _seen(state, last_link_seq):
+        # The sender's last message is one we never received, below our count: as above.
+        _rewind(core, st, sender, state, last_link_seq, floor, now_ms)
+        _count(state, last_link_seq, received=False)
     if last_link_seq == state.expected - 1:
         state.latest_floor = max(state.latest_floor, floor)
         if state.hole_lo < 0:
             state.contig_floor = state.latest_floor
+
+
+def _seen(state: LinkState, link_seq: int) -> bool:
+    """Whether the message `link_seq`, below the next expected one, arrived (LINK_WINDOW)."""
+    back = state.expected - 1 - link_seq
+    return 0 <= back < LINK_WINDOW and bool(state.seen >> back & 1)
+
+
+def _count(state: LinkState, link_seq: int, *, received: bool) -> None:
+    """The sender published up to `link_seq` (at or above the next expected one); we
+    received that message itself if `received`."""
+    shift = link_seq + 1 - state.expected
+    state.seen = 0 if shift >= LINK_WINDOW else state.seen << shift & _WINDOW_MASK
+    state.seen |= int(received)
+    state.expected = link_seq + 1
+
+
+def _rewind(
+    core: RelayState,
+    st: StreamState,
+    sender: int,
+    state: LinkState,
+    link_seq: int,
+    floor: int,
+    now_ms: int,
+) -> None:
+    """Our count of the sender's messages ran ahead of the sender's: start again from
+    `link_seq` (what we saw above it no longer counts as seen), and treat what may have
+    come in between as missing: a hole, as after a gap."""
+    core.counters["link_rewound"] += 1
+    open_hole(core, st, sender, state, floor, now_ms)
+    state.expected = link_seq
+    state.seen = 0
 
 
 def open_hole(

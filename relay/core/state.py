@@ -65,6 +65,8 @@ class LinkState:
     """What this relay has received of one peer's messages about one stream."""
 
     expected: int = 1  # next link_seq we expect; 0: not yet synchronised (first contact)
+    # bit i: we received link_seq expected - 1 - i (links.LINK_WINDOW of them): duplicates
+    seen: int = 0
     contig_floor: int = 0  # peer floor as of its last message with nothing missing before it
     latest_floor: int = 0  # peer floor as of its latest message on this link
     hole_lo: int = -1  # -1: no hole. Else transactions lo < seq <= hole_hi may be missing
