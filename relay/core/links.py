@@ -45,8 +45,9 @@ SELF_STALL_INTERVALS = 3
 # Only a message seen there is a duplicate (the same frame passed on by another relay as
 # well, 5.13, or a network that duplicates frames: they trail the original by what the
 # sender published in between, far fewer than this); any other message below the next
-# expected one was never received, and resynchronises the link (5.2). An older duplicate
-# taken for new is processed twice, which changes nothing, and costs a gap fill.
+# expected one was never received (it was overtaken, or a forged count ran ahead of the
+# sender's), and resynchronises the link (5.2). An older duplicate taken for new is
+# processed twice, which changes nothing, and costs a gap fill.
 LINK_WINDOW = 1024
 _WINDOW_MASK = (1 << LINK_WINDOW) - 1
 
@@ -278,9 +279,10 @@ def on_link_message(
         if _seen(state, link_seq):
             core.counters["link_duplicate"] += 1
             return False
-        # Never received, yet below the count we expect: that count ran ahead of the
-        # sender's (a forged or corrupted message claimed a higher one). Follow the
-        # sender's again, and fetch what may have been lost meanwhile.
+        # Never received, yet below the count we expect: a later message or a heartbeat
+        # overtook it (it came round through another relay), or a forged or corrupted
+        # message claimed a count the sender never reached. Take it, follow the sender's
+        # count from it again, and fetch what may have been lost meanwhile.
         _rewind(core, st, sender, state, link_seq, floor, now_ms)
     elif link_seq > state.expected:
         core.counters["link_gap"] += 1
