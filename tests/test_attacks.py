@@ -28,7 +28,7 @@ from relay.core.messages import Heartbeat, Outcome, ReadStatus, Reports
 from relay.errors import Rejected
 from relay.launcher import Mesh, write_loopback_topology
 from relay.node import HEARTBEAT_TOPIC, TOPIC_MAX_BYTES, stream_topic
-from waiting import wait_until
+from waiting import bind_when_free, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -249,7 +249,7 @@ def forge_as_victim(mesh: Mesh, frames: list[bytes]) -> None:
     pub.setsockopt(zmq.LINGER, 0)
     try:
         endpoint = mesh.endpoints[VICTIM].mesh
-        wait_until(lambda: _bound(pub, endpoint), "the victim's mesh endpoint to be free")
+        bind_when_free(pub, endpoint)
 
         def taken() -> bool:
             for frame in frames:  # (a SUB not yet connected misses them: send again)
@@ -262,14 +262,6 @@ def forge_as_victim(mesh: Mesh, frames: list[bytes]) -> None:
         pub.close(linger=0)
         ctx.term()
         mesh.restart(VICTIM, timeout_s=START_TIMEOUT_S)
-
-
-def _bound(sock: zmq.Socket[Any], endpoint: str) -> bool:
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError:
-        return False
-    return True
 
 
 def test_a_forged_heartbeat_with_a_huge_incarnation_cannot_silence_a_relay(mesh: Mesh) -> None:

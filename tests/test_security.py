@@ -34,7 +34,7 @@ from relay.launcher import Mesh, query_status, write_loopback_topology
 from relay.node import RelayNode
 from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
 from relay.topology import loads
-from waiting import wait_until
+from waiting import bind_when_free
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -289,10 +289,7 @@ def test_an_outsider_at_a_dead_relays_endpoint_is_not_heard(mesh: Mesh) -> None:
         own = load_identity(generate(mesh.config.data_dir / "outsider", "relay-2"))
         outsider.sock.setsockopt(zmq.CURVE_SERVER, 1)
         outsider.sock.setsockopt(zmq.CURVE_SECRETKEY, own.secret_key)
-        wait_until(
-            lambda: _bound(outsider.sock, mesh.endpoints[2].mesh),
-            "relay 2's mesh endpoint to be free",
-        )
+        bind_when_free(outsider.sock, mesh.endpoints[2].mesh)
         for _ in range(4):  # relays 0 and 1 try again and again; never in
             assert outsider.handshake_failed()
         # A heartbeat with the highest incarnation (which used to make relays 0 and 1 drop
@@ -303,14 +300,6 @@ def test_an_outsider_at_a_dead_relays_endpoint_is_not_heard(mesh: Mesh) -> None:
         outsider.close()
         mesh.restart(2, timeout_s=START_TIMEOUT_S)
     assert commit_one(mesh) > 0
-
-
-def _bound(sock: zmq.Socket[Any], endpoint: str) -> bool:
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError:
-        return False
-    return True
 
 
 # --- rights -------------------------------------------------------------------------------------

@@ -90,3 +90,19 @@ async def wait_until_async(
 def _timed_out(what: Description, timeout_s: float) -> str:
     described = what if isinstance(what, str) else what()
     return f"timed out after {timeout_s:g} s waiting for {described}"
+
+
+def bind_when_free(sock: Any, endpoint: str) -> None:
+    """Bind `sock` at `endpoint` once no other socket holds it (a process just killed may
+    hold it for a moment)."""
+
+    def bound() -> bool:
+        try:
+            sock.bind(endpoint)
+        except Exception as e:  # zmq.ZMQError: address in use
+            if "in use" not in str(e):
+                raise
+            return False
+        return True
+
+    wait_until(bound, f"{endpoint} to be free to bind")

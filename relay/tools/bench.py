@@ -792,6 +792,23 @@ def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _config(options: BenchOptions) -> dict[str, Any]:
+    """What a report says of the run and the machine."""
+    return {
+        "duration_s": options.duration_s,
+        "sizes": list(options.sizes),
+        "windows": list(options.windows),
+        "rate_tx_s": options.rate_tx_s,
+        "quick": options.quick,
+        "profile": options.profile,
+        "relays": 3,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "pyzmq": zmq.pyzmq_version(),
+        "libzmq": zmq.zmq_version(),
+    }
+
+
 def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole benchmark; return the report (see `relay bench --json`)."""
     say = log or (lambda text: None)
@@ -811,19 +828,7 @@ def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> d
     else:
         mesh = Mesh(topology, log_level="warning", log_dir=workdir / "logs")
     report: dict[str, Any] = {
-        "config": {
-            "duration_s": options.duration_s,
-            "sizes": list(options.sizes),
-            "windows": list(options.windows),
-            "rate_tx_s": options.rate_tx_s,
-            "quick": options.quick,
-            "profile": options.profile,
-            "relays": 3,
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "pyzmq": zmq.pyzmq_version(),
-            "libzmq": zmq.zmq_version(),
-        },
+        "config": _config(options),
         "relay": {"throughput": [], "latency": []},
         "baseline": {"throughput": [], "latency": []},
     }
@@ -913,18 +918,7 @@ def run_security(
     keep = False
     meshes: dict[str, Mesh] = {}
     report: dict[str, Any] = {
-        "config": {
-            "duration_s": options.duration_s,
-            "sizes": list(options.sizes),
-            "windows": list(options.windows),
-            "rate_tx_s": options.rate_tx_s,
-            "quick": options.quick,
-            "relays": 3,
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "pyzmq": zmq.pyzmq_version(),
-            "libzmq": zmq.zmq_version(),
-        },
+        "config": _config(options),
         **{side: {"throughput": [], "latency": []} for side in SECURITY_SIDES},
     }
     try:
