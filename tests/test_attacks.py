@@ -207,7 +207,7 @@ def test_a_subscription_longer_than_any_topic_drops_the_subscriber(mesh: Mesh) -
     try:
         sub.setsockopt(zmq.SUBSCRIBE, b"S|" + b"x" * (TOPIC_MAX_BYTES + 1))
         sub.connect(mesh.endpoints[2].mesh)
-        events = []
+        events: list[int] = []
         while zmq.EVENT_DISCONNECTED not in events:
             assert monitor.poll(30_000), f"the relay kept the connection: {events}"
             events.append(recv_monitor_message(monitor)["event"])
