@@ -67,7 +67,7 @@ import logging
 import signal
 import socket
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -127,9 +127,11 @@ STATE_LOG_MS = 100
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
-# Answers at least this large are tracked until written out (`_UnreadReplies`), so that a
-# client that does not read is refused more (limits.max_unread_reply_bytes).
-TRACKED_REPLY_MIN_BYTES = 64 * 1024
+# Answers at least this large count towards what a client leaves unread (`_UnreadReplies`),
+# so that one that does not read is refused more (limits.max_unread_reply_bytes).
+LARGE_REPLY_BYTES = 64 * 1024
+# Of a client's large answers, one per this many bytes is sent without a copy and tracked.
+PROBE_SPACING_BYTES = 4 * 1024 * 1024
 
 
 def stream_topic(stream: str) -> bytes:
@@ -253,39 +255,74 @@ class _PeerLinks:
             monitor.close()
 
 
-class _UnreadReplies:
-    """The bytes of large answers the ROUTER still queues, per client connection: each such
-    answer is sent without a copy and tracked (pyzmq's MessageTracker is done once libzmq
-    let go of it, i.e. wrote it to the connection or dropped the connection). A client's
-    queue drains in order, so its trackers finish in order. Small answers are not tracked:
-    a client gets at most one per request it sends, and CLIENT_HWM bounds their number."""
+class _Probed:
+    """What was sent to one client connection, and what is known to have gone out."""
+
+    __slots__ = ("out", "probe", "probe_end", "probe_start", "sent")
 
     def __init__(self) -> None:
-        self._queued: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
-        self._bytes: dict[bytes, int] = {}
+        self.sent = 0  # bytes of large answers sent
+        self.out = 0  # of which libzmq is known to have let go
+        self.probe: zmq.MessageTracker | None = None  # the tracked answer not yet out
+        self.probe_start = 0  # `sent` before and after the last tracked answer
+        self.probe_end = 0
 
-    def add(self, client: bytes, tracker: zmq.MessageTracker, size: int) -> None:
-        self._queued.setdefault(client, deque()).append((tracker, size))
-        self._bytes[client] = self._bytes.get(client, 0) + size
+
+class _UnreadReplies:
+    """An upper bound on the bytes of large answers the ROUTER still queues, per client
+    connection. Every large answer is counted; one per PROBE_SPACING_BYTES goes without a
+    copy and is tracked (pyzmq's MessageTracker is done once libzmq let go of it: wrote it
+    to the connection or dropped the connection). A client's queue drains in order, so when
+    a tracked answer is out, so is everything sent before it: what is still queued is at
+    most what was sent after it. Tracking every answer made each one wake pyzmq's
+    garbage-collector thread, which took the interpreter from the relay's loop: six
+    readers draining histories made turns of 100-800 ms, and the peers suspected the
+    relays. Small answers are not counted: a client gets at most one per request it
+    sends, and CLIENT_HWM bounds their number."""
+
+    def __init__(self) -> None:
+        self._clients: dict[bytes, _Probed] = {}
+
+    def wants_probe(self, client: bytes) -> bool:
+        """Whether the next large answer to `client` should be tracked: none is under way,
+        and PROBE_SPACING_BYTES were sent since the last began (or none ever was)."""
+        known = self._clients.get(client)
+        if known is None:
+            return True
+        self._update(known)
+        return known.probe is None and known.sent - known.probe_start >= PROBE_SPACING_BYTES
+
+    def add(self, client: bytes, size: int, tracker: zmq.MessageTracker | None) -> None:
+        known = self._clients.get(client)
+        if known is None:
+            known = self._clients[client] = _Probed()
+        known.sent += size
+        if tracker is not None:
+            known.probe = tracker
+            known.probe_start, known.probe_end = known.sent - size, known.sent
 
     def of(self, client: bytes) -> int:
-        """The bytes of tracked answers to `client` libzmq still holds."""
-        queued = self._queued.get(client)
-        if queued is None:
+        """At least the bytes of large answers to `client` libzmq still holds, at most
+        that plus what was sent after the last tracked answer that went out."""
+        known = self._clients.get(client)
+        if known is None:
             return 0
-        total = self._bytes[client]
-        while queued and queued[0][0].done:
-            total -= queued.popleft()[1]
-        if queued:
-            self._bytes[client] = total
-        else:
-            del self._queued[client], self._bytes[client]
-        return total
+        self._update(known)
+        return known.sent - known.out
 
     def prune(self) -> None:
-        """Forget the clients whose answers all went out (housekeeping)."""
-        for client in list(self._queued):
-            self.of(client)
+        """Forget the clients without a tracked answer under way (housekeeping: connections
+        come and go). What was sent to one since its last tracked answer is forgotten too;
+        a client that stopped reading is known again from its next large answer on."""
+        for client, known in list(self._clients.items()):
+            self._update(known)
+            if known.probe is None:
+                del self._clients[client]
+
+    @staticmethod
+    def _update(known: _Probed) -> None:
+        if known.probe is not None and known.probe.done:
+            known.out, known.probe = known.probe_end, None
 
 
 class RelayNode:
@@ -902,11 +939,15 @@ class RelayNode:
             router = socks.router
             for part in envelope:
                 router.send(part, _SNDMORE_NOBLOCK)
-            if len(frame) < TRACKED_REPLY_MIN_BYTES:
+            client = envelope[0]
+            if len(frame) < LARGE_REPLY_BYTES:
                 router.send(frame, _NOBLOCK)
-            else:
+            elif self._unread.wants_probe(client):
                 tracker = router.send(frame, _NOBLOCK, copy=False, track=True)
-                self._unread.add(envelope[0], tracker, len(frame))
+                self._unread.add(client, len(frame), tracker)
+            else:
+                router.send(frame, _NOBLOCK)
+                self._unread.add(client, len(frame), None)
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
             log.debug("relay=%d reply dropped: %s", self.id, e)
             return False

@@ -255,6 +255,12 @@ class RelayProcesses:
                 # A wall clock step only: the kernel never steps the monotonic clock, and
                 # the event loop's timers must not jump.
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
+                # Timed waits on the monotonic clock (the interpreter's lock between
+                # threads) left alone too: libfaketime 0.9.10 converts them through the
+                # fake clock anyway, and a relay with a second Python thread (pyzmq's
+                # garbage collector, after a zero-copy answer) then took 100-800 ms
+                # turns, so its peers suspected it (wolfcw/libfaketime#503).
+                FAKETIME_FORCE_MONOTONIC_FIX="0",
             )
         argv = [sys.executable, "-m", "relay", "run", "--config", str(self.topology)]
         argv += ["--relay", str(relay), "--log-level", self.log_level]
