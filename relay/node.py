@@ -274,11 +274,10 @@ class _UnreadReplies:
     copy and is tracked (pyzmq's MessageTracker is done once libzmq let go of it: wrote it
     to the connection or dropped the connection). A client's queue drains in order, so when
     a tracked answer is out, so is everything sent before it: what is still queued is at
-    most what was sent after it. Tracking every answer made each one wake pyzmq's
-    garbage-collector thread, which took the interpreter from the relay's loop: six
-    readers draining histories made turns of 100-800 ms, and the peers suspected the
-    relays. Small answers are not counted: a client gets at most one per request it
-    sends, and CLIENT_HWM bounds their number."""
+    most what was sent after it. Each tracked answer wakes pyzmq's garbage-collector
+    thread, which must take the interpreter lock from the relay's loop: one per 4 MiB
+    keeps that rare for a fast reader. Small answers are not counted: a client gets at
+    most one per request it sends, and CLIENT_HWM bounds their number."""
 
     def __init__(self) -> None:
         self._clients: dict[bytes, _Probed] = {}
