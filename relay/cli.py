@@ -1263,6 +1263,13 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     is_flag=True,
     help="Measure the cost of CurveZMQ: every run on a plain and a CurveZMQ mesh, side by side.",
 )
+@click.option(
+    "--peers",
+    type=click.Choice(["nats"]),
+    default=None,
+    help="Side by side with a 3-server NATS JetStream cluster (R3 memory stream, nats-py): "
+    "windows 16..1000 and one in flight, CPU per tx (bash scripts/peer-deps.sh installs it).",
+)
 def bench(
     duration_s: float | None,
     sizes: tuple[int, ...],
@@ -1270,6 +1277,7 @@ def bench(
     as_json: bool,
     profile: bool,
     security: bool,
+    peers: str | None,
 ) -> None:
     """Benchmark a local 3-relay mesh side by side with raw ZeroMQ PUB/SUB.
 
@@ -1281,8 +1289,10 @@ def bench(
     """
     from relay.tools.bench import run_cli
 
-    if security and profile:
-        raise click.UsageError("--profile and --security measure different things; pick one")
+    if sum((security, profile, peers is not None)) > 1:
+        raise click.UsageError(
+            "--profile, --security and --peers measure different things; pick one"
+        )
     sys.exit(
         run_cli(
             duration_s=duration_s,
@@ -1291,6 +1301,7 @@ def bench(
             as_json=as_json,
             profile=profile,
             security=security,
+            peers=peers,
         )
     )
 

@@ -115,9 +115,34 @@ def test_quick_security_run_compares_a_plain_and_a_curve_mesh() -> None:
     assert all(r.get("tx_s") or r.get("commit_p50") for r in report["ratios"]), report["ratios"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
+    """`relay bench --peers nats`: the same shapes through a 3-server NATS JetStream cluster
+    beside the mesh (slow: scripts/peer-deps.sh installs nats-server and nats-py first)."""
+    subprocess.run(["bash", "scripts/peer-deps.sh"], cwd=ROOT, check=True, timeout=600)
+    report = bench("--peers", "nats", "--sizes", "100")
+    for side in ("relay", "nats"):
+        assert [r["window"] for r in report[side]["throughput"]] == [16, 64, 256, 1000]
+        for run in report[side]["throughput"]:
+            assert run["committed"] > 0 and run["tx_per_s"] > 0, run
+            assert run["cpu_us_per_tx_all"] > 0, run
+        for run in report[side]["latency"]:
+            assert run["committed"] > 0, run
+            check_summary(run["commit_ms"])
+
+
 def test_bad_options_are_refused_before_any_mesh_starts() -> None:
     runner = CliRunner()
-    for args in (["--sizes", "abc"], ["--sizes", "4"], ["--sizes", ""], ["--duration-s", "0"]):
+    bad = (
+        ["--sizes", "abc"],
+        ["--sizes", "4"],
+        ["--sizes", ""],
+        ["--duration-s", "0"],
+        ["--peers", "redis"],
+        ["--peers", "nats", "--security"],
+    )
+    for args in bad:
         result = runner.invoke(main, ["bench", *args])
         assert result.exit_code == 2, (args, result.output)
     assert parse_sizes("100, 1k,100") == (100, 1024)

@@ -1,0 +1,213 @@
+"""NATS JetStream beside the mesh, for `relay bench --peers nats` (issue 12).
+
+Three `nats-server` processes on 127.0.0.1 form a cluster with JetStream on, and hold one
+stream replicated on all three in memory (R3, the closest to a 3-relay mesh: a publish is
+acknowledged once a quorum of the replicas stored it). The same shapes as the relay's runs
+go through nats-py, the Python client, so both sides pay for a Python producer: a number of
+publishes kept in flight (the window), or one at a time for latency.
+
+`bash scripts/peer-deps.sh` installs nats-server (Debian) and nats-py (PyPI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SERVERS = 3
+SUBJECT = "bench"
+STREAM_NAME = "BENCH"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+READY_POLL_S = 0.2
+MAX_MEMORY_STORE = "2GB"  # per server: the stream lives in memory
+STREAM_MAX_BYTES = 1 << 30  # the stream drops its oldest messages beyond this
+ACK_TIMEOUT_S = 10.0  # a publish not acknowledged this long counts as failed
+
+
+class NatsUnavailable(RuntimeError):
+    """nats-server or nats-py is missing, or the cluster did not form."""
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class NatsCluster:
+    """Three nats-server processes with JetStream and the R3 memory stream `BENCH`."""
+
+    def __init__(self, directory: Path, binary: str = "nats-server") -> None:
+        found = shutil.which(binary)
+        if found is None:
+            raise NatsUnavailable(f"{binary} not found (bash scripts/peer-deps.sh installs it)")
+        self.binary = found
+        self.directory = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+        ports = _free_ports(2 * SERVERS)
+        self.client_ports, self.cluster_ports = ports[:SERVERS], ports[SERVERS:]
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{p}" for p in self.client_ports]
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {i: p.pid for i, p in enumerate(self.procs)}
+
+    def _config(self, i: int) -> str:
+        routes = ", ".join(
+            f"nats-route://127.0.0.1:{p}" for k, p in enumerate(self.cluster_ports) if k != i
+        )
+        store = self.directory / f"n{i}"
+        return (
+            f"server_name: n{i}\n"
+            f"listen: 127.0.0.1:{self.client_ports[i]}\n"
+            f"jetstream {{ store_dir: '{store}', max_memory_store: {MAX_MEMORY_STORE} }}\n"
+            f"cluster {{ name: bench, listen: 127.0.0.1:{self.cluster_ports[i]},"
+            f" routes: [{routes}] }}\n"
+        )
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for i in range(SERVERS):
+            path = self.directory / f"n{i}.conf"
+            path.write_text(self._config(i), encoding="utf-8")
+            log = open(self.directory / f"n{i}.log", "ab")  # noqa: SIM115 (the process keeps it)
+            self.procs.append(
+                subprocess.Popen([self.binary, "-c", str(path)], stdout=log, stderr=log)
+            )
+        asyncio.run(self._create_stream())
+
+    async def _create_stream(self) -> None:
+        """Create the stream once the cluster has a JetStream leader (retrying until then)."""
+        nats, js_api = _nats()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise NatsUnavailable(f"nats-server exited ({proc.returncode}); see its log")
+            try:
+                nc = await nats.connect(servers=self.urls, connect_timeout=2)
+                try:
+                    js = nc.jetstream(timeout=5)
+                    config = js_api.StreamConfig(
+                        name=STREAM_NAME,
+                        subjects=[SUBJECT],
+                        num_replicas=SERVERS,
+                        storage=js_api.StorageType.MEMORY,
+                        max_bytes=STREAM_MAX_BYTES,
+                    )
+                    await js.add_stream(config)
+                    await js.publish(SUBJECT, b"ready", timeout=5)
+                    return
+                finally:
+                    await nc.close()
+            except Exception as e:  # not formed yet: no leader, not connected
+                last = e
+                await asyncio.sleep(READY_POLL_S)
+        raise NatsUnavailable(f"the NATS cluster did not form in {READY_TIMEOUT_S:g} s: {last}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _nats() -> tuple[Any, Any]:
+    try:
+        import nats
+        from nats.js import api
+    except ImportError as e:
+        raise NatsUnavailable("nats-py is not installed (bash scripts/peer-deps.sh)") from e
+    return nats, api
+
+
+def throughput(urls: Sequence[str], value: bytes, window: int, duration_s: float) -> dict[str, Any]:
+    """Publish `value` for `duration_s` with `window` publishes awaiting their ack."""
+    return asyncio.run(_throughput(list(urls), value, window, duration_s))
+
+
+async def _throughput(
+    urls: list[str], value: bytes, window: int, duration_s: float
+) -> dict[str, Any]:
+    """`window` publishers, each awaiting its ack before the next publish. (nats-py's own
+    pipelining, publish_async with publish_async_max_pending = window, acked 3-4k/s at
+    windows 16-1024 here, where this reached 5.5k at 16 and 9.3k at 256.)"""
+    nats, _ = _nats()
+    nc = await nats.connect(servers=urls)
+    counts = {"acked": 0, "failed": 0}
+    try:
+        js = nc.jetstream(timeout=ACK_TIMEOUT_S)
+        deadline = 0.0
+
+        async def publisher() -> None:
+            while time.perf_counter() < deadline:
+                try:
+                    await js.publish(SUBJECT, value)
+                except Exception:
+                    counts["failed"] += 1
+                else:
+                    counts["acked"] += 1
+
+        started = time.perf_counter()
+        deadline = started + duration_s
+        await asyncio.gather(*(publisher() for _ in range(window)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return {**counts, "elapsed_s": elapsed}
+
+
+def one_in_flight(
+    urls: Sequence[str], value: bytes, duration_s: float, limit: int
+) -> dict[str, Any]:
+    """Publish one at a time; every publish's time to its ack, in seconds."""
+    return asyncio.run(_one_in_flight(list(urls), value, duration_s, limit))
+
+
+async def _one_in_flight(
+    urls: list[str], value: bytes, duration_s: float, limit: int
+) -> dict[str, Any]:
+    nats, _ = _nats()
+    nc = await nats.connect(servers=urls)
+    samples: list[float] = []
+    failed = 0
+    try:
+        js = nc.jetstream(timeout=ACK_TIMEOUT_S)
+        started = time.perf_counter()
+        deadline = started + duration_s
+        while len(samples) < limit and time.perf_counter() < deadline:
+            t = time.perf_counter()
+            try:
+                await js.publish(SUBJECT, value)
+            except Exception:
+                failed += 1
+            else:
+                samples.append(time.perf_counter() - t)
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return {"samples_s": samples, "failed": failed, "elapsed_s": elapsed}
