@@ -153,32 +153,42 @@ def throughput(urls: Sequence[str], value: bytes, window: int, duration_s: float
 async def _throughput(
     urls: list[str], value: bytes, window: int, duration_s: float
 ) -> dict[str, Any]:
-    """`window` publishers, each awaiting its ack before the next publish. (nats-py's own
-    pipelining, publish_async with publish_async_max_pending = window, acked 3-4k/s at
-    windows 16-1024 here, where this reached 5.5k at 16 and 9.3k at 256.)"""
+    """Publishes with one reply subject, their acks counted as they come, at most `window`
+    unacknowledged: the fastest way nats-py has found here (19k acks/s at window 16, 34k at
+    256, 100 B). Its own helpers are slower: publish_async with publish_async_max_pending
+    acked 3-4k/s, `window` coroutines each awaiting js.publish 5-14k/s."""
     nats, _ = _nats()
-    nc = await nats.connect(servers=urls)
+    nc = await _connect(nats, urls)
     counts = {"acked": 0, "failed": 0}
+    room = asyncio.Semaphore(window)
+
+    async def on_ack(msg: Any) -> None:
+        counts["failed" if b'"error"' in msg.data else "acked"] += 1
+        room.release()
+
     try:
-        js = nc.jetstream(timeout=ACK_TIMEOUT_S)
-        deadline = 0.0
-
-        async def publisher() -> None:
-            while time.perf_counter() < deadline:
-                try:
-                    await js.publish(SUBJECT, value)
-                except Exception:
-                    counts["failed"] += 1
-                else:
-                    counts["acked"] += 1
-
+        inbox = nc.new_inbox()
+        await nc.subscribe(inbox, cb=on_ack)
         started = time.perf_counter()
         deadline = started + duration_s
-        await asyncio.gather(*(publisher() for _ in range(window)))
+        while time.perf_counter() < deadline:
+            await room.acquire()
+            await nc.publish(SUBJECT, value, reply=inbox)
+        for _ in range(window):  # the last acks
+            await asyncio.wait_for(room.acquire(), ACK_TIMEOUT_S)
         elapsed = time.perf_counter() - started
     finally:
         await nc.close()
     return {**counts, "elapsed_s": elapsed}
+
+
+async def _connect(nats: Any, urls: list[str]) -> Any:
+    """A connection that neither reconnects nor prints errors when the cluster stops."""
+
+    async def quiet(error: Exception) -> None:
+        pass
+
+    return await nats.connect(servers=urls, allow_reconnect=False, error_cb=quiet)
 
 
 def one_in_flight(
@@ -192,7 +202,7 @@ async def _one_in_flight(
     urls: list[str], value: bytes, duration_s: float, limit: int
 ) -> dict[str, Any]:
     nats, _ = _nats()
-    nc = await nats.connect(servers=urls)
+    nc = await _connect(nats, urls)
     samples: list[float] = []
     failed = 0
     try:
