@@ -1084,10 +1084,10 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
     from relay.tools.nats_peer import NatsCluster
 
     say = log or (lambda text: None)
+    cluster = NatsCluster()  # (first: it says at once what is missing)
     workdir = Path(tempfile.mkdtemp(prefix="relay-bench-peers-"))
     keep = False
     mesh = Mesh(_write_topology(workdir / "relay"), log_dir=workdir / "relay" / "logs")
-    cluster = NatsCluster(workdir / "nats")
     report: dict[str, Any] = {
         "config": _config(options),
         **{side: {"throughput": [], "latency": []} for side in PEER_SIDES},
@@ -1095,7 +1095,7 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
     try:
         say("starting the 3-relay mesh and the 3-server NATS JetStream cluster ...")
         mesh.start(START_TIMEOUT_S)
-        cluster.start()
+        cluster.start(workdir / "nats")
         ctx = _context(options, mesh)
         for size in options.sizes:
             for window in options.windows:

@@ -51,12 +51,14 @@ def _free_ports(count: int) -> list[int]:
 class NatsCluster:
     """Three nats-server processes with JetStream and the R3 memory stream `BENCH`."""
 
-    def __init__(self, directory: Path, binary: str = "nats-server") -> None:
+    def __init__(self, binary: str = "nats-server") -> None:
+        """NatsUnavailable at once if nats-server or nats-py is missing."""
         found = shutil.which(binary)
         if found is None:
             raise NatsUnavailable(f"{binary} not found (bash scripts/peer-deps.sh installs it)")
+        _nats()
         self.binary = found
-        self.directory = directory
+        self.directory = Path()
         self.procs: list[subprocess.Popen[bytes]] = []
         ports = _free_ports(2 * SERVERS)
         self.client_ports, self.cluster_ports = ports[:SERVERS], ports[SERVERS:]
@@ -82,8 +84,10 @@ class NatsCluster:
             f" routes: [{routes}] }}\n"
         )
 
-    def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def start(self, directory: Path) -> None:
+        """Start the servers (configs, stores and logs in `directory`) and make the stream."""
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
         for i in range(SERVERS):
             path = self.directory / f"n{i}.conf"
             path.write_text(self._config(i), encoding="utf-8")
