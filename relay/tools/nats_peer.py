@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from relay.launcher import free_ports
 
 SERVERS = 3
 SUBJECT = "bench"
@@ -35,19 +36,6 @@ class NatsUnavailable(RuntimeError):
     """nats-server or nats-py is missing, or the cluster did not form."""
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 class NatsCluster:
     """Three nats-server processes with JetStream and the R3 memory stream `BENCH`."""
 
@@ -60,7 +48,7 @@ class NatsCluster:
         self.binary = found
         self.directory = Path()
         self.procs: list[subprocess.Popen[bytes]] = []
-        ports = _free_ports(2 * SERVERS)
+        ports = free_ports(2 * SERVERS)
         self.client_ports, self.cluster_ports = ports[:SERVERS], ports[SERVERS:]
 
     @property
