@@ -1330,7 +1330,7 @@ def run_cli(
     *,
     duration_s: float | None,
     sizes: tuple[int, ...],
-    windows: tuple[int, ...] = DEFAULT_WINDOWS,
+    windows: tuple[int, ...] | None = None,
     rate_tx_s: int = DEFAULT_RATE_TX_S,
     quick: bool,
     as_json: bool,
@@ -1343,8 +1343,8 @@ def run_cli(
 
     if duration_s is None:
         duration_s = QUICK_DURATION_S if quick else DEFAULT_DURATION_S
-    if peers is not None and windows == DEFAULT_WINDOWS:
-        windows = PEER_WINDOWS
+    if windows is None:  # each mode's own shapes
+        windows = PEER_WINDOWS if peers is not None else DEFAULT_WINDOWS
     options = BenchOptions(duration_s, sizes, windows, rate_tx_s, quick, profile)
 
     def log(text: str) -> None:
