@@ -283,7 +283,9 @@ class ClientService:
         if not self._members(req.stream):
             self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
         tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value, req.kind)
-        self._produce(envelope, req.request_id, req.stream, tx, False, now_ms, mono_ms)
+        core_id = self._register(envelope, req.request_id, req.stream, False)
+        if core_id >= 0:
+            self._hand_to_core([ProduceRequest(core_id, req.stream, tx)], now_ms, mono_ms)
         self._track_produces(first, mono_ms)
 
     def _on_produce_batch(
@@ -299,6 +301,7 @@ class ClientService:
         producer_id = req.producer_id
         checked = ""  # the items of a batch mostly share one stream: look it up once
         denied = ""
+        taken: list[ProduceRequest] = []  # for the core, in one call
         for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
@@ -309,37 +312,43 @@ class ClientService:
                 self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, denied)
                 continue
             tx = Transaction(producer_id, producer_seq, key, value, kind)
-            self._produce(envelope, item_id, stream, tx, True, now_ms, mono_ms)
+            core_id = self._register(envelope, item_id, stream, True)
+            if core_id >= 0:
+                taken.append(ProduceRequest(core_id, stream, tx))
+        self._hand_to_core(taken, now_ms, mono_ms)
         self._track_produces(first, mono_ms)
 
-    def _produce(
-        self,
-        envelope: Envelope,
-        request_id: int,
-        stream: str,
-        tx: Transaction,
-        batched: bool,
-        now_ms: int,
-        mono_ms: int,
-    ) -> None:
-        """Hand one produce to the core; its answer comes back through `on_reply`."""
+    def _register(self, envelope: Envelope, request_id: int, stream: str, batched: bool) -> int:
+        """The core's id for one produce, or -1 if too many are in flight (answered)."""
         counters = self.counters
         counters["produce_requests"] += 1
         if len(self._produces) >= self.limits.max_pending_produces:
             counters["produce_refused_busy"] += 1
             reason = RejectReason.BUFFER_FULL.value
             self._answer_produce(envelope, request_id, batched, Outcome.REJECTED, -1, reason)
-            return
+            return -1
         core_id = self._next_core_id
         self._next_core_id = core_id + 1
         self._produces[core_id] = (envelope, request_id, stream, batched)
+        return core_id
+
+    def _hand_to_core(self, requests: list[ProduceRequest], now_ms: int, mono_ms: int) -> None:
+        """Give the core produces; their answers come back through `on_reply`. Should the
+        core fail (a bug), those not yet answered are told `unknown`: always safe to retry."""
+        if not requests:
+            return
         try:
-            self.core.produce(ProduceRequest(core_id, stream, tx), now_ms, mono_ms)
+            self.core.produce_many(requests, now_ms, mono_ms)
         except Exception:
-            counters["produce_core_error"] += 1
-            log.exception("relay=%d stream=%s core failed on a produce", self._relay_id, stream)
-            self._produces.pop(core_id, None)
-            self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+            self.counters["produce_core_error"] += 1
+            log.exception(
+                "relay=%d stream=%s core failed on a produce", self._relay_id, requests[0].stream
+            )
+            for request in requests:
+                pending = self._produces.pop(request.request_id, None)
+                if pending is not None:
+                    envelope, request_id, _, batched = pending
+                    self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
 
     def _track_produces(self, first_core_id: int, mono_ms: int) -> None:
         """One deadline for the produces of one request frame (core ids first.. so far)."""

@@ -25,7 +25,7 @@ to the rule that owns it, and composes the rules where one event concerns severa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from relay.core import (
     codec,
@@ -183,11 +183,21 @@ class RelayCore(RelayState):
 
     def produce(self, request: ProduceRequest, now_ms: int, mono_ms: int | None = None) -> None:
         """A client's transaction; its ProduceReply comes out of a later `ready()`."""
+        self.produce_many((request,), now_ms, mono_ms)
+
+    def produce_many(
+        self, requests: Sequence[ProduceRequest], now_ms: int, mono_ms: int | None = None
+    ) -> None:
+        """Client transactions that arrived together (a client's batch): each is taken
+        exactly as `produce` would take it, in order; what cannot change between them
+        (whether a stream is fenced here) is looked at once per stream."""
         now_ms = self._set_time(now_ms, mono_ms)
         self.note_busy(now_ms)
-        coordinate.accept(
-            self, request.stream, request.tx, Waiter(request.request_id, None), now_ms
-        )
+        fences = coordinate.FenceMemo()
+        for request in requests:
+            coordinate.accept(
+                self, request.stream, request.tx, Waiter(request.request_id, None), now_ms, fences
+            )
 
     def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None:
         """The shell saw its connection to a peer close (the process died, the host went

@@ -680,7 +680,7 @@ RELAY_STAGES = (
     ("    codec.decode", "relay/core/codec.py", "decode"),
     ("  client frames: drain", "relay/node.py", "_drain_clients"),
     ("    wire.decode", "relay/wire.py", "decode"),
-    ("    core.produce", "relay/core/machine.py", "produce"),
+    ("    core.produce", "relay/core/machine.py", "produce_many"),
     ("  core.tick", "relay/core/machine.py", "tick"),
     ("  flush: ready + publish + replies", "relay/node.py", "_flush"),
     ("    core.ready", "relay/core/machine.py", "ready"),
