@@ -1,11 +1,11 @@
 """Reporting, counting votes, committing and delivering (docs/protocol.md sections 5.3, 5.4).
 
-A member reports its digest at every held entry (and, while the stream is unsettled, at
-aligned checkpoints) between the last point it reported and the watermark, each point
-once, in increasing order. A point commits when a quorum of counted reports agree there;
-a member counts its own report only once some member acknowledged having it. A relay
-delivers up to the highest known committed point whose digest equals its own there; what
-to do when it does not is repair (relay/core/repair.py).
+A member reports its digest at the end of every TxBatch it published or received (and,
+while the stream is unsettled, at aligned checkpoints) between the last point it reported
+and the watermark, each point once, in increasing order. A point commits when a quorum of
+counted reports agree there; a member counts its own report only once some member
+acknowledged having it. A relay delivers up to the highest known committed point whose
+digest equals its own there; what to do when it does not is repair (relay/core/repair.py).
 """
 
 from __future__ import annotations
@@ -123,18 +123,16 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
         return
     start = tl.index_after(above)
     end = tl.index_after(w)
-    points: list[Report] = []
-    if end > start:
-        tl.digest_through(end - 1)
-        points.extend(zip(tl.seqs[start:end], tl.digests[start:end], strict=True))
+    wanted = st.take_run_ends(above, w)
     if unsettled(st) or end > start:
         aligned = checkpoints(core, above, w)
         if aligned:
-            for p in aligned:
-                d = tl.digest_at(p)
-                if d is not None:
-                    points.append((p, d))
-            points.sort()
+            wanted = sorted({*wanted, *aligned})
+    points: list[Report] = []
+    for p in wanted:
+        d = tl.digest_at(p)
+        if d is not None:
+            points.append((p, d))
     if not points:
         return
     tl.reported = points[-1][0]
@@ -190,6 +188,7 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
     tl = st.timeline
     newly = tl.deliver_through(point, digest)
     st.votes.settle_through(point)
+    st.take_run_ends(-1, point)  # committed: no need to report there any more
     while st.own_unacked and st.own_unacked[0][0] <= point:
         st.own_unacked.popleft()  # settled: no need to count them any more
     st.progress_ms = core.now_ms

@@ -256,6 +256,7 @@ def publish_batches(core: RelayState, st: StreamState) -> None:
     if not st.out_entries:
         return
     for chunk in chunks(st.out_entries, core.limits):
+        st.mark_run_end(chunk[-1][0])
         st.link_seq_out += 1
         core.send(
             TxBatch(

@@ -436,13 +436,19 @@ def retry_fills(core: RelayState, st: StreamState, now_ms: int) -> None:
 def on_tx_batch(core: RelayState, st: StreamState, msg: TxBatch) -> None:
     """A coordinator's transactions: inserted above what we reported, else kept late."""
     tl = st.timeline
+    held = False
     for seq, tx in msg.entries:
         if not admits(st.view, msg.sender, msg.incarnation, seq):
             core.counters["tx_not_admitted"] += 1
             continue
         outcome = tl.insert(seq, tx)
-        if outcome is not Insert.INSERTED:
+        if outcome is Insert.INSERTED:
+            held = True
+        else:
             core.counters["tx_" + outcome.value] += 1
+            held = held or outcome is Insert.DUPLICATE
+    if held:  # (a run end is one more point to report: only for an entry we hold)
+        st.mark_run_end(msg.entries[-1][0])
     if msg.entries:
         core.announce_floor = True
 

@@ -12,9 +12,11 @@ members converge and commit again at later points.
 
 from __future__ import annotations
 
+from collections import deque
+
 from relay.core.commit import resume_reports
 from relay.core.links import is_live
-from relay.core.messages import RepairReply, RepairStatus
+from relay.core.messages import RepairReply, RepairStatus, Report
 from relay.core.seq import relay_of
 from relay.core.state import Purpose, RelayState, ResetState, StreamState, admits_seq
 
@@ -40,6 +42,19 @@ def conflicts(st: StreamState, point: int, digest: bytes) -> bool:
     return any(d != digest and mask for d, mask in st.votes.points.get(point, {}).items())
 
 
+def reports_above(log: deque[Report], point: int) -> list[Report]:
+    """Our reports above `point`, oldest first. The log only grows upwards (a view change
+    trims its top), so they are its tail: no need to walk the whole log (up to
+    report_log_entries) every time a stream sits without progress."""
+    tail: list[Report] = []
+    for report in reversed(log):
+        if report[0] <= point:
+            break
+        tail.append(report)
+    tail.reverse()
+    return tail
+
+
 def maybe_reset(core: RelayState, st: StreamState, now_ms: int) -> None:
     """If every point we reported above our committed point is dead (no digest can
     reach a quorum there any more), nobody can ever commit them, so our prefix there
@@ -61,7 +76,7 @@ def maybe_reset(core: RelayState, st: StreamState, now_ms: int) -> None:
     st.dead_check_ms = now_ms
     if len(log) == log.maxlen and log[0][0] > tl.committed_point:
         return  # our own early reports fell out of the log: cannot prove them dead
-    own = [(p, d) for p, d in log if p > tl.committed_point]
+    own = reports_above(log, tl.committed_point)
     # Conflicts at or below a zone we already rebuilt are settled for us: only a
     # conflict among the points we reported since is a new split.
     since = max(tl.committed_point, st.rebuilt_through)

@@ -10,6 +10,7 @@ explorer copy a relay by pickling it.
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -343,6 +344,9 @@ class StreamState:
         self.votes = VoteTally(members, limits.max_pending_vote_points)
         self.out_reports: list[Report] = []
         self.report_log: deque[Report] = deque(maxlen=limits.report_log_entries)
+        # The last seq of every TxBatch published or received, not yet reported past: the
+        # points every member reports (5.3), ascending, at most one per entry held.
+        self.run_ends: list[int] = []
         self.known_commit: tuple[int, bytes] = (-1, NO_DIGEST)
         self.commit_sources: set[int] = set()
         self.announced_commit = -1
@@ -405,6 +409,24 @@ class StreamState:
         # The last committed (point, digest) known from durable history (the store, a
         # spool) when this relay started without any (see RelayCore.seed).
         self.seed: tuple[int, bytes] | None = None
+
+    def mark_run_end(self, seq: int) -> None:
+        """`seq` ended a TxBatch: a point the stream's members will all report (5.3)."""
+        ends = self.run_ends
+        if not ends or seq > ends[-1]:
+            ends.append(seq)
+            return
+        i = bisect_left(ends, seq)
+        if ends[i] != seq:
+            ends.insert(i, seq)
+
+    def take_run_ends(self, above: int, upto: int) -> list[int]:
+        """The run ends in (above, upto], forgetting every one at or below `upto`."""
+        ends = self.run_ends
+        cut = bisect_right(ends, upto)
+        taken = ends[bisect_right(ends, above, 0, cut) : cut]
+        del ends[:cut]
+        return taken
 
     def end_repair(self) -> None:
         self.repair = None
