@@ -82,7 +82,7 @@ import itertools
 import os
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -616,6 +616,39 @@ class Producer(_ProducerBase[_SyncLinks]):
         self.close()
 
 
+class _Room:
+    """Places in an asyncio producer's window: `take` waits for one, first come first
+    served; `give` frees one, handing it straight to the oldest waiter. (asyncio.Semaphore
+    looks through all its waiters on every acquire in Python 3.11: an eighth of a busy
+    producer's time.)"""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def take(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(place)
+        try:
+            await place  # woken with a place handed over (`give`)
+        except asyncio.CancelledError:
+            if place.done() and not place.cancelled():
+                self.give()  # handed a place, then cancelled: pass it on
+            raise
+
+    def give(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            place = waiters.popleft()
+            if not place.done():  # (a cancelled waiter is skipped)
+                place.set_result(None)
+                return
+        self._free += 1
+
+
 class AsyncProducer(_ProducerBase[_AsyncLinks]):
     """An asyncio producer. Many tasks may send at once; at most `window` transactions
     are in flight (`send_async` waits for room, then returns a future)."""
@@ -623,7 +656,7 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
     _links_type = _AsyncLinks
 
     def _start(self) -> None:
-        self._slots = asyncio.Semaphore(self._window)
+        self._slots = _Room(self._window)
         self._futures: dict[Op, asyncio.Future[int]] = {}
         self._pump_task: asyncio.Task[None] | None = None
         self._broken: Exception | None = None
@@ -651,9 +684,9 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
         check_stream(stream)
         key, value = _check_tx(key, value)
         _check_kind(kind)
-        await self._slots.acquire()
+        await self._slots.take()
         if self._closed or self._broken is not None:
-            self._slots.release()
+            self._slots.give()
             raise RuntimeError("the producer is closed") from self._broken
         op = self._engine.submit(stream, key, value, kind)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -729,7 +762,7 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
     def _settle(self) -> None:
         for op in self._engine.take_completed():
             future = self._futures.pop(op, None)
-            self._slots.release()
+            self._slots.give()
             if future is None or future.done():
                 continue
             if op.error is not None:

@@ -346,6 +346,40 @@ def test_window_bounds_requests_in_flight() -> None:
         assert p.next_producer_seq == 41 and not held
 
 
+def test_async_window_survives_senders_cancelled_while_waiting() -> None:
+    held: list[wire.ProduceReq] = []
+    peak = 0
+
+    def hold(msg: wire.ClientMessage) -> None:
+        nonlocal peak
+        assert isinstance(msg, wire.ProduceReq)
+        held.append(msg)
+        peak = max(peak, len(held))
+
+    def release() -> list[wire.ClientMessage]:  # every 10 ms without a request
+        answers: list[wire.ClientMessage] = [
+            wire.ProduceResp(m.request_id, Outcome.COMMITTED, 1000 + m.producer_seq) for m in held
+        ]
+        held.clear()
+        return answers
+
+    async def scenario(endpoint: str) -> None:
+        async with AsyncProducer([endpoint], window=4) as p:
+            first = [await p.send_async("s", b"v%d" % i) for i in range(4)]  # the window is full
+            waiting = [asyncio.create_task(p.send_async("s", b"w")) for _ in range(4)]
+            await asyncio.sleep(0)  # they wait for room
+            for task in waiting:
+                task.cancel()
+            assert [await f for f in first] == [1000 + i for i in range(4)]
+            # Had a cancelled waiter kept a place, the window would be smaller (or gone).
+            more = await asyncio.wait_for(p.send_many("s", [b"m%d" % i for i in range(20)]), 30)
+            assert len(more) == 20
+            assert peak == 4, peak
+
+    with FakeRelay(hold, idle=release) as fake:
+        asyncio.run(scenario(fake.endpoint))
+
+
 def test_a_refused_batch_is_sent_again_item_by_item() -> None:
     """A relay allowing fewer items per batch than the producer assumed refuses the whole
     batch (changing nothing): each transaction then goes alone, and commits."""
