@@ -158,7 +158,8 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
     # committed point tells their authors more (a stream just joined would otherwise
     # send a Reports per member heard, thousands when thousands of streams open at once).
     acks_moved = any(st.acks_sent.get(m, -1) < p and p > committed for m, p in our_acks)
-    if st.out_reports or committed > st.announced_commit or acks_moved:
+    news = committed > st.announced_commit and core.now_ms >= st.announce_by_ms
+    if st.out_reports or news or acks_moved:
         st.link_seq_out += 1
         st.announced_commit = committed
         st.acks_sent = dict(our_acks)
@@ -179,6 +180,28 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
         st.out_reports = []
 
 
+def plan_announcement(core: RelayState, st: StreamState, point: int, digest: bytes) -> None:
+    """When our committed point must be announced by a Reports of its own (5.4), should no
+    Reports carry it before: at once if a member may need it to commit, else lazily. Once
+    more than a quorum of members reported the committed digest at `point` (our own report
+    included, acknowledged or not: the others count it), every member hears a quorum of
+    reports besides its own and commits by itself; announcing anyway cost every relay a
+    frame per commit and each peer a turn to read it (a third of the frames at one
+    transaction in flight). The lazy announcement goes with the next Reports, or after a
+    heartbeat interval (a stream is dormant only once it announced its commit, 5.11)."""
+    support = st.votes.support(point, digest)
+    if not st.votes.has_reported(core.id, point, digest):
+        for mine in st.own_unacked:
+            if mine[0] >= point:
+                support += mine == (point, digest)
+                break
+    due = core.now_ms + (core.limits.heartbeat_interval_ms if support > st.q else 0)
+    if st.announced_commit >= st.timeline.committed_point:  # nothing waiting: start over
+        st.announce_by_ms = due
+    else:
+        st.announce_by_ms = min(st.announce_by_ms, due)
+
+
 # --- delivering ---------------------------------------------------------------------------------
 
 
@@ -186,6 +209,7 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
     """Commit our prefix up to `point` (its digest is `digest`), hand the new entries to
     consumers, answer the produces it settles, and evict down to the buffer bounds."""
     tl = st.timeline
+    plan_announcement(core, st, point, digest)
     newly = tl.deliver_through(point, digest)
     st.votes.settle_through(point)
     st.take_run_ends(-1, point)  # committed: no need to report there any more

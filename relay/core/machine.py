@@ -239,7 +239,8 @@ class RelayCore(RelayState):
 
     def next_deadline_ms(self) -> int:
         """The monotonic time by which `tick` must next be called (the shell may sleep until
-        then unless input arrives): the next heartbeat, or an earlier produce deadline.
+        then unless input arrives): the next heartbeat, or an earlier produce deadline or
+        announcement of a commit.
         Every other timer (suspicion, fencing, retries) is looked at on each tick, so it
         fires at most one heartbeat interval late (a quiet one only while nothing is in
         flight, 5.11)."""
@@ -247,8 +248,12 @@ class RelayCore(RelayState):
         if self.forward_deadlines:
             due = min(due, self.forward_deadlines[0][0])
         for st in self.streams.values():
-            if not st.dormant and st.pending.deadlines:
+            if st.dormant:
+                continue
+            if st.pending.deadlines:
                 due = min(due, st.pending.deadlines[0][0])
+            if st.announced_commit < st.timeline.committed_point:
+                due = min(due, st.announce_by_ms)  # a lazy announcement (5.4)
         return due
 
     def ready(self) -> Ready:

@@ -350,6 +350,9 @@ class StreamState:
         self.known_commit: tuple[int, bytes] = (-1, NO_DIGEST)
         self.commit_sources: set[int] = set()
         self.announced_commit = -1
+        # When the committed point must be announced by a Reports of its own if none went
+        # out since it moved (5.4): at once, or later when every member commits it anyway.
+        self.announce_by_ms = NEVER
         self.progress_ms = NEVER  # last time the committed point moved
         # Votes of member m are all known at points <= known_through[m] (its report
         # stream arrived with nothing missing); a restart of m leaves its earlier
