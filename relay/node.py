@@ -231,10 +231,13 @@ class _PeerLinks:
         """When a link is next due to be connected again here (None: none is)."""
         return min(self.reconnect_at.values(), default=None)
 
-    def poll(self, mono: int) -> list[int]:
-        """The relays whose link closed since the last call; reconnect the links due."""
+    def poll(self, mono: int, readable: set[zmq.Socket[Any]]) -> list[int]:
+        """The relays whose link closed since the last call (by the monitors among the
+        `readable` sockets: the others have no event); reconnect the links due."""
         lost: list[int] = []
         for relay, monitor in self.monitors.items():
+            if monitor.socket not in readable:
+                continue
             for event, _ in monitor.events():
                 if event == _CONNECT_RETRIED:  # libzmq connects again by itself
                     self.reconnect_at.pop(relay, None)
@@ -816,7 +819,7 @@ class RelayNode:
         if socks.router in readable:
             self._drain_clients(socks, now, mono)
             fed = True
-        for relay in socks.links.poll(mono):
+        for relay in socks.links.poll(mono, readable):
             self.counters["peer_link_closed"] += 1
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
             self.core.peer_lost(relay, now, mono)
