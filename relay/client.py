@@ -145,7 +145,7 @@ __all__ = [
 # --- named limits ------------------------------------------------------------------------
 
 DEFAULT_WINDOW = 64  # produce requests in flight at once per producer
-MAX_WINDOW = 1_000
+MAX_WINDOW = 4_096
 SEND_HWM = 2 * MAX_WINDOW  # frames queued per relay connection (more: the send fails)
 DEFAULT_SEND_TIMEOUT_S = 30.0  # total time one send may take, all attempts included
 DEFAULT_MAX_ATTEMPTS = 30  # attempts (relays asked) per send

@@ -123,13 +123,19 @@ def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
     subprocess.run(["bash", "scripts/peer-deps.sh"], cwd=ROOT, check=True, timeout=600)
     report = bench("--peers", "nats", "--sizes", "100")
     for side in ("relay", "nats"):
-        assert [r["window"] for r in report[side]["throughput"]] == [16, 64, 256, 1000]
+        assert [r["window"] for r in report[side]["throughput"]] == [16, 64, 256, 1024, 4096]
         for run in report[side]["throughput"]:
             assert run["committed"] > 0 and run["tx_per_s"] > 0, run
             assert run["cpu_us_per_tx_all"] > 0, run
         for run in report[side]["latency"]:
             assert run["committed"] > 0, run
             check_summary(run["commit_ms"])
+        assert [r["mode"] for r in report[side]["latency"]] == ["one_in_flight", "rate", "rate"]
+        for run in report[side]["latency"][1:]:
+            assert run["delivered"] > 0, run  # a consumer of another server got them
+            check_summary(run["delivery_ms"])
+        idle = report["idle_cpu_percent"][side]
+        assert len(idle) == 3 and all(v is not None and v >= 0 for v in idle), idle
 
 
 def test_bad_options_are_refused_before_any_mesh_starts() -> None:

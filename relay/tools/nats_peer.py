@@ -95,7 +95,7 @@ class NatsCluster:
                 if proc.poll() is not None:
                     raise NatsUnavailable(f"nats-server exited ({proc.returncode}); see its log")
             try:
-                nc = await nats.connect(servers=self.urls, connect_timeout=2)
+                nc = await _connect(nats, self.urls, connect_timeout=2)
                 try:
                     js = nc.jetstream(timeout=5)
                     config = js_api.StreamConfig(
@@ -174,13 +174,82 @@ async def _throughput(
     return {**counts, "elapsed_s": elapsed}
 
 
-async def _connect(nats: Any, urls: list[str]) -> Any:
-    """A connection that neither reconnects nor prints errors when the cluster stops."""
+async def _connect(nats: Any, urls: list[str], **options: Any) -> Any:
+    """A connection that neither reconnects nor prints errors (a server still starting,
+    or the cluster stopping): a failed connect raises, the caller says what it means."""
 
     async def quiet(error: Exception) -> None:
         pass
 
-    return await nats.connect(servers=urls, allow_reconnect=False, error_cb=quiet)
+    return await nats.connect(servers=urls, allow_reconnect=False, error_cb=quiet, **options)
+
+
+def at_rate(urls: Sequence[str], value: bytes, rate_tx_s: int, duration_s: float) -> dict[str, Any]:
+    """Open loop: the i-th publish at start + i / rate, through the first server, whatever
+    came back; a JetStream consumer (ordered, new messages only) on the second server.
+    Per publish (its index in the value's first 8 bytes): the time to its ack and to its
+    delivery, in seconds."""
+    return asyncio.run(_at_rate(list(urls), value, rate_tx_s, duration_s))
+
+
+async def _at_rate(
+    urls: list[str], value: bytes, rate_tx_s: int, duration_s: float
+) -> dict[str, Any]:
+    nats, api = _nats()
+    producer = await _connect(nats, urls[:1])
+    consumer = await _connect(nats, urls[1:2])
+    count = max(1, int(rate_tx_s * duration_s))
+    sent: dict[int, float] = {}
+    acked: dict[int, float] = {}
+    delivered: dict[int, float] = {}
+    failed = 0
+    all_acked = asyncio.Event()
+
+    async def on_ack(msg: Any) -> None:
+        nonlocal failed
+        index = int(msg.subject.rpartition(".")[2])  # each publish has its own reply subject
+        if b'"error"' in msg.data:
+            failed += 1
+        else:
+            acked.setdefault(index, time.perf_counter())
+        if len(acked) + failed >= count:
+            all_acked.set()
+
+    async def on_message(msg: Any) -> None:
+        index = int.from_bytes(msg.data[:8], "big")
+        delivered.setdefault(index, time.perf_counter())
+
+    try:
+        js = consumer.jetstream(timeout=ACK_TIMEOUT_S)
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+        await js.subscribe(SUBJECT, cb=on_message, ordered_consumer=True, config=config)
+        inbox = producer.new_inbox()
+        await producer.subscribe(inbox + ".*", cb=on_ack)
+        await producer.flush()
+        await consumer.flush()
+        body = value[8:]
+        started = time.perf_counter()
+        for i in range(count):
+            delay = started + i / rate_tx_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent[i] = time.perf_counter()
+            await producer.publish(SUBJECT, i.to_bytes(8, "big") + body, reply=f"{inbox}.{i}")
+        await asyncio.wait_for(all_acked.wait(), ACK_TIMEOUT_S)
+        deadline = time.perf_counter() + ACK_TIMEOUT_S
+        while len(delivered) < len(acked) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - started
+    finally:
+        await producer.close()
+        await consumer.close()
+    return {
+        "ack_s": [acked[i] - sent[i] for i in acked if i in sent],
+        "delivery_s": [delivered[i] - sent[i] for i in delivered if i in sent],
+        "sent": len(sent),
+        "failed": failed,
+        "elapsed_s": elapsed,
+    }
 
 
 def one_in_flight(
