@@ -15,7 +15,13 @@ from relay.core.links import watermark
 from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
 from relay.core.shell import Delivery
-from relay.core.state import NEVER, RelayState, StreamState
+from relay.core.state import NEVER, NOT_DUE, RelayState, StreamState
+
+# Acks that moved above our committed point go out alone only if we did not commit past
+# them this long after (5.4). In a mesh where every member reports, the others' reports
+# commit the point within a hop and the ack is never needed; where one is missing, a
+# member counting its own report waits this much longer for it.
+ACK_HOLD_MS = 2
 
 # --- counting ---------------------------------------------------------------------------------
 
@@ -157,12 +163,19 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
     # Acks of reports at or below our committed point need no message of their own: our
     # committed point tells their authors more (a stream just joined would otherwise
     # send a Reports per member heard, thousands when thousands of streams open at once).
+    # Nor do acks that our next commit will pass: they wait ACK_HOLD_MS for it (5.4).
     acks_moved = any(st.acks_sent.get(m, -1) < p and p > committed for m, p in our_acks)
+    if not acks_moved:
+        st.acks_by_ms = NOT_DUE
+    elif st.acks_by_ms == NOT_DUE:
+        st.acks_by_ms = core.now_ms + ACK_HOLD_MS
+    acks_due = core.now_ms >= st.acks_by_ms
     news = committed > st.announced_commit and core.now_ms >= st.announce_by_ms
-    if st.out_reports or news or acks_moved:
+    if st.out_reports or news or acks_due:
         st.link_seq_out += 1
         st.announced_commit = committed
         st.acks_sent = dict(our_acks)
+        st.acks_by_ms = NOT_DUE
         core.send(
             Reports(
                 sender=core.id,

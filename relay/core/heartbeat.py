@@ -34,7 +34,7 @@ from relay.core.fencing import NOT_ADMITTED
 from relay.core.links import clock_outlier
 from relay.core.messages import Heartbeat, StreamStatus
 from relay.core.repair import advance
-from relay.core.state import NEVER, PeerState, RelayState, StreamState
+from relay.core.state import NEVER, NOT_DUE, PeerState, RelayState, StreamState
 from relay.core.transit import reaches
 from relay.core.view import in_use
 
@@ -82,6 +82,8 @@ def can_sleep(core: RelayState, st: StreamState, now_ms: int) -> bool:
         return False  # (a produce answered early leaves its deadline until it passes)
     if st.reports_paused or st.acceptor.promised >= 0 or st.announced_commit < tl.committed_point:
         return False
+    if st.acks_by_ms != NOT_DUE:
+        return False  # acks held for a commit (5.4)
     if st.inherited and st.inherited[-1][0] > tl.committed_point:
         return False  # inherited reports still to tell (5.8)
     for m in st.peers:

@@ -239,8 +239,8 @@ class RelayCore(RelayState):
 
     def next_deadline_ms(self) -> int:
         """The monotonic time by which `tick` must next be called (the shell may sleep until
-        then unless input arrives): the next heartbeat, or an earlier produce deadline or
-        announcement of a commit.
+        then unless input arrives): the next heartbeat, or an earlier produce deadline,
+        announcement of a commit or held acks.
         Every other timer (suspicion, fencing, retries) is looked at on each tick, so it
         fires at most one heartbeat interval late (a quiet one only while nothing is in
         flight, 5.11)."""
@@ -254,6 +254,7 @@ class RelayCore(RelayState):
                 due = min(due, st.pending.deadlines[0][0])
             if st.announced_commit < st.timeline.committed_point:
                 due = min(due, st.announce_by_ms)  # a lazy announcement (5.4)
+            due = min(due, st.acks_by_ms)  # acks held for a commit (5.4)
         return due
 
     def ready(self) -> Ready:

@@ -39,6 +39,7 @@ from relay.core.timeline import NO_DIGEST, Timeline
 
 GENESIS_POINT = 0
 NEVER = -(1 << 62)  # a time long before anything happened
+NOT_DUE = 1 << 62  # a time that never comes: a timer not armed
 # A relay's incarnation on the first start of its identity (section 3): it never ran
 # before, so it has nothing to forget. Each restart takes a higher one.
 FIRST_INCARNATION = 1
@@ -365,6 +366,7 @@ class StreamState:
         self.own_unacked: deque[Report] = deque()
         self.own_acked_through = -1
         self.acks_sent: dict[int, int] = {}
+        self.acks_by_ms = NOT_DUE  # when acks that moved go out alone if nothing took them
         # 5.12 views: the view adopted, this relay as acceptor and proposer of the next
         self.view = EMPTY_VIEW
         self.acceptor = Acceptor(number=1)
