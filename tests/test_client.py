@@ -319,49 +319,43 @@ def test_fenced_follows_redirect_and_gives_up_with_fenced() -> None:
             assert info.value.retriable
 
 
-def test_window_bounds_requests_in_flight() -> None:
-    held: list[wire.ProduceReq] = []
-    peak = 0
+class Holding:
+    """A FakeRelay script that holds every produce and commits all it holds (seq 1000 +
+    producer seq) whenever no request came for 10 ms; `peak`: the most held at once."""
 
-    def hold(msg: wire.ClientMessage) -> None:
-        nonlocal peak
+    def __init__(self) -> None:
+        self.held: list[wire.ProduceReq] = []
+        self.peak = 0
+
+    def hold(self, msg: wire.ClientMessage) -> None:
         assert isinstance(msg, wire.ProduceReq)
-        held.append(msg)
-        peak = max(peak, len(held))
+        self.held.append(msg)
+        self.peak = max(self.peak, len(self.held))
 
-    def release() -> list[wire.ClientMessage]:  # every 10 ms without a request
+    def release(self) -> list[wire.ClientMessage]:
         answers: list[wire.ClientMessage] = [
-            wire.ProduceResp(m.request_id, Outcome.COMMITTED, 1000 + m.producer_seq) for m in held
+            wire.ProduceResp(m.request_id, Outcome.COMMITTED, 1000 + m.producer_seq)
+            for m in self.held
         ]
-        held.clear()
+        self.held.clear()
         return answers
 
-    with FakeRelay(hold, idle=release) as fake, Producer([fake.endpoint], window=8) as p:
+
+def test_window_bounds_requests_in_flight() -> None:
+    relay = Holding()
+    fake_relay = FakeRelay(relay.hold, idle=relay.release)
+    with fake_relay as fake, Producer([fake.endpoint], window=8) as p:
         seqs = p.send_many("s", (b"v%d" % i for i in range(40)))
         assert seqs == [1000 + i for i in range(40)]
-        assert peak == 8, peak
+        assert relay.peak == 8, relay.peak
         # A bad item stops the feed; what was sent before it settles first.
         with pytest.raises(TypeError):
             p.send_many("s", [b"ok", "not bytes"])  # type: ignore[list-item]
-        assert p.next_producer_seq == 41 and not held
+        assert p.next_producer_seq == 41 and not relay.held
 
 
 def test_async_window_survives_senders_cancelled_while_waiting() -> None:
-    held: list[wire.ProduceReq] = []
-    peak = 0
-
-    def hold(msg: wire.ClientMessage) -> None:
-        nonlocal peak
-        assert isinstance(msg, wire.ProduceReq)
-        held.append(msg)
-        peak = max(peak, len(held))
-
-    def release() -> list[wire.ClientMessage]:  # every 10 ms without a request
-        answers: list[wire.ClientMessage] = [
-            wire.ProduceResp(m.request_id, Outcome.COMMITTED, 1000 + m.producer_seq) for m in held
-        ]
-        held.clear()
-        return answers
+    relay = Holding()
 
     async def scenario(endpoint: str) -> None:
         async with AsyncProducer([endpoint], window=4) as p:
@@ -374,9 +368,9 @@ def test_async_window_survives_senders_cancelled_while_waiting() -> None:
             # Had a cancelled waiter kept a place, the window would be smaller (or gone).
             more = await asyncio.wait_for(p.send_many("s", [b"m%d" % i for i in range(20)]), 30)
             assert len(more) == 20
-            assert peak == 4, peak
+            assert relay.peak == 4, relay.peak
 
-    with FakeRelay(hold, idle=release) as fake:
+    with FakeRelay(relay.hold, idle=relay.release) as fake:
         asyncio.run(scenario(fake.endpoint))
 
 

@@ -202,8 +202,9 @@ def plan_announcement(core: RelayState, st: StreamState, point: int, digest: byt
     frame per commit and each peer a turn to read it (a third of the frames at one
     transaction in flight). The lazy announcement goes with the next Reports, or after a
     heartbeat interval (a stream is dormant only once it announced its commit, 5.11)."""
-    support = st.votes.support(point, digest)
-    if not st.votes.has_reported(core.id, point, digest):
+    mask = st.votes.mask(point, digest)
+    support = mask.bit_count()
+    if not mask >> core.id & 1:  # our report there, if any, is not acknowledged yet
         for mine in st.own_unacked:
             if mine[0] >= point:
                 support += mine == (point, digest)
@@ -225,7 +226,7 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
     plan_announcement(core, st, point, digest)
     newly = tl.deliver_through(point, digest)
     st.votes.settle_through(point)
-    st.take_run_ends(-1, point)  # committed: no need to report there any more
+    st.forget_run_ends(point)  # committed: no need to report there any more
     while st.own_unacked and st.own_unacked[0][0] <= point:
         st.own_unacked.popleft()  # settled: no need to count them any more
     st.progress_ms = core.now_ms

@@ -62,12 +62,9 @@ class VoteTally:
         by_digest[digest] = mask
         return mask.bit_count() == self.q
 
-    def has_reported(self, reporter: int, point: int, digest: bytes) -> bool:
-        return bool(self.points.get(point, {}).get(digest, 0) >> reporter & 1)
-
-    def support(self, point: int, digest: bytes) -> int:
-        """How many members reported `digest` at `point` (as counted here)."""
-        return self.points.get(point, {}).get(digest, 0).bit_count()
+    def mask(self, point: int, digest: bytes) -> int:
+        """The members that reported `digest` at `point` (as counted here), as bits."""
+        return self.points.get(point, {}).get(digest, 0)
 
     def reporters(self, point: int, digest: bytes) -> list[int]:
         mask = self.points.get(point, {}).get(digest, 0)

@@ -433,6 +433,10 @@ class StreamState:
         del ends[:cut]
         return taken
 
+    def forget_run_ends(self, upto: int) -> None:
+        """Drop the run ends at or below `upto` (committed: nobody needs them reported)."""
+        del self.run_ends[: bisect_right(self.run_ends, upto)]
+
     def end_repair(self) -> None:
         self.repair = None
         self.requests.close(Purpose.REPAIR)
