@@ -83,13 +83,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgpack
+from msgspec import Meta
 
 from relay.core import codec
 from relay.core.config import Limits
-from relay.core.fields import MAX_TX_KIND, MAX_U63, MAX_U64, u63, u63_or_none, u64
+from relay.core.fields import (
+    MAX_TX_KIND,
+    MAX_U63,
+    MAX_U64,
+    U63,
+    U64,
+    ProducerId,
+    RelayId,
+    TxKind,
+    U63OrNone,
+    u63,
+    u63_or_none,
+    u64,
+)
 from relay.core.fields import array as _array
 from relay.core.fields import bad as _bad
 from relay.core.fields import enum as _enum
@@ -297,8 +311,7 @@ def encode(msg: ClientMessage) -> bytes:
         body = (7, msg.request_id, msg.error, msg.message)
     else:
         raise TypeError(f"not a client message: {type(msg).__name__}")
-    frame: bytes = msgpack.packb(body, use_bin_type=True)
-    return frame
+    return codec.ENCODER.encode(body)
 
 
 # --- decoding: field validators -------------------------------------------------------------
@@ -516,6 +529,49 @@ def _dec_error_resp(a: list[Any]) -> ErrorResp:
     )
 
 
+# --- the hot frames, decoded in C (codec.decode_with) --------------------------------------
+
+_Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+_Redirect = Annotated[tuple[RelayId, ...], Meta(max_length=MAX_RELAY_ID + 1)]
+_BatchItemShape = tuple[U63, str, U64, bytes | None, bytes, TxKind]
+_BatchResultShape = tuple[U63, Outcome, U63OrNone, _Text, _Redirect]
+_ProduceBatchReqShape = tuple[
+    Literal[8],
+    U63,
+    ProducerId,
+    Annotated[tuple[_BatchItemShape, ...], Meta(min_length=1, max_length=MAX_BATCH_ITEMS)],
+]
+_ProduceBatchRespShape = tuple[
+    Literal[9],
+    Literal[-1],
+    Annotated[tuple[_BatchResultShape, ...], Meta(min_length=1, max_length=MAX_BATCH_ITEMS)],
+]
+_ReadRespShape = tuple[
+    Literal[4],
+    U63,
+    ReadStatus,
+    tuple[tuple[U63, bytes | None, bytes, ProducerId, U64, TxKind], ...],
+    _Redirect,
+    U63OrNone,
+    U63OrNone,
+]
+
+
+def _build_produce_batch_req(a: Any) -> ProduceBatchReq:
+    items: tuple[BatchItem, ...] = a[3]
+    valid_stream = ""  # the items of a batch mostly share one stream: check it once
+    for item in items:
+        if item[1] != valid_stream:
+            valid_stream = _stream(item[1], "ProduceBatchReq.items[].stream")
+    return ProduceBatchReq(a[1], a[2], items)
+
+
+_FAST_DECODERS: dict[int, codec.FastDecoder[Any]] = {
+    4: codec.FastDecoder(_ReadRespShape, lambda a: ReadResp(*a[1:])),
+    8: codec.FastDecoder(_ProduceBatchReqShape, _build_produce_batch_req),
+    9: codec.FastDecoder(_ProduceBatchRespShape, lambda a: ProduceBatchResp(a[1], a[2])),
+}
+
 # type code -> (name, array length including the code, decoder)
 _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
     1: ("ProduceReq", 8, _dec_produce_req),
@@ -536,7 +592,9 @@ def decode(
     """The client message in `frame`; raises only `FrameError` subclasses, for any input.
     `max_batch_items`: the most items a ProduceBatchReq may hold (a relay passes its
     limits.max_batch_entries)."""
-    msg: ClientMessage = codec.decode_with(frame, max_frame_bytes, _DECODERS, "client message")
+    msg: ClientMessage = codec.decode_with(
+        frame, max_frame_bytes, _DECODERS, "client message", _FAST_DECODERS
+    )
     if type(msg) is ProduceBatchReq and len(msg.items) > max_batch_items:
         _bad("ProduceBatchReq.items", f"1..{max_batch_items} items", f"{len(msg.items)} items")
     return msg

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from relay.core import codec
 from relay.core.codec import TYPE_CODES, decode, decode_acceptor, encode, encode_acceptor
 from relay.core.messages import (
     Forward,
@@ -462,6 +463,78 @@ def test_fields_replaced_by_any_value_raise_only_frame_errors(m: Any, data: st.D
     if not isinstance(result, FrameError):
         assert type(result) is type(m)
         assert decode(encode(result), MAX) == result  # type: ignore[arg-type]
+
+
+# --- the C fast path (msgspec) against the validators ----------------------------------------
+
+hot_messages = st.one_of(messages[TxBatch], messages[Reports])
+
+
+def reference_outcome(frame: bytes) -> object:
+    """What the hand-written validators alone make of `frame` (no msgspec fast path)."""
+    try:
+        return codec.decode_with(frame, MAX, codec._DECODERS_BY_NAME, "message")
+    except FrameError as e:
+        return e
+
+
+def assert_same_as_reference(frame: bytes) -> None:
+    fast, reference = outcome_of(frame), reference_outcome(frame)
+    assert type(fast) is type(reference)
+    if isinstance(reference, FrameError):
+        assert str(fast) == str(reference)
+    else:
+        assert fast == reference
+        hash(fast)
+
+
+def replace_anywhere(tree: Any, data: st.DataObject) -> Any:
+    """`tree` with one value at any depth (a whole array, or one leaf) replaced."""
+    if type(tree) is list and tree and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(tree) - 1))
+        return [*tree[:i], replace_anywhere(tree[i], data), *tree[i + 1 :]]
+    return data.draw(msgpack_values)
+
+
+@settings(max_examples=500)
+@given(hot_messages, st.data())
+def test_fast_path_agrees_with_the_validators_on_mutated_bytes(m: Any, data: st.DataObject) -> None:
+    frame = bytearray(encode(m))
+    quick = codec._FAST_DECODERS[TYPE_CODES[type(m)]]
+    assert quick.build(quick.decoder.decode(bytes(frame))) == m  # valid frames take it
+    for _ in range(data.draw(st.integers(1, 4))):
+        frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+    assert_same_as_reference(bytes(frame))
+
+
+@settings(max_examples=500)
+@given(hot_messages, st.data())
+def test_fast_path_agrees_with_the_validators_on_any_value_anywhere(
+    m: Any, data: st.DataObject
+) -> None:
+    items = wire(encode(m))
+    i = data.draw(st.integers(1, len(items) - 1))
+    items[i] = replace_anywhere(items[i], data)
+    assert_same_as_reference(frame_of(*items))
+
+
+def test_fast_path_edges() -> None:
+    entry = [U63, b"p" * 64, U64, None, b"", 255]
+    for frame in (
+        frame_of(1, 1023, U64, U63, "x" * 255, U63, [entry]),
+        frame_of(1, 1, 2, 3, "é" * 128, 4, [entry]),  # 256 UTF-8 bytes
+        frame_of(1, 1, 2, 3, "s", 4, [[*entry[:5], 256]]),
+        frame_of(1, 1, 2, 3, "s", 4, [[U63 + 1, *entry[1:]]]),
+        frame_of(1, 1, 2, 3, "s", 4, [[0, b"", *entry[2:]]]),
+        frame_of(1, 1, 2, 3, "s", 4, [[0, b"p" * 65, *entry[2:]]]),
+        frame_of(1, 1, 2, 3, "s", 4, [[*entry[:3], "key", *entry[4:]]]),
+        frame_of(1, 1, 2, 3, "s", 4, [[*entry[:5], True]]),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [[1023, U63]]),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D[:15]]], -1, D, []),
+        frame_of(2, 1, 2, 3, "s", 4, [], -2, D, []),
+        frame_of(2, 1024, 2, 3, "s", 4, [], -1, D, []),
+    ):
+        assert_same_as_reference(frame)
 
 
 @settings(max_examples=300)

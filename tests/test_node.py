@@ -27,6 +27,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
+from relay.core import codec
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import FrameError
 from relay.launcher import write_loopback_topology
@@ -327,6 +328,59 @@ def test_wire_produce_batches() -> None:
             wire.batch_item_bytes(stream, key, value) for _, stream, _, key, value, _ in items
         )
         assert len(frame) <= bound
+
+
+def test_wire_fast_path_agrees_with_the_validators() -> None:
+    """ReadResp and produce batches are decoded in C (msgspec) first: whatever the bytes, the
+    answer (message, or error type and text) is the validators' alone."""
+
+    def outcome(frame: bytes, decode: Any) -> object:
+        try:
+            return decode(frame)
+        except FrameError as e:
+            return (type(e), str(e))
+
+    def reference(frame: bytes) -> Any:
+        return codec.decode_with(frame, 1 << 20, wire._DECODERS, "client message")
+
+    valid: list[wire.ClientMessage] = [
+        wire.ReadResp(
+            6, ReadStatus.OK, ((7, None, b"v", b"p", 1, 0), (8, b"k", b"", b"q" * 64, 2, 255))
+        ),
+        wire.ReadResp(7, ReadStatus.REDIRECT, (), (2, 1023), -1, -1),
+        wire.ProduceBatchReq(
+            1, b"p", ((10, "orders", 0, None, b"a", 0), (11, "o.é", 2**64 - 1, b"k", b"", 1))
+        ),
+        wire.ProduceBatchResp(
+            -1, ((10, Outcome.COMMITTED, 5, "", ()), (11, Outcome.FENCED, -1, "x" * 4096, (1,)))
+        ),
+    ]
+    leaves: list[Any] = [None, True, -1, -2, 0, 256, 1024, 2**63, 2**64 - 1, 1.5, "", "a|b"]
+    leaves += [b"", b"p" * 65, "x" * 4097, "committed", "ok", [], [1], {"a": 1}]
+    rng = random.Random(11)
+    for _ in range(4_000):
+        msg = rng.choice(valid)
+        frame = wire.encode(msg)
+        quick = wire._FAST_DECODERS[wire.TYPE_CODES[type(msg)]]
+        assert quick.build(quick.decoder.decode(frame)) == msg  # valid frames take it
+        if rng.random() < 0.5:
+            mutated = bytearray(frame)
+            for _ in range(rng.randint(1, 4)):
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+            frame = bytes(mutated)
+        else:  # one value anywhere in the tree replaced
+            tree = msgpack.unpackb(frame, raw=False)
+            node = tree
+            while True:
+                i = rng.randrange(1, len(node)) if node is tree else rng.randrange(len(node))
+                if type(node[i]) is list and node[i] and rng.random() < 0.6:
+                    node = node[i]
+                    continue
+                node[i] = rng.choice(leaves)
+                break
+            frame = msgpack.packb(tree)
+        fast = outcome(frame, lambda f: wire.decode(f, 1 << 20))
+        assert fast == outcome(frame, reference), frame
 
 
 # --- three relays --------------------------------------------------------------------------

@@ -22,6 +22,10 @@ bytes are:
     UnknownMessageType  the type code is an int this version does not know
     FieldError          a scalar field has the wrong type or lies outside its range
 
+The frequent frames (TxBatch, Reports) are decoded first in C by msgspec (`FastDecoder`), into
+types with the validators' bounds (relay.core.fields); whatever it refuses is decoded again
+by the validators, so a bad frame gets the same named error either way.
+
 Wire-level bounds are fixed here (the core may enforce tighter configured ones): stream
 names 1..255 UTF-8 bytes without NUL or '|', producer ids 1..64 bytes, digests 16 bytes,
 relay ids 0..1023, sequence-like fields 0..2**63-1 (-1 allowed where a field documents "none"),
@@ -32,9 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import fields as dataclass_fields
-from typing import Any, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgpack
+import msgspec
 
 from relay.core import fields
 from relay.core.codec_views import (
@@ -264,12 +269,9 @@ _ENCODERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     Relayed: _enc_relayed,
 }
 
-# Packers are reused (building one per call costs more than packing a small message).
-# list.pop/append are atomic, so concurrent callers never share a packer. A packer keeps its
-# grown buffer, so one that packed a large frame is dropped rather than pooled.
-_POOL: list[msgpack.Packer] = []
-_POOL_MAX = 8
-_POOL_KEEP_BYTES = 1 << 20
+# One msgspec encoder for every frame: it packs the same bytes as msgpack's Packer, about
+# twice as fast, and keeps no state between calls (each returns a new bytes object).
+ENCODER = msgspec.msgpack.Encoder()
 
 
 def encode(msg: PeerMessage) -> bytes:
@@ -278,15 +280,7 @@ def encode(msg: PeerMessage) -> bytes:
         enc = _ENCODERS[type(msg)]
     except KeyError:
         raise TypeError(f"not a peer message: {type(msg).__name__}") from None
-    body = enc(msg)
-    try:
-        packer = _POOL.pop()
-    except IndexError:
-        packer = msgpack.Packer(use_bin_type=True)
-    frame: bytes = packer.pack(body)  # resets itself on error too
-    if len(frame) <= _POOL_KEEP_BYTES and len(_POOL) < _POOL_MAX:
-        _POOL.append(packer)
-    return frame
+    return ENCODER.encode(enc(msg))
 
 
 _OUTCOMES = {o.value: o for o in Outcome}
@@ -526,7 +520,7 @@ def encode_acceptor(
     """What a relay must remember of its part in view change `number` (5.12) to take part
     in it again after a restart: one msgpack array."""
     body = (ACCEPTOR_RECORD_CODE, number, promised, accepted_ballot, enc_value(accepted))
-    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    return ENCODER.encode(body)
 
 
 def decode_acceptor(record: bytes, max_frame_bytes: int) -> tuple[int, int, int, ViewValue | None]:
@@ -550,9 +544,60 @@ def _dec_acceptor(a: list[Any]) -> tuple[int, int, int, ViewValue | None]:
 _ACCEPTOR_DECODERS = {ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 5, _dec_acceptor)}
 
 
+# --- the hot frames, decoded in C (decode_with) --------------------------------------------
+
+
+class FastDecoder(Generic[T]):
+    """Decodes the frames of one type code in C with msgspec: `shape` is the whole frame as
+    a msgspec type with the same bounds as the type's validators (relay.core.fields), and
+    `build` makes the message of what msgspec returns, raising a FrameError for whatever
+    msgspec could not check (e.g. stream names)."""
+
+    __slots__ = ("build", "decoder")
+
+    def __init__(self, shape: Any, build: Callable[[Any], T]) -> None:
+        self.decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(shape)
+        self.build = build
+
+
+_TxBatchShape = tuple[
+    Literal[1], fields.RelayId, fields.U64, fields.U63, str, fields.U63, list[fields.WireEntry]
+]
+_ReportsShape = tuple[
+    Literal[2],
+    fields.RelayId,
+    fields.U64,
+    fields.U63,
+    str,
+    fields.U63,
+    tuple[tuple[fields.U63, fields.Digest], ...],
+    fields.U63OrNone,
+    fields.Digest,
+    tuple[tuple[fields.RelayId, fields.U63], ...],
+]
+
+
+def _build_tx_batch(a: Any) -> TxBatch:
+    stream = _stream(a[4], "TxBatch.stream")
+    return TxBatch(a[1], a[2], a[3], stream, a[5], fields.checked_entries(a[6]))
+
+
+def _build_reports(a: Any) -> Reports:
+    stream = _stream(a[4], "Reports.stream")
+    return Reports(a[1], a[2], a[3], stream, a[5], a[6], a[7], a[8], a[9])
+
+
+_FAST_DECODERS: dict[int, FastDecoder[PeerMessage]] = {
+    1: FastDecoder(_TxBatchShape, _build_tx_batch),
+    2: FastDecoder(_ReportsShape, _build_reports),
+}
+
+
 def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:
     """The peer message in `frame`; raises only `FrameError` subclasses, for any input."""
-    msg: PeerMessage = decode_with(frame, max_frame_bytes, _DECODERS_BY_NAME, "message")
+    msg: PeerMessage = decode_with(
+        frame, max_frame_bytes, _DECODERS_BY_NAME, "message", _FAST_DECODERS
+    )
     return msg
 
 
@@ -561,10 +606,14 @@ def decode_with(
     max_frame_bytes: int,
     decoders: Mapping[int, tuple[str, int, Callable[[list[Any]], T]]],
     what: str,
+    fast: Mapping[int, FastDecoder[T]] | None = None,
 ) -> T:
     """Decode a frame `[type code, field, ...]` with `decoders` (code -> name, array
     length, field decoder): the one place where remote bytes become values, for peer
-    and client protocols alike. Raises only `FrameError` subclasses, for any input."""
+    and client protocols alike. Raises only `FrameError` subclasses, for any input.
+    A type code in `fast` is tried with its FastDecoder first; a frame that one refuses
+    is decoded again by `decoders`, which say what was wrong (or accept it: the
+    validators, not msgspec, define what is valid)."""
     try:
         size = len(frame)
     except TypeError:
@@ -573,6 +622,14 @@ def decode_with(
         raise OversizedFrame(f"frame of {size} bytes exceeds the maximum of {max_frame_bytes}")
     if size == 0:
         raise MalformedFrame("empty frame")
+    # A fixarray header (0x90..0x9f) and then a positive fixint type code.
+    if fast is not None and type(frame) is bytes and size > 1 and frame[0] & 0xF0 == 0x90:
+        quick = fast.get(frame[1])
+        if quick is not None:
+            try:
+                return quick.build(quick.decoder.decode(frame))
+            except Exception:  # DecodeError, ValidationError, UnicodeDecodeError, FrameError
+                pass  # the validators below say what was wrong
     try:
         # No string, bin, array or map can be longer than the frame itself; bounding them
         # by its size stops a 5-byte header from making the unpacker pre-allocate gigabytes.

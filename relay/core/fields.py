@@ -4,7 +4,9 @@ was expected and what came."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
+
+from msgspec import Meta
 
 from relay.core.digest import DIGEST_BYTES
 from relay.core.messages import Entry, Report, Transaction
@@ -18,6 +20,19 @@ MAX_PRODUCER_ID_BYTES = 64
 MAX_TX_KIND = 255
 MAX_U63 = (1 << 63) - 1  # sequence-like fields
 MAX_U64 = (1 << 64) - 1  # producer sequences
+
+# The same bounds as msgspec types, for the frames msgspec decodes in C (codec.FastDecoder).
+# A frame msgspec refuses goes through the validators below, which name the bad field.
+# (msgspec takes no bound above 2**63-1; a msgpack int never exceeds 2**64-1 anyway.)
+U63 = Annotated[int, Meta(ge=0, le=MAX_U63)]
+U63OrNone = Annotated[int, Meta(ge=-1, le=MAX_U63)]
+U64 = Annotated[int, Meta(ge=0)]
+RelayId = Annotated[int, Meta(ge=0, le=MAX_RELAY_ID)]
+ProducerId = Annotated[bytes, Meta(min_length=1, max_length=MAX_PRODUCER_ID_BYTES)]
+TxKind = Annotated[int, Meta(ge=0, le=MAX_TX_KIND)]
+Digest = Annotated[bytes, Meta(min_length=DIGEST_BYTES, max_length=DIGEST_BYTES)]
+# An entry as the peer codec carries it: [seq, producer_id, producer_seq, key, value, kind]
+WireEntry = tuple[U63, ProducerId, U64, bytes | None, bytes, TxKind]
 
 
 def show(value: object) -> str:
@@ -175,6 +190,13 @@ def entries(v: Any, name: str) -> tuple[Entry, ...]:
             bad_tx(pid, pseq, key, value, kind, where)
         append((seq, Transaction(pid, pseq, key, value, kind)))
     return tuple(out)
+
+
+def checked_entries(
+    raw: list[tuple[int, bytes, int, bytes | None, bytes, int]],
+) -> tuple[Entry, ...]:
+    """Entries from `WireEntry` tuples msgspec has already checked."""
+    return tuple([(s, Transaction(p, q, k, v, d)) for s, p, q, k, v, d in raw])
 
 
 def reports(v: Any, name: str) -> tuple[Report, ...]:

@@ -19,9 +19,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Transaction:
+
+# A msgspec Struct, not a dataclass: one is built per transaction on every relay, and a
+# Struct is built in C (about 6x faster than a frozen dataclass).
+class Transaction(msgspec.Struct, frozen=True):
     producer_id: bytes
     producer_seq: int
     key: bytes | None

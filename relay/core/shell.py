@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from relay.core.config import Topology
 from relay.core.messages import Entry, Outcome, ReadStatus, Transaction
 
@@ -39,18 +41,17 @@ class Outgoing:
     target: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
+class ProduceRequest(msgspec.Struct, frozen=True):
     """A client's transaction for `stream`. `request_id` is the shell's own (unique among
-    the requests it has in flight): the reply carries it back."""
+    the requests it has in flight): the reply carries it back. (This and `ProduceReply` are
+    msgspec Structs, like `Transaction`: one of each per transaction, built in C.)"""
 
     request_id: int
     stream: str
     tx: Transaction
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceReply:
+class ProduceReply(msgspec.Struct, frozen=True):
     """The outcome of a `ProduceRequest` (docs/protocol.md G3): pass it to the client that
     sent the request. `seq` is set when committed, `reason` when rejected, `redirect` (relay
     ids to try) when fenced."""
