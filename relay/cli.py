@@ -382,7 +382,15 @@ def _warn_config(warnings: tuple[str, ...]) -> None:
 @_config_option
 @click.option("--relay", "relay_id", required=True, type=int, metavar="ID", help="Relay id.")
 @_log_level_option
-def run(config_path: str, relay_id: int, log_level: str) -> None:
+@click.option(
+    "--hop-trace",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    metavar="FILE",
+    help="Stamp every frame in and out and write the stamps to FILE when the relay stops "
+    "(for `relay bench --hops`; costs a little per frame).",
+)
+def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) -> None:
     """Run one relay of the topology in the foreground until SIGINT or SIGTERM.
 
     Exit codes: 0 after a clean stop, 2 for a configuration error, 1 if the relay
@@ -406,7 +414,9 @@ def run(config_path: str, relay_id: int, log_level: str) -> None:
     try:
         config = load(config_path)
         config.core_config(relay_id)  # a relay id not in the topology is a ConfigError
-        node = RelayNode(config, relay_id)
+        node = RelayNode(
+            config, relay_id, hop_trace=Path(hop_trace) if hop_trace is not None else None
+        )
     except ConfigError as e:
         _config_failed(e)
     except (RelayAlreadyRunning, IncarnationError) as e:
@@ -1271,6 +1281,13 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     "windows 16..4096, one in flight, delivery to another server's consumer at 1,000 tx/s "
     "and 80% of the best, CPU per tx, idle CPU (bash scripts/peer-deps.sh installs it).",
 )
+@click.option(
+    "--hops",
+    is_flag=True,
+    help="Trace one transaction in flight through every relay (first size only) and print "
+    "the time of each hop: client -> coordinator -> members -> reports -> commit -> "
+    "client, and -> consumer.",
+)
 def bench(
     duration_s: float | None,
     sizes: tuple[int, ...],
@@ -1279,6 +1296,7 @@ def bench(
     profile: bool,
     security: bool,
     peers: str | None,
+    hops: bool,
 ) -> None:
     """Benchmark a local 3-relay mesh side by side with raw ZeroMQ PUB/SUB.
 
@@ -1290,9 +1308,9 @@ def bench(
     """
     from relay.tools.bench import run_cli
 
-    if sum((security, profile, peers is not None)) > 1:
+    if sum((security, profile, peers is not None, hops)) > 1:
         raise click.UsageError(
-            "--profile, --security and --peers measure different things; pick one"
+            "--profile, --security, --peers and --hops measure different things; pick one"
         )
     sys.exit(
         run_cli(
@@ -1303,6 +1321,7 @@ def bench(
             profile=profile,
             security=security,
             peers=peers,
+            hops=hops,
         )
     )
 

@@ -46,10 +46,11 @@ loop with other tasks waits through the loop on the sockets' descriptors
 socket, the wait's future), from any thread or signal handler. A turn drains what is
 readable (bounded per turn), feeds peer frames to the core and client requests to its
 `ClientService` (relay/service.py: the client protocol without sockets) with the wall
-clock and the monotonic clock (ms), ticks the core, then drains the core's `Ready`
-(relay/core/shell.py): publishes every `Outgoing` in order, passes producers' answers and
-deliveries to the service, and hands new committed records to the spool. The turns are
-counted (`loop_turns`).
+clock and the monotonic clock (ms), ticks the core when its deadline came or an input
+waited FED_TICK_MS for a tick, then drains the core's `Ready` (relay/core/shell.py):
+publishes every `Outgoing` in order, passes producers' answers and deliveries to the
+service, and hands new committed records to the spool. The turns are counted
+(`loop_turns`).
 Nothing a peer or client sends can stop the loop: frames are validated, errors are counted
 (`RelayNode.counters`, next to the core's own counters) and logged at a bounded rate. A
 node that owns its process (`relay run`) also keeps the long-lived buffer out of the
@@ -70,6 +71,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -77,6 +79,7 @@ import zmq.asyncio
 
 from relay.acceptors import AcceptorFiles
 from relay.core import (
+    FED_TICK_MS,
     CommittedRecord,
     CoreConfig,
     Delivery,
@@ -88,6 +91,7 @@ from relay.core import (
 from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.errors import AcceptorMemoryError, MalformedFrame
+from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.security import (
     CLIENT_DOMAIN,
@@ -120,6 +124,7 @@ CURVE_SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
 CLIENT_HWM = 10_000
 WAKE_DRAIN_BYTES = 4_096  # read from the wake-up socket at once
+NO_FED_TICK = 1 << 62  # no input waits for a tick
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.
@@ -338,10 +343,13 @@ class RelayNode:
         handle_signals: bool = True,
         incarnation: int | None = None,
         manage_gc: bool | None = None,
+        hop_trace: Path | None = None,
     ) -> None:
         """`handle_signals`: stop on SIGINT/SIGTERM. `manage_gc`: the node owns its process
         and tends the garbage collector (see `_tend_gc`); by default when it handles the
         process's signals (`relay run`), never when it is one of several (tests).
+        `hop_trace`: stamp every frame in and out and write them to this file when the
+        node stops (relay/hoptrace.py, `relay bench --hops`).
 
         Takes the relay's lock and its incarnation (relay/incarnation.py; an explicit
         `incarnation` skips the file): raises RelayAlreadyRunning if another process of
@@ -354,6 +362,7 @@ class RelayNode:
         self.limits = config.limits
         self.handle_signals = handle_signals
         self.manage_gc = handle_signals if manage_gc is None else manage_gc
+        self._trace = HopTrace(hop_trace) if hop_trace is not None else None
         directory = relay_directory(config.data_dir, relay_id)
         self._lock = RelayLock.acquire(directory, relay_id)
         try:
@@ -413,6 +422,7 @@ class RelayNode:
         self._last_state_log = 0
         self._gc_full_at = mono_ms()
         self._last_tick = -1
+        self._fed_tick_due = NO_FED_TICK  # the tick an input asked for (FED_TICK_MS)
         self._core_due = 0  # the core's next deadline as of the end of the last turn
         self._bad_logged: dict[str, int] = {}
         self._sockets: _Sockets | None = None
@@ -518,6 +528,8 @@ class RelayNode:
                 self._shutdown()
                 self._close_spool()
                 ctx.term()
+                if self._trace is not None:
+                    self._trace.write()
             finally:
                 self._release()
             log.info("relay=%d stopped; counters %s", self.id, dict(self.counters))
@@ -802,7 +814,7 @@ class RelayNode:
         self._core_due = self.core.next_deadline_ms()
         # The core is ticked at most once per millisecond: a deadline it already saw at
         # this millisecond is looked at again at the next one.
-        due = max(self._core_due, self._last_tick + 1)
+        due = max(min(self._core_due, self._fed_tick_due), self._last_tick + 1)
         for other in (self.clients.next_deadline_ms(), socks.links.next_due()):
             if other is not None and other < due:
                 due = other
@@ -824,9 +836,16 @@ class RelayNode:
             log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
             self.core.peer_lost(relay, now, mono)
             fed = True
-        # The core is ticked whenever it was fed, and by its deadline (relay/core/shell.py).
-        if (fed or mono >= self._core_due) and mono != self._last_tick:
+        if fed and self._fed_tick_due == NO_FED_TICK:
+            self._fed_tick_due = mono + FED_TICK_MS
+        # The core is ticked by its deadline and within FED_TICK_MS of an input
+        # (relay/core/shell.py), not after every input. The deadline is read again: an
+        # input may have made a timer due (the heartbeat of a relay that was quiet).
+        if mono != self._last_tick and (
+            mono >= min(self._core_due, self._fed_tick_due) or mono >= self.core.next_deadline_ms()
+        ):
             self._last_tick = mono
+            self._fed_tick_due = NO_FED_TICK
             self.core.tick(now, mono)
         self._flush(socks)
         self.clients.expire(mono)
@@ -875,6 +894,8 @@ class RelayNode:
                     "peer_bad_topic", "relay=%d dropped a mesh message without topic", self.id
                 )
                 continue
+            if self._trace is not None:
+                self._trace.record(PEER_IN, relay, frame)
             try:
                 self.core.receive(frame, now, mono, relay)
             except Exception:  # the core promises not to raise; never let a frame kill us
@@ -931,12 +952,16 @@ class RelayNode:
             bad = MalformedFrame(f"expected one frame per message, got {len(parts) - 1}")
             self.clients.refuse(parts[:1], -1, bad)
             return
+        if self._trace is not None:
+            self._trace.record(CLIENT_IN, -1, frame)
         self.clients.on_request(envelope, frame, now, mono, client)
 
     def _send_client(self, envelope: list[bytes], frame: bytes) -> bool:
         socks = self._sockets
         if socks is None:
             return False
+        if self._trace is not None:  # stamped before: the client may have it before send returns
+            self._trace.record(CLIENT_OUT, -1, frame)
         try:
             router = socks.router
             for part in envelope:
@@ -1044,6 +1069,8 @@ class RelayNode:
             topic = direct_topic(out.target)
         else:
             topic = HEARTBEAT_TOPIC
+        if self._trace is not None:  # stamped before: a peer may take it before send returns
+            self._trace.record(PEER_OUT, -1, out.frame)
         try:
             socks.pub.send(topic + out.frame, _NOBLOCK)
         except zmq.ZMQError as e:

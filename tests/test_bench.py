@@ -138,6 +138,19 @@ def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
         assert len(idle) == 3 and all(v is not None and v >= 0 for v in idle), idle
 
 
+def test_quick_hops_traces_every_stage_of_the_path() -> None:
+    """`relay bench --hops`: the relays' stamps line up with the client's for (nearly) every
+    transaction, and each stage of the path has a time that is not negative."""
+    report = bench("--hops", "--sizes", "100", "--duration-s", "0.5")
+    assert report["transactions"] > 0
+    assert report["traced"] >= report["transactions"] * 9 // 10, report
+    for row in (*report["stages"], *report["delivery_stages"]):
+        assert row["samples"] > 0 and 0 <= row["p50_us"] <= row["p90_us"], row
+    assert report["commit_p50_us"] >= max(row["p50_us"] for row in report["stages"])
+    assert report["one_way_delays"] == 4
+    assert sum(report["member_triggers"].values()) == 2 * report["traced"]
+
+
 def test_bad_options_are_refused_before_any_mesh_starts() -> None:
     runner = CliRunner()
     bad = (
@@ -147,6 +160,7 @@ def test_bad_options_are_refused_before_any_mesh_starts() -> None:
         ["--duration-s", "0"],
         ["--peers", "redis"],
         ["--peers", "nats", "--security"],
+        ["--hops", "--profile"],
     )
     for args in bad:
         result = runner.invoke(main, ["bench", *args])

@@ -31,6 +31,7 @@ from relay.core.messages import Outcome, ReadStatus, RejectReason, Transaction
 from relay.core.quorum import quorum
 from relay.core.seq import EPOCH_MS
 from relay.core.shell import (
+    FED_TICK_MS,
     Delivery,
     Outgoing,
     ProduceReply,
@@ -45,6 +46,7 @@ from relay.core.timeline import CommittedRecord
 
 __all__ = [
     "EPOCH_MS",
+    "FED_TICK_MS",
     "CommittedRecord",
     "CoreConfig",
     "Delivery",

@@ -11,7 +11,7 @@ digest equals its own there; what to do when it does not is repair (relay/core/r
 from __future__ import annotations
 
 from relay.core import coordinate
-from relay.core.links import watermark
+from relay.core.links import is_live, watermark
 from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
 from relay.core.shell import Delivery
@@ -48,6 +48,13 @@ def learn_commit(st: StreamState, point: int, digest: bytes, sources: list[int])
         st.commit_sources.update(sources)
 
 
+def heard_commit(st: StreamState, sender: int, point: int, digest: bytes) -> None:
+    """A member announced its committed point (its Reports or heartbeat)."""
+    if point > st.others_announced:
+        st.others_announced = point
+    learn_commit(st, point, digest, [sender])
+
+
 def update_known_through(core: RelayState, st: StreamState, member: int) -> None:
     """With no hole on its link, every report of `member` up to its last one is known."""
     state = core.peers[member].links.get(st.stream)
@@ -63,7 +70,7 @@ def on_reports(core: RelayState, st: StreamState, msg: Reports) -> None:
     update_known_through(core, st, msg.sender)
     on_acks(core, st, msg.acks)
     if msg.committed_point >= 0:
-        learn_commit(st, msg.committed_point, msg.committed_digest, [msg.sender])
+        heard_commit(st, msg.sender, msg.committed_point, msg.committed_digest)
 
 
 def on_acks(core: RelayState, st: StreamState, acks: tuple[Ack, ...]) -> None:
@@ -195,25 +202,50 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
 
 def plan_announcement(core: RelayState, st: StreamState, point: int, digest: bytes) -> None:
     """When our committed point must be announced by a Reports of its own (5.4), should no
-    Reports carry it before: at once if a member may need it to commit, else lazily. Once
-    more than a quorum of members reported the committed digest at `point` (our own report
-    included, acknowledged or not: the others count it), every member hears a quorum of
-    reports besides its own and commits by itself; announcing anyway cost every relay a
-    frame per commit and each peer a turn to read it (a third of the frames at one
-    transaction in flight). The lazy announcement goes with the next Reports, or after a
-    heartbeat interval (a stream is dormant only once it announced its commit, 5.11)."""
+    Reports carry it before: at once if a member may need it from us to commit, else
+    lazily. The lazy announcement goes with the next Reports, or after a heartbeat interval
+    (a stream is dormant only once it announced its commit, 5.11). Announcing every commit
+    from every member cost each relay a frame per commit and each peer a turn to read it
+    (a third of the frames at one transaction in flight)."""
     mask = st.votes.mask(point, digest)
-    support = mask.bit_count()
     if not mask >> core.id & 1:  # our report there, if any, is not acknowledged yet
         for mine in st.own_unacked:
             if mine[0] >= point:
-                support += mine == (point, digest)
+                if mine == (point, digest):
+                    mask |= 1 << core.id  # the others count it
                 break
-    due = core.now_ms + (core.limits.heartbeat_interval_ms if support > st.q else 0)
+    lazy = others_announce(core, st, point, mask)
+    due = core.now_ms + (core.limits.heartbeat_interval_ms if lazy else 0)
     if st.announced_commit >= st.timeline.committed_point:  # nothing waiting: start over
         st.announce_by_ms = due
     else:
         st.announce_by_ms = min(st.announce_by_ms, due)
+
+
+def others_announce(core: RelayState, st: StreamState, point: int, mask: int) -> bool:
+    """Whether every member that may need a commit at `point` (reported by the members in
+    `mask`) gets it without an announcement from us (5.4):
+
+    - another member announced it already: every member hears that announcement;
+    - or every member hears q reports there besides its own, so commits by itself;
+    - or a live member with a lower id hears q reports there besides its own: it commits
+      without its own report and, by this same rule, announces at once.
+
+    A member that needs it and is missed here (the lower member fell silent after all)
+    gets our lazy announcement, a heartbeat interval later."""
+    if st.others_announced >= point:
+        return True
+    q = st.q
+
+    def counts_alone(member: int) -> bool:
+        return (mask & ~(1 << member)).bit_count() >= q
+
+    if all(counts_alone(m) for m in st.peers):
+        return True
+    return any(
+        m < core.id and counts_alone(m) and is_live(core, core.peers[m], core.now_ms)
+        for m in st.peers
+    )
 
 
 # --- delivering ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ their usual timeout from then on.
 from __future__ import annotations
 
 from relay.core import join, links, view
-from relay.core.commit import acks, learn_commit, on_acks, unsettled
+from relay.core.commit import acks, heard_commit, on_acks, unsettled
 from relay.core.fencing import NOT_ADMITTED
 from relay.core.links import clock_outlier
 from relay.core.messages import Heartbeat, StreamStatus
@@ -259,7 +259,7 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
             omitted=status.inherited_omitted,
         )
         if status.committed_point >= 0:
-            learn_commit(st, status.committed_point, status.committed_digest, [msg.sender])
+            heard_commit(st, msg.sender, status.committed_point, status.committed_digest)
             advance(core, st, now_ms)
         if peer.links[status.stream].hole_lo < 0:
             peer.statuses[status.stream] = status

@@ -243,7 +243,7 @@ class RelayCore(RelayState):
         announcement of a commit or held acks.
         Every other timer (suspicion, fencing, retries) is looked at on each tick, so it
         fires at most one heartbeat interval late (a quiet one only while nothing is in
-        flight, 5.11)."""
+        flight, 5.11), and at most FED_TICK_MS late after an input (relay/core/shell.py)."""
         due = self.last_heartbeat_ms + heartbeat.interval_ms(self)
         if self.forward_deadlines:
             due = min(due, self.forward_deadlines[0][0])
@@ -398,6 +398,10 @@ class RelayCore(RelayState):
             "peers_heard": sorted(
                 r for r, p in self.peers.items() if links.is_live(self, p, self.now_ms)
             ),
+            # 5.13 transit: the peers heard straight from them (as our heartbeats say), and
+            # the relay our frames go through for each peer that does not hear us directly.
+            "hears_directly": list(self.hears_sent),
+            "route_via": {str(peer): via for peer, via in sorted(self.route_via.items())},
             "counters": dict(self.counters),
         }
 

@@ -351,6 +351,9 @@ class StreamState:
         self.known_commit: tuple[int, bytes] = (-1, NO_DIGEST)
         self.commit_sources: set[int] = set()
         self.announced_commit = -1
+        # The highest committed point another member announced (its Reports or heartbeat):
+        # every member hears that announcement, so ours can wait (5.4).
+        self.others_announced = -1
         # When the committed point must be announced by a Reports of its own if none went
         # out since it moved (5.4): at once, or later when every member commits it anyway.
         self.announce_by_ms = NEVER

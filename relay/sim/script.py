@@ -28,6 +28,8 @@ Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
     read R STREAM AFTER [MAX]    AFTER: a sequence number (-1, 0) or a delivered value,
                                  meaning the seq of that value
     cut A->B | cut A<->B         the link loses what is queued and everything sent on it
+    closed A->B | closed A<->B   B's shell sees its connection from A close now
+                                 (`peer_lost`), as after a cut that resets TCP
     hold A->B | release A->B     queue frames without delivering them / deliver again
     deliver A->B [N]             deliver the first N (default all) frames queued on the
                                  link now, even if it is held
@@ -428,6 +430,7 @@ class Interpreter:
             "produce": self.cmd_produce,
             "read": self.cmd_read,
             "cut": self.cmd_cut,
+            "closed": self.cmd_closed,
             "hold": self.cmd_hold,
             "release": self.cmd_release,
             "drop": self.cmd_drop,
@@ -615,6 +618,18 @@ class Interpreter:
             link.cut = True
             link.lost += len(link.queue)
             link.queue.clear()
+        return []
+
+    def cmd_closed(self, args: list[str]) -> list[str]:
+        self.nargs(args, 1)
+        pairs = _link_arg(args[0])
+        self.links(args[0])  # both relays exist
+        for src, dst in pairs:
+            core = self.m.nodes[dst].core
+            if core is None:
+                raise ScriptError(f"relay {dst} is not running")
+            core.peer_lost(src, self.m.clock(dst), self.m.now)
+            self.m.drain(dst)
         return []
 
     def cmd_hold(self, args: list[str]) -> list[str]:

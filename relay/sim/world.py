@@ -5,9 +5,10 @@ Everything follows from one integer seed through `random.Random` instances. Time
 milliseconds from 0. Each millisecond: apply due fault events, deliver due peer frames,
 deliver due client frames (requests to each relay's client service, responses and lost
 connections to the clients), let the clients act, then tick every running relay that was
-fed input or whose next deadline came (as the node does) and drain
-its `ready()` through the shared loop of relay/core/shell.py (frames into the network,
-answers and deliveries to its client service, deliveries into the history), and let the
+fed input FED_TICK_MS ago or whose next deadline came (as the node does), and drain the
+`ready()` of every relay fed input or ticked through the shared loop of
+relay/core/shell.py (frames into the network, answers and deliveries to its client
+service, deliveries into the history), and let the
 client service expire and flush. Client links are FIFO, take CLIENT_LINK_MS each way and
 lose nothing; a relay that crashes closes them (after what it sent), one that is paused
 queues what arrives.
@@ -31,6 +32,7 @@ from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.machine import RelayCore
 from relay.core.quorum import quorum
 from relay.core.shell import (
+    FED_TICK_MS,
     Delivery,
     Outgoing,
     ProduceReply,
@@ -54,6 +56,7 @@ BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
 REQUEST, RESPONSE, DISCONNECT = 0, 1, 2  # what a client link carries
 FENCE_SAMPLE_EVERY_MS = 5
+NO_FED_TICK = 1 << 62  # no input waits for a tick
 # Lulls: every producer stops issuing for a while, so the mesh goes quiet (5.11) and must
 # wake up. A random run has one in its safety phase with LULL_CHANCE; a single-fault run
 # of an odd seed has one from SINGLE_LULL_BEFORE_MS before its fault to
@@ -91,9 +94,10 @@ class Node:
     skew: int = 0
     step: int = 0
     streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
-    # Input reached the core this millisecond: it is ticked now, as the node ticks it
-    # after every input (else only at its next deadline, as the node sleeps till then).
+    # Input reached the core this millisecond: its ready() is drained now, and it is ticked
+    # within FED_TICK_MS (at fed_tick_due), or by its deadline, as the node does.
     fed: bool = False
+    fed_tick_due: int = NO_FED_TICK
 
 
 def build_topology(rng: random.Random, relay_count: int) -> Topology:
@@ -693,9 +697,16 @@ class World:
         for r in self.ids:
             node = nodes[r]
             if node.core is not None and node.paused_until < 0:
-                if node.fed or now >= node.core.next_deadline_ms():
+                if node.fed and node.fed_tick_due == NO_FED_TICK:
+                    node.fed_tick_due = now + FED_TICK_MS
+                due = now >= min(node.core.next_deadline_ms(), node.fed_tick_due)
+                if node.fed or due:
+                    # As the node does (relay/core/shell.py): tick by the core's deadline
+                    # and within FED_TICK_MS of an input, act on its output after any input.
                     node.fed = False
-                    node.core.tick(self.clock(r), self.now)
+                    if due:
+                        node.fed_tick_due = NO_FED_TICK
+                        node.core.tick(self.clock(r), self.now)
                     self._drain(node)
                 assert node.service is not None
                 node.service.expire(now)

@@ -32,6 +32,7 @@ report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
 
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
     relay bench --security [--duration-s S] [--sizes 100] [--quick] [--json]
+    relay bench --hops [--duration-s S] [--sizes 100] [--json]   (relay/tools/hops.py)
 """
 
 from __future__ import annotations
@@ -413,13 +414,13 @@ def _latency_result(
     }
 
 
-def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
-    run_id = next(ctx.run_ids)
+@contextlib.contextmanager
+def one_at_a_time(
+    ctx: _Context, run_id: int, size: int
+) -> Iterator[tuple[_Deliveries, Producer, bytes]]:
+    """A consumer of relay 1 stamping run `run_id`'s records, and a warmed-up `Producer`
+    with one transaction in flight; the random padding of the values."""
     pad = os.urandom(size)
-    limit = QUICK_ONE_IN_FLIGHT_MAX if ctx.options.quick else ONE_IN_FLIGHT_MAX
-    sent_at: dict[int, float] = {}
-    committed_at: dict[int, float] = {}
-    failed = 0
     with (
         _consuming(ctx, run_id) as deliveries,
         Producer(relays=ctx.producer_relays, window=1, curve=ctx.curve) as producer,
@@ -427,6 +428,16 @@ def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
         for i in range(WARMUP_TX // 4):
             with contextlib.suppress(ClientError):
                 producer.send(STREAM, _payload(0, i, size, pad))
+        yield deliveries, producer, pad
+
+
+def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
+    run_id = next(ctx.run_ids)
+    limit = QUICK_ONE_IN_FLIGHT_MAX if ctx.options.quick else ONE_IN_FLIGHT_MAX
+    sent_at: dict[int, float] = {}
+    committed_at: dict[int, float] = {}
+    failed = 0
+    with one_at_a_time(ctx, run_id, size) as (deliveries, producer, pad):
         frames_before = _mesh_frames(ctx)
         started = time.perf_counter()
         deadline = started + ctx.options.duration_s
@@ -1426,6 +1437,7 @@ def run_cli(
     profile: bool,
     security: bool = False,
     peers: str | None = None,
+    hops: bool = False,
 ) -> int:
     """The `relay bench` command: 0 when every run produced figures, 1 otherwise."""
     from relay.tools.nats_peer import NatsUnavailable
@@ -1440,6 +1452,15 @@ def run_cli(
         print(text, file=sys.stderr, flush=True)
 
     try:
+        if hops:
+            from relay.tools.hops import print_hops_report, run_hops
+
+            report = run_hops(options, log=log)
+            if as_json:
+                print(json.dumps(report, indent=2, sort_keys=True))
+            else:
+                print_hops_report(report)
+            return 0 if report["traced"] > 0 else 1
         if peers is not None:
             report = run_peers(options, log=log)
         elif security:

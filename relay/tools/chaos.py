@@ -123,6 +123,7 @@ CPU_SAMPLE_S = 0.5  # how long a silent relay's CPU use is watched
 
 WARMUP_FRACTION = 0.1  # of the duration, before the first fault
 HOLD_S = (3.0, 8.0)  # how long a fault lasts (at most a quarter of the duration)
+SNAPSHOT_AFTER_S = 2.0  # into a fault: every running relay's status is kept (FaultEvent)
 SETTLE_S = (3.0, 6.0)  # after a heal, before the next fault
 CLOCK_STEPS_S = (-180, -120, -60, -30, 30, 60, 120, 180)
 CLOCK_BACK_S = (30, 60, 120, 180)
@@ -506,6 +507,10 @@ class FaultEvent:
     start_s: float  # since the producers started
     heal_s: float | None = None
     rejoin_s: float | None = None  # heal -> every relay joined and unfenced (None: not in time)
+    # What each running relay said SNAPSHOT_AFTER_S into the fault, per stream: fenced or
+    # stalled and why, whom it hears (and directly), the view's admitted members; so a
+    # fault the mesh did not ride through can be read afterwards.
+    during: dict[int, Any] = field(default_factory=dict)
 
 
 class Faults:
@@ -724,7 +729,10 @@ def _inject(
         event.detail = faults.apply(kind)
         result.faults.append(event)
         options.log(f"  {event.start_s:6.1f} s  {event.detail}")
-        _sleep_until(time.monotonic() + hold)
+        fault_end = time.monotonic() + hold
+        _sleep_until(min(fault_end, time.monotonic() + SNAPSHOT_AFTER_S))
+        event.during = _snapshot(faults.relays)
+        _sleep_until(fault_end)
         faults.heal()
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
@@ -737,6 +745,29 @@ def _inject(
         )
         _sleep_until(settle_until)
     _sleep_until(end)
+
+
+def _snapshot(relays: RelayProcesses) -> dict[int, Any]:
+    """Per running relay: whom it hears and, per stream that is fenced or stalled, why."""
+    out: dict[int, Any] = {}
+    for relay, status in relays.statuses().items():
+        if status is None:
+            continue
+        streams = status.get("streams") or {}
+        out[relay] = {
+            "peers_heard": status.get("peers_heard"),
+            "hears_directly": status.get("hears_directly"),
+            "route_via": status.get("route_via"),
+            "streams": {
+                name: {
+                    key: st.get(key)
+                    for key in ("joined", "fence_reason", "stall", "view", "admitted", "committed")
+                }
+                for name, st in streams.items()
+                if st.get("fence_reason") or st.get("stall")
+            },
+        }
+    return out
 
 
 def _sleep_until(when: float) -> None:
