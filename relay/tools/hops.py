@@ -9,21 +9,21 @@ the relays' stamps up with the client's: all are CLOCK_MONOTONIC of this machine
 For each transaction (its client send S and reply R; the coordinator C is the relay that
 took the request, relay 0; the members M are the two others) it finds:
 
-    client_in     C takes the ProduceReq                  (one-way: client -> C)
-    batch_out     C publishes the TxBatch holding the seq (C's turn)
-    batch_in[M]   M takes that TxBatch                    (one-way: C -> M)
-    report_out[M] M publishes a Reports at or above the seq (M waits for its watermark)
-    report_in[M]  C takes M's Reports                      (one-way: M -> C)
-    reply_out     C sends the ProduceResp with the seq    (C commits: q reports agree)
-    reply         the client has the answer                 (one-way: C -> client)
-    read_out      relay 1 sends the ReadResp holding the seq
-    delivered     the consumer has the record               (one-way: relay 1 -> consumer)
+    client_in     C takes the ProduceReq                  one-way: client -> C
+    batch_out     C publishes the TxBatch with the seq    C's turn
+    batch_in[M]   M takes that TxBatch                    one-way: C -> M
+    report_out[M] M publishes a Reports at the seq        one-way: the other member's floor
+    report_in[M]  C takes M's Reports                     one-way: M -> C
+    reply_out     C sends the ProduceResp with the seq    C commits: q reports agree
+    reply         the client has the answer               one-way: C -> client
+    read_out      relay 1 sends the ReadResp with the seq
+    delivered     the consumer has the record             one-way: relay 1 -> consumer
 
 and reports, per stage, the median and 90th percentile over the transactions, plus what
 each member heard last before it reported (its *trigger*: the TxBatch itself, or another
-member's frame that raised its watermark, 5.3 and section 7 of docs/protocol.md). The
-one-way delays on the commit path are counted from the stamps: a stage whose two ends are
-in different processes is one.
+member's frame that raised its watermark, 5.3 and section 7 of docs/protocol.md). Each
+stage names the one-way delays it holds: the four between processes on the path, and the
+one inside a member's wait (the other member's floor): five, as section 7 counts.
 """
 
 from __future__ import annotations
@@ -57,19 +57,20 @@ COORDINATOR = 0  # the producer sends to relay 0 first
 READER = 1  # the consumer reads from relay 1 first
 _PRODUCE_ANSWERS = ("ProduceResp", "ProduceBatchResp")
 
-# The stages, in the order of the path: (name, what it measures, one-way delay or not).
-STAGES: tuple[tuple[str, str, bool], ...] = (
-    ("client_in", "client -> coordinator takes the request", True),
-    ("batch_out", "coordinator: request -> TxBatch published", False),
-    ("batch_in", "TxBatch: coordinator -> member takes it (first member)", True),
-    ("report_out", "member: TxBatch -> its Reports at the seq (first member)", False),
-    ("report_in", "Reports: member -> coordinator takes it (first to arrive)", True),
-    ("reply_out", "coordinator: first Reports -> answer sent (commit)", False),
-    ("reply", "answer: coordinator -> client has it", True),
+# The stages, in the order of the path: (name, what it measures, the one-way delays in it).
+# A member's wait for its report holds one: the other member's floor (docs/protocol.md 7).
+STAGES: tuple[tuple[str, str, int], ...] = (
+    ("client_in", "client -> coordinator takes the request", 1),
+    ("batch_out", "coordinator: request -> TxBatch published", 0),
+    ("batch_in", "TxBatch: coordinator -> member takes it (first member)", 1),
+    ("report_out", "member: TxBatch -> its Reports at the seq (other's floor)", 1),
+    ("report_in", "Reports: member -> coordinator takes it (first to arrive)", 1),
+    ("reply_out", "coordinator: first Reports -> answer sent (commit)", 0),
+    ("reply", "answer: coordinator -> client has it", 1),
 )
-DELIVERY_STAGES: tuple[tuple[str, str, bool], ...] = (
-    ("read_out", "reader relay sends the ReadResp (from client send)", False),
-    ("delivered", "ReadResp -> consumer has the record", True),
+DELIVERY_STAGES: tuple[tuple[str, str, int], ...] = (
+    ("read_out", "reader relay sends the ReadResp (from client send)", 0),
+    ("delivered", "ReadResp -> consumer has the record", 1),
 )
 
 
@@ -192,7 +193,7 @@ def _path_of_one(
 
 
 def _stage_rows(
-    paths: Sequence[dict[str, Any]], stages: Sequence[tuple[str, str, bool]], start: str
+    paths: Sequence[dict[str, Any]], stages: Sequence[tuple[str, str, int]], start: str
 ) -> list[dict[str, Any]]:
     rows = []
     previous = start
@@ -260,7 +261,7 @@ def analyse(
         "member_triggers": dict(triggers.most_common()),
         # Frames the relays published per transaction, by kind (each reaches 2 peers).
         "frames_per_tx": {k: round(v / len(client), 2) for k, v in frames.most_common()},
-        "one_way_delays": sum(1 for _, _, one_way in STAGES if one_way),
+        "one_way_delays": sum(one_way for _, _, one_way in STAGES),
     }
 
 
@@ -334,7 +335,7 @@ def print_hops_report(report: dict[str, Any]) -> None:
     )
     print(f"{'stage':<11} {'p50 us':>8} {'p90 us':>8}  what")
     for row in (*report["stages"], *report["delivery_stages"]):
-        hop = " (one-way)" if row["one_way"] else ""
+        hop = " (one-way)" if row["one_way"] else ""  # the stages hold one at most
         print(
             f"{row['stage']:<11} {cell(row['p50_us']):>8} {cell(row['p90_us']):>8}  "
             f"{row['what']}{hop}"
