@@ -54,6 +54,7 @@ __all__ = [
     "named_streams",
     "not_ready_reason",
     "query_status",
+    "startup_streams",
     "write_loopback_topology",
 ]
 
@@ -180,13 +181,22 @@ def named_streams(spec: RelaySpec) -> tuple[str, ...]:
     return tuple(s for s in spec.streams if not any(c in s for c in _PATTERN_CHARS))
 
 
-def not_ready_reason(spec: RelaySpec, status: Mapping[str, Any]) -> str | None:
-    """Why a relay with this status is not ready yet; None if every named stream is
-    joined and unfenced."""
+def startup_streams(config: MeshConfig, relay_id: int) -> tuple[str, ...]:
+    """The streams a relay opens and joins at start (docs/protocol.md section 2): the exact
+    names among its subscriptions and the declared streams it serves."""
+    named = named_streams(config.relays[relay_id])
+    served = tuple(s for s in config.streams if s not in named and relay_id in config.members(s))
+    return named + served
+
+
+def not_ready_reason(config: MeshConfig, relay_id: int, status: Mapping[str, Any]) -> str | None:
+    """Why a relay with this status is not ready yet; None if every stream it opens at
+    start (`startup_streams`) is joined and unfenced. (Named subscriptions alone said a
+    relay subscribed by pattern was ready as soon as it answered, joined or not.)"""
     streams = status.get("streams")
     if not isinstance(streams, dict):
         return "its status has no streams"
-    for name in named_streams(spec):
+    for name in startup_streams(config, relay_id):
         info = streams.get(name)
         if not isinstance(info, dict):
             return f"stream {name!r} is not open"
@@ -328,7 +338,7 @@ class Mesh:
                 if reply.status is None:
                     waiting[relay_id] = f"it did not answer a StatusReq on {reply.endpoint}"
                     continue
-                reason = not_ready_reason(self.config.relays[relay_id], reply.status)
+                reason = not_ready_reason(self.config, relay_id, reply.status)
                 if reason is None:
                     del waiting[relay_id]
                 else:

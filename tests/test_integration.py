@@ -34,7 +34,8 @@ from relay import wire
 from relay.client import Consumer, Producer, Record
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import ClientError, Fenced
-from relay.launcher import Mesh, write_loopback_topology
+from relay.launcher import Mesh, not_ready_reason, startup_streams, write_loopback_topology
+from relay.topology import load
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -805,3 +806,24 @@ def test_soak_kill_restart_and_pause_every_relay_in_turn(harness: Harness) -> No
         f"{[f for p in pumps for f in p.failed][:5]}, reader stats "
         f"{[dict(r.stats) for r in readers]}"
     )
+
+
+def test_a_relay_is_ready_once_the_streams_it_opens_at_start_joined(tmp_path: Path) -> None:
+    """Readiness (`relay up`, `relay chaos`, the tests' meshes) covers the declared streams a
+    relay serves through a pattern, not only its exact names: a relay subscribed to
+    `chaos.*` is not ready while `chaos.a` is still joining."""
+    path = write_loopback_topology(
+        tmp_path, {0: ["chaos.*"], 1: ["chaos.*", "audit"], 2: ["other.*"]}, ["chaos.a"]
+    )
+    config = load(path)
+    assert startup_streams(config, 0) == ("chaos.a",)
+    assert startup_streams(config, 1) == ("audit", "chaos.a")
+    assert startup_streams(config, 2) == ()
+    joined = {"joined": True, "fenced": False}
+    joining = {"joined": False, "fenced": True}
+    assert not_ready_reason(config, 0, {"streams": {"chaos.a": joining}}) == (
+        "stream 'chaos.a' has not joined"
+    )
+    assert not_ready_reason(config, 0, {"streams": {}}) == "stream 'chaos.a' is not open"
+    assert not_ready_reason(config, 0, {"streams": {"chaos.a": joined}}) is None
+    assert not_ready_reason(config, 2, {"streams": {}}) is None

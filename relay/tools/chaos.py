@@ -41,7 +41,8 @@ CONVERGE_TIMEOUT_S after the run, or whose history could not be read from them a
 max_gap_s (the longest time without a commit acknowledgement over all producers, from
 their start to their stop), recover_s (heal to the next commit: max and median) and
 rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
-which that did not happen within the settle time, before the next fault). `--json` adds
+which that did not happen within the settle time; the next fault then waits for it, at
+most REJOIN_MAX_S after the heal). `--json` adds
 the fault times, each relay's history span, `unverified` (acknowledged writes older than
 anything any relay or live consumer still shows: without a store, a history every relay
 has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
@@ -125,6 +126,10 @@ WARMUP_FRACTION = 0.1  # of the duration, before the first fault
 HOLD_S = (3.0, 8.0)  # how long a fault lasts (at most a quarter of the duration)
 SNAPSHOT_AFTER_S = 2.0  # into a fault: every running relay's status is kept (FaultEvent)
 SETTLE_S = (3.0, 6.0)  # after a heal, before the next fault
+# ... and at most this long after a heal while a relay is not ready yet: a fault that finds
+# relays still joining tests what the protocol does not promise (a joiner needs every
+# member's answer, docs/protocol.md 5.8), so the next one waits for them.
+REJOIN_MAX_S = 30.0
 CLOCK_STEPS_S = (-180, -120, -60, -30, 30, 60, 120, 180)
 CLOCK_BACK_S = (30, 60, 120, 180)
 
@@ -324,7 +329,7 @@ class RelayProcesses:
                 if status is None:
                     reasons[relay] = "no status answer"
                 else:
-                    reason = not_ready_reason(self.config.relays[relay], status)
+                    reason = not_ready_reason(self.config, relay, status)
                     if reason is not None:
                         reasons[relay] = reason
             if not reasons:
@@ -342,7 +347,7 @@ class RelayProcesses:
         while time.monotonic() < deadline:
             statuses = self.statuses()
             if all(
-                status is not None and not_ready_reason(self.config.relays[r], status) is None
+                status is not None and not_ready_reason(self.config, r, status) is None
                 for r, status in statuses.items()
             ):
                 return True
@@ -744,6 +749,10 @@ def _inject(
             f"  {event.heal_s:6.1f} s  healed; {ready} {time.monotonic() - healed:.2f} s on"
         )
         _sleep_until(settle_until)
+        if event.rejoin_s is None and faults.relays.wait_ready_until(
+            min(end, healed + REJOIN_MAX_S)
+        ):
+            options.log(f"           every relay ready {time.monotonic() - healed:.2f} s on")
     _sleep_until(end)
 
 
@@ -792,7 +801,7 @@ def _converge(
             if status is None:
                 behind[relay] = f"no status answer ({relays.process_state(relay)})"
                 continue
-            reason = not_ready_reason(relays.config.relays[relay], status)
+            reason = not_ready_reason(relays.config, relay, status)
             if reason is not None:
                 behind[relay] = reason
                 continue
