@@ -77,7 +77,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 from relay.client import Consumer, Producer
 from relay.core.quorum import quorum
 from relay.errors import ClientError, Fenced, Rejected, UnknownStream
-from relay.launcher import not_ready_reason, query_status
+from relay.launcher import not_ready_reason, query_status, startup_streams
 from relay.tools import chaos_history as history
 from relay.tools.netns import ChaosNet, NetError
 from relay.topology import MeshConfig, load
@@ -802,7 +802,7 @@ def _converge(
                 behind[relay] = f"no status answer ({relays.process_state(relay)})"
                 continue
             reason = not_ready_reason(relays.config, relay, status)
-            if reason is not None:
+            if reason is not None and not _clock_outlier(relays.config, relay, status):
                 behind[relay] = reason
                 continue
             for stream, seq in target.items():
@@ -819,6 +819,18 @@ def _converge(
                 )
             return False
         time.sleep(POLL_S)
+
+
+def _clock_outlier(config: MeshConfig, relay: int, status: dict[str, Any]) -> bool:
+    """Joined, and fenced only because its clock (or the floor it took from it) is still far
+    from the majority's: a relay whose clock was stepped ahead returns by itself once real
+    time catches up with its floor (docs/protocol.md 5.2), a minute or two after the heal."""
+    streams = status.get("streams") or {}
+    infos = [streams.get(name) or {} for name in startup_streams(config, relay)]
+    return all(
+        info.get("joined") and (not info.get("fenced") or info.get("fence_reason") == "clock")
+        for info in infos
+    )
 
 
 def _read_histories(relays: RelayProcesses, result: ScenarioResult) -> list[history.RelayHistory]:
