@@ -90,6 +90,7 @@ from relay.core import (
 )
 from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
+from relay.core.shell import NO_FED_TICK
 from relay.errors import AcceptorMemoryError, MalformedFrame
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
@@ -124,7 +125,6 @@ CURVE_SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
 # relay.client) plus its parked reads, so a burst of replies is queued, never dropped.
 CLIENT_HWM = 10_000
 WAKE_DRAIN_BYTES = 4_096  # read from the wake-up socket at once
-NO_FED_TICK = 1 << 62  # no input waits for a tick
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.

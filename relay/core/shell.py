@@ -36,6 +36,7 @@ from relay.core.messages import Entry, Outcome, ReadStatus, Transaction
 # use); the timers next_deadline_ms does not name (fencing, suspicion, joins, repairs,
 # view changes) then run at most this much later than they used to.
 FED_TICK_MS = 5
+NO_FED_TICK = 1 << 62  # a shell's mark: no input waits for a tick
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from relay.core.machine import RelayCore
 from relay.core.quorum import quorum
 from relay.core.shell import (
     FED_TICK_MS,
+    NO_FED_TICK,
     Delivery,
     Outgoing,
     ProduceReply,
@@ -56,7 +57,6 @@ BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
 REQUEST, RESPONSE, DISCONNECT = 0, 1, 2  # what a client link carries
 FENCE_SAMPLE_EVERY_MS = 5
-NO_FED_TICK = 1 << 62  # no input waits for a tick
 # Lulls: every producer stops issuing for a while, so the mesh goes quiet (5.11) and must
 # wake up. A random run has one in its safety phase with LULL_CHANCE; a single-fault run
 # of an odd seed has one from SINGLE_LULL_BEFORE_MS before its fault to
