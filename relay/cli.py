@@ -1288,6 +1288,27 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     "the time of each hop: client -> coordinator -> members -> reports -> commit -> "
     "client, and -> consumer.",
 )
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Produce at --rate to two streams for --duration-s [default: 600] with a relay-wide "
+    "buffer bound of --buffer-mib, and compare each relay's RSS with what its bounds count.",
+)
+@click.option(
+    "--rate",
+    "rate_tx_s",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="TX_S",
+    help="The fixed rate of --memory [default: 5000].",
+)
+@click.option(
+    "--buffer-mib",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MIB",
+    help="The relay-wide buffer bound of --memory (relay_buffer_max_bytes) [default: 384].",
+)
 def bench(
     duration_s: float | None,
     sizes: tuple[int, ...],
@@ -1297,6 +1318,9 @@ def bench(
     security: bool,
     peers: str | None,
     hops: bool,
+    memory: bool,
+    rate_tx_s: int | None,
+    buffer_mib: int | None,
 ) -> None:
     """Benchmark a local 3-relay mesh side by side with raw ZeroMQ PUB/SUB.
 
@@ -1308,10 +1332,12 @@ def bench(
     """
     from relay.tools.bench import run_cli
 
-    if sum((security, profile, peers is not None, hops)) > 1:
+    if sum((security, profile, peers is not None, hops, memory)) > 1:
         raise click.UsageError(
-            "--profile, --security, --peers and --hops measure different things; pick one"
+            "--profile, --security, --peers, --hops and --memory measure different things; pick one"
         )
+    if not memory and (rate_tx_s is not None or buffer_mib is not None):
+        raise click.UsageError("--rate and --buffer-mib go with --memory")
     sys.exit(
         run_cli(
             duration_s=duration_s,
@@ -1322,6 +1348,9 @@ def bench(
             security=security,
             peers=peers,
             hops=hops,
+            memory=memory,
+            memory_rate_tx_s=rate_tx_s,
+            buffer_mib=buffer_mib,
         )
     )
 

@@ -151,6 +151,19 @@ def test_quick_hops_traces_every_stage_of_the_path() -> None:
     assert sum(report["member_triggers"].values()) == 2 * report["traced"]
 
 
+def test_quick_memory_run_samples_rss_beside_what_the_bounds_count() -> None:
+    """`relay bench --memory`: every relay's RSS and counted bytes are sampled while the
+    load runs, and the counts grow with it (the full ten minutes is a measurement)."""
+    report = bench("--memory", "--duration-s", "6", "--rate", "2000")
+    samples = report["samples"]
+    assert len(samples) >= 2 and samples[-1]["sent"] > 0
+    for relay in ("0", "1", "2"):
+        first, last = samples[0]["relays"][relay], samples[-1]["relays"][relay]
+        assert last["rss_bytes"] > 0 and last["memory_bytes"] > first["memory_bytes"], last
+        assert last["memory_bytes"] <= report["relay_buffer_max_bytes"]
+    assert set(report["relays"]) == {"0", "1", "2"}
+
+
 def test_bad_options_are_refused_before_any_mesh_starts() -> None:
     runner = CliRunner()
     bad = (
@@ -161,6 +174,9 @@ def test_bad_options_are_refused_before_any_mesh_starts() -> None:
         ["--peers", "redis"],
         ["--peers", "nats", "--security"],
         ["--hops", "--profile"],
+        ["--memory", "--hops"],
+        ["--rate", "100"],
+        ["--buffer-mib", "512"],
     )
     for args in bad:
         result = runner.invoke(main, ["bench", *args])

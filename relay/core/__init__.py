@@ -17,7 +17,8 @@ own business (one module per spec section):
     heartbeat.py   5.11 heartbeats
     quorum.py      quorum size and the vote tally (5.4, 5.7)
     timeline.py    one stream's buffer and digest chain; the dedupe window (5.6)
-    config.py      topology and every bound (5.10); seq.py, digest.py: section 2
+    config.py      topology and every bound (5.10); memory.py: what buffers cost
+    seq.py, digest.py: section 2
     messages.py    section 3; codec.py and fields.py: the wire format and its validation
 
 Other layers also use three library modules directly: seq.py (the sequence number

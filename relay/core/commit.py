@@ -10,7 +10,7 @@ digest equals its own there; what to do when it does not is repair (relay/core/r
 
 from __future__ import annotations
 
-from relay.core import coordinate
+from relay.core import coordinate, memory
 from relay.core.links import is_live, watermark
 from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
@@ -151,6 +151,7 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
     tl.reported = points[-1][0]
     st.out_reports.extend(points)
     st.report_log.extend(points)
+    tl.charge_report_log(len(st.report_log))
     if st.peers:
         st.own_unacked.extend(points)
         count_acked_own(core, st)
@@ -276,4 +277,4 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
         if pending is not None:
             coordinate.answer_copy(core, pending.waiters, first, same)
     coordinate.resolve_excluded(core, st, point)
-    tl.evict(core.limits.buffer_max_entries, core.limits.buffer_max_bytes)
+    memory.evict(core, st)

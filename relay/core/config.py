@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from relay.core.memory import DEDUPE_KEY_BYTES, REPORT_LOG_ENTRY_BYTES
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
 
@@ -31,8 +32,12 @@ class Limits:
     # no floor is taken further ahead of the majority's clock; a relay whose clock is
     # further from it is an outlier and fences itself (5.2, 5.9)
     max_clock_ahead_ms: int = 5_000
+    # Per stream: held entries, and bytes of memory they and the dedupe keys take
+    # (relay/core/memory.py counts what Python really allocates for them); per relay: the
+    # same bytes across every stream
     buffer_max_entries: int = 1_000_000
     buffer_max_bytes: int = 256 * 1024 * 1024
+    relay_buffer_max_bytes: int = 1024 * 1024 * 1024
     late_max_entries: int = 10_000
     dedupe_window_entries: int = 262_144  # duplicates detected among this many committed
     max_tx_bytes: int = 1024 * 1024
@@ -56,6 +61,20 @@ class Limits:
         for name, value in vars(self).items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"limit {name} must be a positive integer, got {value!r}")
+        # Dedupe keys and report log entries are never evicted for memory (5.10): a stream
+        # whose window and log alone filled its byte bound would refuse every produce.
+        fixed_bytes = (
+            self.dedupe_window_entries * DEDUPE_KEY_BYTES
+            + self.report_log_entries * REPORT_LOG_ENTRY_BYTES
+        )
+        for bound in ("buffer_max_bytes", "relay_buffer_max_bytes"):
+            if getattr(self, bound) <= 2 * fixed_bytes:
+                raise ConfigError(
+                    f"limit {bound} must exceed twice what a stream's full dedupe window "
+                    f"and report log take (dedupe_window_entries x {DEDUPE_KEY_BYTES} + "
+                    f"report_log_entries x {REPORT_LOG_ENTRY_BYTES} = {fixed_bytes} "
+                    f"bytes), got {getattr(self, bound)}"
+                )
         if self.suspect_timeout_ms <= self.heartbeat_interval_ms:
             raise ConfigError(
                 "limit suspect_timeout_ms must exceed heartbeat_interval_ms "

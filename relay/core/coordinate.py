@@ -11,7 +11,7 @@ hears us. Every produce gets exactly one answer (G3): `committed(seq)`, `rejecte
 from __future__ import annotations
 
 from relay.core import digest as dg
-from relay.core import fencing
+from relay.core import fencing, memory
 from relay.core.fencing import redirect_for
 from relay.core.links import is_live
 from relay.core.messages import (
@@ -90,10 +90,7 @@ def accept(
             return reject_mismatch(core, [waiter])
         pending.waiters.append(waiter)  # the same one: one answer for both
         return None
-    if (
-        not tl.make_room(limits.buffer_max_entries, limits.buffer_max_bytes, tx.size_bytes())
-        or len(st.pending) >= limits.max_pending_produces
-    ):
+    if not memory.make_room(core, st, tx) or len(st.pending) >= limits.max_pending_produces:
         core.counters["produce_buffer_full"] += 1
         return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
     seq = core.clock.next_seq(core.wall_ms)

@@ -364,6 +364,9 @@ class RelayCore(RelayState):
             "relay": self.id,
             "incarnation": self.incarnation,
             "floor": self.clock.floor,
+            # 5.10: memory of every stream's held entries and dedupe keys, and its bound
+            "memory_bytes": self.memory.used_bytes,
+            "memory_max_bytes": self.memory.max_bytes,
             "streams": {
                 name: {
                     "joined": st.join is None,
@@ -373,6 +376,8 @@ class RelayCore(RelayState):
                     "reported": st.timeline.reported,
                     "held": len(st.timeline),
                     "held_bytes": st.timeline.held_bytes,
+                    "dedupe_bytes": st.timeline.dedupe_bytes,
+                    "report_log_bytes": st.timeline.report_log_bytes,
                     "late": len(st.timeline.late),
                     "pending": len(st.pending),
                     "repairing": st.repair is not None,

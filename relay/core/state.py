@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from relay.core import codec
 from relay.core.config import CoreConfig, Limits
+from relay.core.memory import MemoryBudget
 from relay.core.messages import (
     Entry,
     Heartbeat,
@@ -328,13 +329,17 @@ class JoinState:
 class StreamState:
     """Everything one relay knows about one stream it serves (section 4)."""
 
-    def __init__(self, stream: str, members: tuple[int, ...], me: int, cfg: CoreConfig) -> None:
+    def __init__(
+        self, stream: str, members: tuple[int, ...], me: int, cfg: CoreConfig, budget: MemoryBudget
+    ) -> None:
         limits = cfg.limits
         self.stream = stream
         self.members = members
         self.peers = tuple(m for m in members if m != me)
         self.q = quorum(len(members))
-        self.timeline = Timeline(stream, limits.dedupe_window_entries, limits.late_max_entries)
+        self.timeline = Timeline(
+            stream, limits.dedupe_window_entries, limits.late_max_entries, budget
+        )
         self.requests = Requests()
         self.fenced = True  # 5.9: fewer than a quorum heard
         # 5.1 coordinating: what we issued and not yet published, and who waits for it
@@ -471,6 +476,7 @@ class RelayState:
             r: PeerState() for r in self.topology.relay_ids if r != self.id
         }
         self.streams: dict[str, StreamState] = {}
+        self.memory = MemoryBudget(self.limits.relay_buffer_max_bytes)  # 5.10
         self.outbox = Ready()  # drained by ready()
         self.last_request_id = incarnation << REQUEST_ID_BITS
         # 5.1 forwarding: our forward id -> the client's request id, and deadlines
@@ -597,7 +603,9 @@ class RelayState:
             self.wake(st)
         else:
             members = self.topology.members(stream)
-            st = self.streams[stream] = StreamState(stream, members, self.id, self.config)
+            st = self.streams[stream] = StreamState(
+                stream, members, self.id, self.config, self.memory
+            )
             self.note_busy(self.now_ms)  # it has to join
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]

@@ -20,9 +20,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from relay.core import digest as dg
+from relay.core.memory import (
+    DEDUPE_KEY_BYTES,
+    REPORT_LOG_ENTRY_BYTES,
+    MemoryBudget,
+    entry_cost,
+)
 from relay.core.messages import DedupeKey, Entry, Transaction
 
 NO_DIGEST = bytes(dg.DIGEST_BYTES)  # stands for "no digest yet" on the wire
+EVICTED = Transaction(b"", 0, None, b"")  # in place of an evicted entry until compaction
 # (seq, chain digest after the entry, transaction, duplicate: skipped by delivery)
 CommittedRecord = tuple[int, bytes, Transaction, bool]
 
@@ -72,7 +79,9 @@ class DedupeWindow:
 
 
 class Timeline:
-    def __init__(self, stream: str, dedupe_capacity: int, late_max_entries: int) -> None:
+    def __init__(
+        self, stream: str, dedupe_capacity: int, late_max_entries: int, budget: MemoryBudget
+    ) -> None:
         self.stream = stream
         self.base_point = -1  # -1: no base yet (joining); everything <= base is summarised
         self.base_digest = NO_DIGEST
@@ -91,7 +100,33 @@ class Timeline:
         self.skip: list[bool] = []  # a committed duplicate: not delivered
         self.digested = 0
         self.delivered = 0  # index one past the last committed entry
+        # Memory (relay.core.memory) of the held entries, of the dedupe window's keys and
+        # of the stream's report log (kept by StreamState, which tells its length); the
+        # relay's budget is charged with every change of any.
         self.held_bytes = 0
+        self.dedupe_bytes = 0
+        self.report_log_bytes = 0
+        self.budget = budget
+
+    def _charge(self, held_delta: int) -> None:
+        self.held_bytes += held_delta
+        self.budget.used_bytes += held_delta
+
+    def _charge_dedupe(self) -> None:
+        now = len(self.dedupe) * DEDUPE_KEY_BYTES
+        self.budget.used_bytes += now - self.dedupe_bytes
+        self.dedupe_bytes = now
+
+    def charge_report_log(self, entries: int) -> None:
+        """The stream's report log now holds `entries` reports."""
+        now = entries * REPORT_LOG_ENTRY_BYTES
+        self.budget.used_bytes += now - self.report_log_bytes
+        self.report_log_bytes = now
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the per-stream byte bound counts: held entries, dedupe keys, report log."""
+        return self.held_bytes + self.dedupe_bytes + self.report_log_bytes
 
     # --- shape ------------------------------------------------------------------------
 
@@ -131,7 +166,7 @@ class Timeline:
         if i < len(self.digests):
             del self.digests[i:]
         self.digested = min(self.digested, i)
-        self.held_bytes += tx.size_bytes()
+        self._charge(entry_cost(tx))
         return Insert.INSERTED
 
     def _keep_late(self, seq: int, tx: Transaction) -> None:
@@ -192,6 +227,7 @@ class Timeline:
             else:
                 self.skip[i] = True
                 out.append((seq, tx, first[0], first[1] == content))
+        self._charge_dedupe()
         self.delivered = max(self.delivered, end)
         self.committed_point = point
         self.committed_digest = digest
@@ -221,14 +257,12 @@ class Timeline:
 
     def _splice(self, a: int, b: int, entries: list[Entry]) -> None:
         """Held entries at indexes [a, b) become `entries` (sorted, in (seqs[a-1], seqs[b]))."""
-        for tx in self.txs[a:b]:
-            self.held_bytes -= tx.size_bytes()
+        txs = [t for _, t in entries]
+        self._charge(sum(map(entry_cost, txs)) - sum(map(entry_cost, self.txs[a:b])))
         self.seqs[a:b] = [s for s, _ in entries]
-        self.txs[a:b] = [t for _, t in entries]
-        self.hashes[a:b] = [dg.tx_hash(t) for _, t in entries]
+        self.txs[a:b] = txs
+        self.hashes[a:b] = [dg.tx_hash(t) for t in txs]
         self.skip[a:b] = [False] * len(entries)
-        for _, tx in entries:
-            self.held_bytes += tx.size_bytes()
         del self.digests[a:]
         self.digested = min(self.digested, a)
         for seq, _ in entries:
@@ -239,8 +273,7 @@ class Timeline:
         dropped seqs."""
         end = self.index_after(point)
         dropped = self.seqs[self.head : end]
-        for tx in self.txs[self.head : end]:
-            self.held_bytes -= tx.size_bytes()
+        self._charge(-sum(map(entry_cost, self.txs[self.head : end])))
         for lst in (self.seqs, self.txs, self.hashes, self.skip):
             del lst[:end]
         self.digests.clear()
@@ -253,6 +286,7 @@ class Timeline:
         self.committed_digest = digest
         self.reported = max(self.reported, point)
         self.dedupe = dedupe
+        self._charge_dedupe()
         self._drop_late_through(point)
         return dropped
 
@@ -287,16 +321,21 @@ class Timeline:
     # --- bounding -----------------------------------------------------------------------
 
     def evict(self, max_entries: int, max_bytes: int) -> int:
-        """Drop the oldest committed entries while over a bound; returns how many."""
+        """Drop the oldest committed entries while over a bound (`max_bytes` counts
+        `memory_bytes`); returns how many."""
         evicted = 0
-        while (len(self) > max_entries or self.held_bytes > max_bytes) and (
+        while (len(self) > max_entries or self.memory_bytes > max_bytes) and (
             self.head < self.delivered
         ):
             i = self.head
             self.digest_through(i)
             self.base_point = self.seqs[i]
             self.base_digest = self.digests[i]
-            self.held_bytes -= self.txs[i].size_bytes()
+            self._charge(-entry_cost(self.txs[i]))
+            # Free it now, not at the next compaction: only the seq stays for bisecting
+            # (the hash is the dedupe window's, if anything's).
+            self.txs[i] = EVICTED
+            self.digests[i] = NO_DIGEST
             self.head += 1
             evicted += 1
         if self.head > 1024 and self.head * 2 > len(self.seqs):
@@ -314,13 +353,22 @@ class Timeline:
         self.delivered = max(self.delivered - h, 0)
         self.head = 0
 
-    def make_room(self, max_entries: int, max_bytes: int, size_bytes: int) -> bool:
-        """Whether one more entry of `size_bytes` fits within the bounds, evicting the
-        oldest committed entries to make room if needed. (Eviction after a commit keeps
-        the buffer at the bounds, so without this a buffer full of committed entries
-        would refuse every new one.)"""
-        self.evict(max_entries - 1, max_bytes - size_bytes)
-        return len(self) < max_entries and self.held_bytes + size_bytes <= max_bytes
+    def evictable(self) -> bool:
+        """Whether a committed entry is held (the only kind eviction may drop)."""
+        return self.head < self.delivered
+
+    def evict_bytes(self, excess_bytes: int) -> int:
+        """Drop the oldest committed entries until `excess_bytes` are freed or none is
+        left to drop; returns how many."""
+        return self.evict(len(self), self.memory_bytes - excess_bytes)
+
+    def make_room(self, max_entries: int, max_bytes: int, cost_bytes: int) -> bool:
+        """Whether one more entry costing `cost_bytes` fits within the bounds, evicting
+        the oldest committed entries to make room if needed. (Eviction after a commit
+        keeps the buffer at the bounds, so without this a buffer full of committed
+        entries would refuse every new one.)"""
+        self.evict(max_entries - 1, max_bytes - cost_bytes)
+        return len(self) < max_entries and self.memory_bytes + cost_bytes <= max_bytes
 
     # --- reading ------------------------------------------------------------------------
 

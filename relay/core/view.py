@@ -563,6 +563,7 @@ def adopt(core: RelayState, st: StreamState, value: ViewValue, now_ms: int) -> N
         core.counters["view_voided_reports"] += 1
         st.out_reports = [r for r in st.out_reports if r[0] < changed_at]
         _drop_from(st.report_log, changed_at)
+        tl.charge_report_log(len(st.report_log))
         _drop_from(st.own_unacked, changed_at)
     for seq in dropped:
         pending = st.pending.take(seq)

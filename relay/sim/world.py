@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from relay.core import memory
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.machine import RelayCore
 from relay.core.quorum import quorum
@@ -726,6 +727,7 @@ class World:
                 r, node.incarnation, core is not None and node.paused_until < 0, node.restarts
             )
             if core is not None:
+                h.anomalies.extend(f"relay {r}: {e}" for e in memory.accounting_errors(core))
                 for stream in node.streams:
                     rf.joined[stream] = core.joined(stream)
                     rf.fenced[stream] = core.fenced(stream)
@@ -771,6 +773,12 @@ class World:
             "consumer_reconnects": sum(c.reconnects for c in self.consumers),
             "produce_requests": sum(n.counters["produce_requests"] for n in self.nodes.values()),
             "read_requests": sum(n.counters["read_requests"] for n in self.nodes.values()),
+            # of the relays running at the end (a restart starts its counters again)
+            "evicted_for_relay_bound": sum(
+                n.core.counters["evicted_for_relay_bound"]
+                for n in self.nodes.values()
+                if n.core is not None
+            ),
         }
         out.update(self.stats)
         return out

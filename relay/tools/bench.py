@@ -33,6 +33,7 @@ report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
     relay bench --security [--duration-s S] [--sizes 100] [--quick] [--json]
     relay bench --hops [--duration-s S] [--sizes 100] [--json]   (relay/tools/hops.py)
+    relay bench --memory [--duration-s S] [--rate TX_S] [--buffer-mib MIB]  (tools/membench.py)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from typing import Any
 import zmq
 
 from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
-from relay.errors import ClientError
+from relay.errors import ClientError, ConfigError
 from relay.launcher import Mesh, MeshError, write_loopback_topology
 from relay.security import ClientCurve
 
@@ -75,6 +76,8 @@ __all__ = [
 
 DEFAULT_DURATION_S = 5.0  # per measured run
 QUICK_DURATION_S = 0.25
+DEFAULT_MEMORY_DURATION_S = 600.0  # `--memory`: ten minutes at a fixed rate
+QUICK_MEMORY_DURATION_S = 15.0
 DEFAULT_SIZES = (100, 1024)
 DEFAULT_WINDOWS = (128, 1_000)
 DEFAULT_RATE_TX_S = 1_000
@@ -1438,10 +1441,15 @@ def run_cli(
     security: bool = False,
     peers: str | None = None,
     hops: bool = False,
+    memory: bool = False,
+    memory_rate_tx_s: int | None = None,
+    buffer_mib: int | None = None,
 ) -> int:
     """The `relay bench` command: 0 when every run produced figures, 1 otherwise."""
     from relay.tools.nats_peer import NatsUnavailable
 
+    if duration_s is None and memory:
+        duration_s = QUICK_MEMORY_DURATION_S if quick else DEFAULT_MEMORY_DURATION_S
     if duration_s is None:
         duration_s = QUICK_DURATION_S if quick else DEFAULT_DURATION_S
     if windows is None:  # each mode's own shapes
@@ -1452,6 +1460,17 @@ def run_cli(
         print(text, file=sys.stderr, flush=True)
 
     try:
+        if memory:
+            from relay.tools import membench
+
+            rate = memory_rate_tx_s or membench.DEFAULT_RATE_TX_S
+            mib = buffer_mib or membench.DEFAULT_BUFFER_MIB
+            report = membench.run_memory(duration_s, rate, sizes[0], mib, log=log)
+            if as_json:
+                print(json.dumps(report, indent=2, sort_keys=True))
+            else:
+                membench.print_memory_report(report)
+            return 0 if report["samples"] else 1
         if hops:
             from relay.tools.hops import print_hops_report, run_hops
 
@@ -1473,6 +1492,9 @@ def run_cli(
     except NatsUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # `--buffer-mib`: a bound the limits refuse
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
