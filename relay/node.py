@@ -63,10 +63,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import logging
 import signal
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -129,6 +132,9 @@ DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.
 STATE_LOG_MS = 100
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept fixed (_return_large_frees)
+LOOP_YIELD_MS = 1  # a relay alone in its event loop lets the loop run this often when busy
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
@@ -415,6 +421,7 @@ class RelayNode:
         # Whether the node is the only task of its event loop (looked at every STATE_LOG_MS):
         # then it waits in zmq_poll, else through the loop.
         self._alone_in_loop = False
+        self._yielded_ms = 0  # when the loop last got a pass (LOOP_YIELD_MS)
         self._running = False
         self._topics: dict[str, bytes] = {}
         self._views: dict[str, _StreamView] = {}
@@ -498,6 +505,8 @@ class RelayNode:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        if self.manage_gc:  # the process is the relay's: so is its allocator
+            self._return_large_frees()
         try:
             self._sockets = self._open(ctx)
             if self.handle_signals:
@@ -772,10 +781,16 @@ class RelayNode:
                 if self._stopping:
                     break
                 self._turn(socks, readable)
-                if not yielded:
+                if not yielded and (
+                    not self._alone_in_loop or mono_ms() - self._yielded_ms >= LOOP_YIELD_MS
+                ):
                     # Let other tasks and callbacks (signals) run. Not after a wait through
                     # the loop, which just did: an extra pass would find the sockets'
                     # descriptors signalling again and cost a round of reader changes.
+                    # Alone in the loop, only every LOOP_YIELD_MS: a pass of the loop is
+                    # a system call (5-9 us), and a busy relay turns thousands of times a
+                    # second.
+                    self._yielded_ms = mono_ms()
                     await asyncio.sleep(0)
         finally:
             self._wakeup = None
@@ -1107,6 +1122,25 @@ class RelayNode:
                 )
                 if fenced:
                     self.clients.wake(stream)
+
+    @staticmethod
+    def _return_large_frees() -> None:
+        """Have glibc give large freed blocks back to the system.
+
+        glibc serves an allocation above its mmap threshold with mmap, returned to the
+        system when freed, but raises the threshold to the size of every such block freed
+        (up to 32 MiB). A relay's largest objects are its buffers' lists and dictionary
+        tables, MiBs each, reallocated as buffers fill and turn over: after the first is
+        freed the next ones come from the heap, whose freed space the process keeps, and
+        RSS crept up for minutes after the buffers were full (`relay bench --memory`).
+        Setting the threshold fixes it at glibc's initial 128 KiB. Elsewhere: nothing."""
+        if sys.platform != "linux":
+            return
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+            return
 
     def _tend_gc(self, mono: int) -> None:
         """Keep what survived so far out of the cyclic collector's full collections.

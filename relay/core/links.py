@@ -30,6 +30,7 @@ from relay.core.state import (
     RelayState,
     StreamState,
     admits,
+    admits_run,
     open_interval,
 )
 from relay.core.timeline import Insert
@@ -436,6 +437,15 @@ def retry_fills(core: RelayState, st: StreamState, now_ms: int) -> None:
 def on_tx_batch(core: RelayState, st: StreamState, msg: TxBatch) -> None:
     """A coordinator's transactions: inserted above what we reported, else kept late."""
     tl = st.timeline
+    entries = msg.entries
+    if (
+        entries
+        and admits_run(st.view, msg.sender, msg.incarnation, entries[0][0], entries[-1][0])
+        and tl.append_run(entries)
+    ):
+        st.mark_run_end(entries[-1][0])
+        core.announce_floor = True
+        return
     held = False
     for seq, tx in msg.entries:
         if not admits(st.view, msg.sender, msg.incarnation, seq):

@@ -306,6 +306,18 @@ def admits(view: ViewValue, member: int, incarnation: int, seq: int) -> bool:
     return False
 
 
+def admits_run(view: ViewValue, member: int, incarnation: int, lo: int, hi: int) -> bool:
+    """Whether `view` counts every seq from `lo` to `hi` that `member` coordinated in
+    `incarnation`: one of its intervals holds them all."""
+    return any(
+        i.member == member
+        and i.incarnation == incarnation
+        and lo > i.since
+        and (i.cut < 0 or hi <= i.cut)
+        for i in view.intervals
+    )
+
+
 def admits_seq(view: ViewValue, member: int, seq: int) -> bool:
     """Like `admits`, for a transaction whose incarnation is not known (any interval)."""
     return any(

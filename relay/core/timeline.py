@@ -22,6 +22,7 @@ from collections.abc import Callable
 from relay.core import digest as dg
 from relay.core.memory import (
     DEDUPE_KEY_BYTES,
+    HELD_ENTRY_OVERHEAD_BYTES,
     REPORT_LOG_ENTRY_BYTES,
     MemoryBudget,
     entry_cost,
@@ -29,7 +30,9 @@ from relay.core.memory import (
 from relay.core.messages import DedupeKey, Entry, Transaction
 
 NO_DIGEST = bytes(dg.DIGEST_BYTES)  # stands for "no digest yet" on the wire
-EVICTED = Transaction(b"", 0, None, b"")  # in place of an evicted entry until compaction
+# In place of an evicted entry until compaction (indexes below `head` are never read)
+EVICTED = Transaction(b"", 0, None, b"")
+EVICTED_SEQ = -1
 # (seq, chain digest after the entry, transaction, duplicate: skipped by delivery)
 CommittedRecord = tuple[int, bytes, Transaction, bool]
 
@@ -166,8 +169,33 @@ class Timeline:
         if i < len(self.digests):
             del self.digests[i:]
         self.digested = min(self.digested, i)
-        self._charge(entry_cost(tx))
+        cost = tx.size_bytes() + HELD_ENTRY_OVERHEAD_BYTES  # entry_cost, inline: per entry
+        self.held_bytes += cost
+        self.budget.used_bytes += cost
         return Insert.INSERTED
+
+    def append_run(self, entries: tuple[Entry, ...]) -> bool:
+        """Insert a run of entries in one go when they all go after everything held and
+        reported, in ascending order (a coordinator's TxBatch nearly always does): one
+        extend per list instead of a bisect and an insert each. False, and nothing done,
+        when they do not (the caller inserts them one by one)."""
+        seqs = [seq for seq, _ in entries]
+        first = seqs[0]
+        if first <= self.reported or first <= self.base_point:
+            return False
+        if self.seqs and first <= self.seqs[-1]:
+            return False
+        if seqs != sorted(seqs) or len(set(seqs)) != len(seqs):  # strictly ascending
+            return False
+        txs = [tx for _, tx in entries]
+        self.seqs.extend(seqs)
+        self.txs.extend(txs)
+        self.hashes.extend(map(dg.tx_hash, txs))
+        self.skip.extend([False] * len(txs))
+        cost = sum(map(Transaction.size_bytes, txs)) + len(txs) * HELD_ENTRY_OVERHEAD_BYTES
+        self.held_bytes += cost
+        self.budget.used_bytes += cost
+        return True
 
     def _keep_late(self, seq: int, tx: Transaction) -> None:
         if seq <= self.committed_point:
@@ -324,20 +352,26 @@ class Timeline:
         """Drop the oldest committed entries while over a bound (`max_bytes` counts
         `memory_bytes`); returns how many."""
         evicted = 0
-        while (len(self) > max_entries or self.memory_bytes > max_bytes) and (
-            self.head < self.delivered
-        ):
+        over_entries = len(self) - max_entries
+        over_bytes = self.memory_bytes - max_bytes
+        if over_entries <= 0 and over_bytes <= 0:
+            return 0
+        freed = 0
+        while (evicted < over_entries or freed < over_bytes) and self.head < self.delivered:
             i = self.head
             self.digest_through(i)
             self.base_point = self.seqs[i]
             self.base_digest = self.digests[i]
-            self._charge(-entry_cost(self.txs[i]))
-            # Free it now, not at the next compaction: only the seq stays for bisecting
-            # (the hash is the dedupe window's, if anything's).
+            freed += entry_cost(self.txs[i])
+            # Free it now, not at the next compaction (which may be as many evictions
+            # away as entries are held): nothing reads below `head`.
+            self.seqs[i] = EVICTED_SEQ
             self.txs[i] = EVICTED
+            self.hashes[i] = NO_DIGEST
             self.digests[i] = NO_DIGEST
             self.head += 1
             evicted += 1
+        self._charge(-freed)
         if self.head > 1024 and self.head * 2 > len(self.seqs):
             self._compact()
         return evicted
