@@ -132,8 +132,7 @@ DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.
 STATE_LOG_MS = 100
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept fixed (_return_large_frees)
+MALLOC_TRIM_MS = 10_000  # how often a relay owning its process trims its heap (_trim_heap)
 LOOP_YIELD_MS = 1  # a relay alone in its event loop lets the loop run this often when busy
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
 BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
@@ -179,6 +178,16 @@ def wall_ms() -> int:
 
 def mono_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _glibc_malloc_trim() -> Any:
+    """glibc's malloc_trim, or None elsewhere (another libc, another system)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
 
 
 @dataclass
@@ -422,6 +431,8 @@ class RelayNode:
         # then it waits in zmq_poll, else through the loop.
         self._alone_in_loop = False
         self._yielded_ms = 0  # when the loop last got a pass (LOOP_YIELD_MS)
+        self._trimmed_ms = 0  # when the heap was last trimmed (_trim_heap)
+        self._malloc_trim = _glibc_malloc_trim() if self.manage_gc else None
         self._running = False
         self._topics: dict[str, bytes] = {}
         self._views: dict[str, _StreamView] = {}
@@ -505,8 +516,6 @@ class RelayNode:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        if self.manage_gc:  # the process is the relay's: so is its allocator
-            self._return_large_frees()
         try:
             self._sockets = self._open(ctx)
             if self.handle_signals:
@@ -872,6 +881,7 @@ class RelayNode:
             self._unread.prune()
             if self.manage_gc:
                 self._tend_gc(mono)
+                self._trim_heap(mono)
             if self._spool is not None:
                 self._spool.tick(mono)
 
@@ -1123,24 +1133,20 @@ class RelayNode:
                 if fenced:
                     self.clients.wake(stream)
 
-    @staticmethod
-    def _return_large_frees() -> None:
-        """Have glibc give large freed blocks back to the system.
+    def _trim_heap(self, mono: int) -> None:
+        """Every MALLOC_TRIM_MS, have glibc give the free pages of its heap back.
 
-        glibc serves an allocation above its mmap threshold with mmap, returned to the
-        system when freed, but raises the threshold to the size of every such block freed
-        (up to 32 MiB). A relay's largest objects are its buffers' lists and dictionary
-        tables, MiBs each, reallocated as buffers fill and turn over: after the first is
-        freed the next ones come from the heap, whose freed space the process keeps, and
-        RSS crept up for minutes after the buffers were full (`relay bench --memory`).
-        Setting the threshold fixes it at glibc's initial 128 KiB. Elsewhere: nothing."""
-        if sys.platform != "linux":
+        A relay's largest objects are its buffers' lists and dictionary tables, MiBs each,
+        reallocated as buffers fill and turn over. glibc serves them from its heap once it
+        has raised its mmap threshold (it does so at the first such block freed), and a
+        heap keeps what is freed in it: RSS crept up for minutes after the buffers were
+        full (`relay bench --memory`). malloc_trim releases those pages (a few ms for
+        hundreds of MiB). A fixed low mmap threshold did it too, but made every large frame
+        an mmap and a page-faulting munmap: a quarter of the throughput at window 1,000."""
+        if mono - self._trimmed_ms < MALLOC_TRIM_MS or self._malloc_trim is None:
             return
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-            return
+        self._trimmed_ms = mono
+        self._malloc_trim(0)
 
     def _tend_gc(self, mono: int) -> None:
         """Keep what survived so far out of the cyclic collector's full collections.
