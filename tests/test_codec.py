@@ -112,6 +112,7 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         u63_or_none,
         digests,
         acks,
+        u63_or_none,
     ),
     JoinRequest: st.builds(JoinRequest, relay_ids, incarnations, u63, streams, u63, u63_or_none),
     Heartbeat: st.builds(
@@ -336,9 +337,9 @@ def test_wire_layout() -> None:
         [b"p", 6, b"", b"v", 0],
     ]
     reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
-    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, []]
-    reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)))
-    assert as_list(reports)[-1] == [[6, 7], [8, 9]]
+    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [], -1]
+    reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)), lead=10)
+    assert as_list(reports)[-2:] == [[[6, 7], [8, 9]], 10]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
     assert as_list(hb) == [
         4,
@@ -529,10 +530,10 @@ def test_fast_path_edges() -> None:
         frame_of(1, 1, 2, 3, "s", 4, [[0, b"p" * 65, *entry[2:]]]),
         frame_of(1, 1, 2, 3, "s", 4, [[*entry[:3], "key", *entry[4:]]]),
         frame_of(1, 1, 2, 3, "s", 4, [[*entry[:5], True]]),
-        frame_of(2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [[1023, U63]]),
-        frame_of(2, 1, 2, 3, "s", 4, [[5, D[:15]]], -1, D, []),
-        frame_of(2, 1, 2, 3, "s", 4, [], -2, D, []),
-        frame_of(2, 1024, 2, 3, "s", 4, [], -1, D, []),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [[1023, U63]], -1),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D[:15]]], -1, D, [], -1),
+        frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1),
+        frame_of(2, 1024, 2, 3, "s", 4, [], -1, D, [], -1),
     ):
         assert_same_as_reference(frame)
 
@@ -635,7 +636,7 @@ def test_wrong_array_lengths() -> None:
     with pytest.raises(MalformedFrame):  # an entry not an array
         decode(frame_of(*items[:6], [5]), MAX)
     with pytest.raises(MalformedFrame, match=r"points\[0\]"):  # a report not a pair
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D, []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D, [], -1), MAX)
     for status in (
         ["s", 4, -1, D],
         ["s", 4, -1, D, True],  # the layout before acks and inherited votes
@@ -652,13 +653,19 @@ def test_wrong_array_lengths() -> None:
         decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None, b"v"]), MAX)
 
 
+def test_reports_lead_out_of_range() -> None:
+    for lead in (-2, U63 + 1, "x"):
+        with pytest.raises(FieldError, match=r"Reports\.lead"):
+            decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D, [], lead), MAX)
+
+
 def test_wrong_digest_length() -> None:
     with pytest.raises(FieldError, match="digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D, []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D, [], -1), MAX)
     with pytest.raises(FieldError, match="committed_digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00", []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00", [], -1), MAX)
     with pytest.raises(FieldError):  # a digest must be bin, not str
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16, []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16, [], -1), MAX)
 
 
 @pytest.mark.parametrize(
@@ -747,7 +754,7 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="link_seq"):
         decode(frame_of(3, 1, 2, 3, "s", -1, 0), MAX)
     with pytest.raises(FieldError, match="point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, [], -1), MAX)
     with pytest.raises(FieldError, match="seq"):
         decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b"", 0]]), MAX)
     with pytest.raises(FieldError, match="kind"):
@@ -759,7 +766,7 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="lo"):
         decode(frame_of(8, 1, 2, 3, 4, "s", 5, -1, 7, -1), MAX)
     with pytest.raises(FieldError, match="committed_point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, []), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1), MAX)
     with pytest.raises(FieldError, match="max_seen_reported"):
         decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, [], None), MAX)
 
@@ -859,7 +866,7 @@ def test_decoded_containers_are_tuples() -> None:
 
 
 def reports_frame(acks: Any) -> bytes:
-    return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks)
+    return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks, -1)
 
 
 def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any = -1) -> bytes:

@@ -139,6 +139,7 @@ def _enc_reports(m: Reports) -> tuple[Any, ...]:
         m.committed_point,
         m.committed_digest,
         m.acks,
+        m.lead,
     )
 
 
@@ -314,6 +315,7 @@ def _dec_reports(a: list[Any]) -> Reports:
         fields.u63_or_none(a[7], "Reports.committed_point"),
         fields.digest(a[8], "Reports.committed_digest"),
         fields.acks(a[9], "Reports.acks"),
+        fields.u63_or_none(a[10], "Reports.lead"),
     )
 
 
@@ -574,6 +576,7 @@ _ReportsShape = tuple[
     fields.U63OrNone,
     fields.Digest,
     tuple[tuple[fields.RelayId, fields.U63], ...],
+    fields.U63OrNone,
 ]
 
 
@@ -584,7 +587,7 @@ def _build_tx_batch(a: Any) -> TxBatch:
 
 def _build_reports(a: Any) -> Reports:
     stream = _stream(a[4], "Reports.stream")
-    return Reports(a[1], a[2], a[3], stream, a[5], a[6], a[7], a[8], a[9])
+    return Reports(a[1], a[2], a[3], stream, a[5], a[6], a[7], a[8], a[9], a[10])
 
 
 _FAST_DECODERS: dict[int, FastDecoder[PeerMessage]] = {

@@ -195,6 +195,7 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
                 committed_point=committed,
                 committed_digest=st.timeline.committed_digest,
                 acks=our_acks,
+                lead=coordinate.lead(core, st, core.now_ms),
             ),
             stream=st.stream,
         )

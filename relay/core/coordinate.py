@@ -22,10 +22,29 @@ from relay.core.messages import (
     Transaction,
     TxBatch,
 )
-from relay.core.seq import ms_of
+from relay.core.seq import MAX_MS, end_of_ms, ms_of, wall_ms
 from relay.core.shell import ProduceReply
-from relay.core.state import RelayState, StreamState, Waiter, chunks
+from relay.core.state import PendingForward, RelayState, StreamState, Waiter, chunks
 from relay.core.transit import hears_us
+
+# A member that has not coordinated a stream for LEAD_IDLE_MS promises, in its Reports, not
+# to coordinate it at or below LEAD_MS past its clock (its *lead*, 5.2). The stream's other
+# members then need not wait for its floor before they report a transaction another member
+# coordinated within LEAD_MS of that Reports: one one-way delay less (section 7). Should it
+# coordinate the stream after all, its first sequence number lies past the lead, at most
+# LEAD_MS ahead of its clock. A member that coordinated within LEAD_IDLE_MS leads no more:
+# two members coordinating in turns would push each other's numbers ahead for nothing.
+LEAD_MS = 100
+LEAD_IDLE_MS = 1_000
+
+
+def lead(core: RelayState, st: StreamState, now_ms: int) -> int:
+    """The lead to announce on `st` now (-1: none), remembered: it binds us."""
+    if st.out_entries or now_ms - st.coordinated_ms < LEAD_IDLE_MS:
+        return -1
+    ms = min(max(ms_of(core.clock.floor), wall_ms(core.wall_ms)) + LEAD_MS, MAX_MS)
+    st.lead = max(st.lead, end_of_ms(ms))
+    return st.lead
 
 
 class FenceMemo:
@@ -93,6 +112,9 @@ def accept(
     if not memory.make_room(core, st, tx) or len(st.pending) >= limits.max_pending_produces:
         core.counters["produce_buffer_full"] += 1
         return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+    if st.lead > core.clock.floor:  # we promised not to coordinate at or below it (5.2)
+        core.clock.raise_floor(st.lead)
+    st.coordinated_ms = now_ms
     seq = core.clock.next_seq(core.wall_ms)
     tl.insert(seq, tx)
     st.out_entries.append((seq, tx))
@@ -110,38 +132,81 @@ def forward(
 ) -> None:
     if waiter.origin is not None:  # never forward twice
         return answer(core, waiter, Outcome.FENCED, redirect=members)
-    # A member we hear but that gets nothing from us (a one-way cut, and no relay in
-    # between, 5.13) would never get it.
-    live = [
-        m for m in members if is_live(core, core.peers[m], now_ms) and hears_us(core, m, now_ms)
-    ]
-    if not live:
-        return answer(core, waiter, Outcome.FENCED, redirect=members)
     forward_id = core.request_id()
-    target = live[forward_id % len(live)]
-    core.forwards[forward_id] = waiter.request_id
+    target = _forward_target(core, members, forward_id, now_ms)
+    if target < 0:
+        return answer(core, waiter, Outcome.FENCED, redirect=members)
+    core.forwards[forward_id] = PendingForward(waiter.request_id, stream, tx, target)
+    core.forwards_to.setdefault(target, set()).add(forward_id)
     core.forward_deadlines.append((now_ms + core.limits.produce_timeout_ms, forward_id))
+    _send_forward(core, forward_id, core.forwards[forward_id])
+    return None
+
+
+def _forward_target(
+    core: RelayState, members: tuple[int, ...], forward_id: int, now_ms: int, avoid: int = -1
+) -> int:
+    """A live member to forward to, spread by forward id (-1: none). A member we hear but
+    that gets nothing from us (a one-way cut, and no relay in between, 5.13) would never
+    get it."""
+    live = [
+        m
+        for m in members
+        if m != avoid and is_live(core, core.peers[m], now_ms) and hears_us(core, m, now_ms)
+    ]
+    return live[forward_id % len(live)] if live else -1
+
+
+def _send_forward(core: RelayState, forward_id: int, pending: PendingForward) -> None:
     core.send(
         Forward(
             sender=core.id,
             incarnation=core.incarnation,
             floor=core.clock.floor,
-            target=target,
-            stream=stream,
+            target=pending.target,
+            stream=pending.stream,
             request_id=forward_id,
-            tx=tx,
+            tx=pending.tx,
         )
     )
-    return None
+
+
+def retarget_forwards(core: RelayState, now_ms: int) -> None:
+    """Forwards whose target fell silent before it answered (it died, or was cut off from
+    us) go again, under the same id, to another live member (5.1): else their clients
+    would wait for the deadline, and then hear `unknown`. Should the first target answer
+    after all, the later answer is unmatched; should both coordinate it, the dedupe window
+    delivers one copy (5.6)."""
+    for target in [t for t in core.forwards_to if not is_live(core, core.peers[t], now_ms)]:
+        for forward_id in sorted(core.forwards_to.pop(target)):
+            pending = core.forwards[forward_id]
+            members = core.topology.members(pending.stream)
+            pending.target = _forward_target(core, members, forward_id, now_ms, avoid=target)
+            if pending.target < 0:
+                continue  # nobody to ask: its deadline answers it
+            core.counters["forward_retargeted"] += 1
+            core.forwards_to.setdefault(pending.target, set()).add(forward_id)
+            _send_forward(core, forward_id, pending)
+
+
+def _forget_forward(core: RelayState, forward_id: int) -> PendingForward | None:
+    pending = core.forwards.pop(forward_id, None)
+    if pending is not None:
+        ids = core.forwards_to.get(pending.target)
+        if ids is not None:
+            ids.discard(forward_id)
+            if not ids:
+                del core.forwards_to[pending.target]
+    return pending
 
 
 def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
-    client_request = core.forwards.pop(msg.request_id, None)
-    if client_request is None:
+    pending = _forget_forward(core, msg.request_id)
+    if pending is None:
         core.counters["forward_reply_unmatched"] += 1
         return
     core.outbox.replies.append(
-        ProduceReply(client_request, msg.outcome, msg.seq, msg.reason, msg.redirect)
+        ProduceReply(pending.request_id, msg.outcome, msg.seq, msg.reason, msg.redirect)
     )
 
 
@@ -150,9 +215,9 @@ def expire_forwards(core: RelayState, now_ms: int) -> None:
     deadlines = core.forward_deadlines
     while deadlines and deadlines[0][0] <= now_ms:
         _, forward_id = deadlines.popleft()
-        client_request = core.forwards.pop(forward_id, None)
-        if client_request is not None:
-            core.outbox.replies.append(ProduceReply(client_request, Outcome.UNKNOWN))
+        pending = _forget_forward(core, forward_id)
+        if pending is not None:
+            core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
 
 
 def answer(

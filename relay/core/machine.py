@@ -234,6 +234,8 @@ class RelayCore(RelayState):
         for st in self.streams.values():
             if not st.dormant:
                 self._tick_stream(st, now_ms)
+        if self.forwards_to:
+            coordinate.retarget_forwards(self, now_ms)
         coordinate.expire_forwards(self, now_ms)
         self.tick_interval_ms = heartbeat.interval_ms(self)
 
@@ -483,7 +485,9 @@ class RelayCore(RelayState):
                 links.on_tx_batch(self, st, msg)
         elif isinstance(msg, Reports):
             st = self.stream(msg.stream)
-            if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, msg.floor, now_ms):
+            # Its lead is a floor on this link alone (5.2): we do not follow it.
+            floor = max(msg.floor, msg.lead)
+            if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, floor, now_ms):
                 commit.on_reports(self, st, msg)
                 repair.advance(self, st, now_ms)
         elif isinstance(msg, Heartbeat):

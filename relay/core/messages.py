@@ -105,6 +105,10 @@ class Reports:
     committed_point: int
     committed_digest: bytes
     acks: tuple[Ack, ...] = ()  # the sender's knowledge of the other members' reports
+    # The sender's lead on the stream (5.2): it will never coordinate a transaction of the
+    # stream at or below it in this incarnation, and it published every one it did before
+    # this message (-1: none). Unlike `floor`, receivers do not follow it.
+    lead: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,16 @@ class Waiter:
 
 
 @dataclass(slots=True)
+class PendingForward:
+    """A produce we forwarded (5.1): to whom, and what to send again should it fall silent."""
+
+    request_id: int  # the client's
+    stream: str
+    tx: Transaction
+    target: int
+
+
+@dataclass(slots=True)
 class Pending:
     tx: Transaction
     waiters: list[Waiter]
@@ -357,6 +367,8 @@ class StreamState:
         # 5.1 coordinating: what we issued and not yet published, and who waits for it
         self.link_seq_out = 0  # our messages on this stream's topic (5.2)
         self.out_entries: list[Entry] = []
+        self.coordinated_ms = NEVER  # when we last issued a transaction of the stream
+        self.lead = -1  # the highest lead we announced on the stream (5.2; -1: none)
         self.pending = PendingProduces()
         # 5.3-5.4 reporting and counting votes
         self.votes = VoteTally(members, limits.max_pending_vote_points)
@@ -491,8 +503,10 @@ class RelayState:
         self.memory = MemoryBudget(self.limits.relay_buffer_max_bytes)  # 5.10
         self.outbox = Ready()  # drained by ready()
         self.last_request_id = incarnation << REQUEST_ID_BITS
-        # 5.1 forwarding: our forward id -> the client's request id, and deadlines
-        self.forwards: dict[int, int] = {}
+        # 5.1 forwarding: our forward id -> the forward, the forward ids per target, and
+        # deadlines
+        self.forwards: dict[int, PendingForward] = {}
+        self.forwards_to: dict[int, set[int]] = {}
         self.forward_deadlines: deque[tuple[int, int]] = deque()
         # 5.9 heartbeats
         self.last_heartbeat_ms = NEVER

@@ -12,7 +12,7 @@ took the request, relay 0; the members M are the two others) it finds:
     client_in     C takes the ProduceReq                  one-way: client -> C
     batch_out     C publishes the TxBatch with the seq    C's turn
     batch_in[M]   M takes that TxBatch                    one-way: C -> M
-    report_out[M] M publishes a Reports at the seq        one-way: the other member's floor
+    report_out[M] M publishes a Reports at the seq        M's turn (the third member leads)
     report_in[M]  C takes M's Reports                     one-way: M -> C
     reply_out     C sends the ProduceResp with the seq    C commits: q reports agree
     reply         the client has the answer               one-way: C -> client
@@ -22,8 +22,9 @@ took the request, relay 0; the members M are the two others) it finds:
 and reports, per stage, the median and 90th percentile over the transactions, plus what
 each member heard last before it reported (its *trigger*: the TxBatch itself, or another
 member's frame that raised its watermark, 5.3 and section 7 of docs/protocol.md). Each
-stage names the one-way delays it holds: the four between processes on the path, and the
-one inside a member's wait (the other member's floor): five, as section 7 counts.
+stage names the one-way delays it holds: the four between processes on the path. Only
+relay 0 coordinates, so the members lead (5.2) and none waits for the other's floor before
+it reports: four, as section 7 counts (five where several relays coordinate a stream).
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ READER = 1  # the consumer reads from relay 1 first
 _PRODUCE_ANSWERS = ("ProduceResp", "ProduceBatchResp")
 
 # The stages, in the order of the path: (name, what it measures, the one-way delays in it).
-# A member's wait for its report holds one: the other member's floor (docs/protocol.md 7).
+# A member reports on the TxBatch: the other member leads (docs/protocol.md 5.2 and 7).
 STAGES: tuple[tuple[str, str, int], ...] = (
     ("client_in", "client -> coordinator takes the request", 1),
     ("batch_out", "coordinator: request -> TxBatch published", 0),
     ("batch_in", "TxBatch: coordinator -> member takes it (first member)", 1),
-    ("report_out", "member: TxBatch -> its Reports at the seq (other's floor)", 1),
+    ("report_out", "member: TxBatch -> its Reports at the seq", 0),
     ("report_in", "Reports: member -> coordinator takes it (first to arrive)", 1),
     ("reply_out", "coordinator: first Reports -> answer sent (commit)", 0),
     ("reply", "answer: coordinator -> client has it", 1),
