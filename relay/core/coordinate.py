@@ -136,10 +136,9 @@ def forward(
     target = _forward_target(core, members, forward_id, now_ms)
     if target < 0:
         return answer(core, waiter, Outcome.FENCED, redirect=members)
-    core.forwards[forward_id] = PendingForward(waiter.request_id, stream, tx, target)
-    core.forwards_to.setdefault(target, set()).add(forward_id)
+    pending = core.forwards[forward_id] = PendingForward(waiter.request_id, stream, tx, target)
     core.forward_deadlines.append((now_ms + core.limits.produce_timeout_ms, forward_id))
-    _send_forward(core, forward_id, core.forwards[forward_id])
+    _send_forward(core, forward_id, pending)
     return None
 
 
@@ -174,34 +173,23 @@ def _send_forward(core: RelayState, forward_id: int, pending: PendingForward) ->
 def retarget_forwards(core: RelayState, now_ms: int) -> None:
     """Forwards whose target fell silent before it answered (it died, or was cut off from
     us) go again, under the same id, to another live member (5.1): else their clients
-    would wait for the deadline, and then hear `unknown`. Should the first target answer
-    after all, the later answer is unmatched; should both coordinate it, the dedupe window
-    delivers one copy (5.6)."""
-    for target in [t for t in core.forwards_to if not is_live(core, core.peers[t], now_ms)]:
-        for forward_id in sorted(core.forwards_to.pop(target)):
-            pending = core.forwards[forward_id]
-            members = core.topology.members(pending.stream)
-            pending.target = _forward_target(core, members, forward_id, now_ms, avoid=target)
-            if pending.target < 0:
-                continue  # nobody to ask: its deadline answers it
+    would wait for the deadline, and then hear `unknown`. Called when a peer's liveness
+    changed (the tick's peer picture). Should the first target answer after all, the
+    later answer is unmatched; should both coordinate it, the dedupe window delivers one
+    copy (5.6)."""
+    for forward_id, pending in core.forwards.items():
+        silent = pending.target
+        if silent < 0 or is_live(core, core.peers[silent], now_ms):
+            continue  # on its way, or nobody was left to ask: its deadline answers it
+        members = core.topology.members(pending.stream)
+        pending.target = _forward_target(core, members, forward_id, now_ms, avoid=silent)
+        if pending.target >= 0:
             core.counters["forward_retargeted"] += 1
-            core.forwards_to.setdefault(pending.target, set()).add(forward_id)
             _send_forward(core, forward_id, pending)
 
 
-def _forget_forward(core: RelayState, forward_id: int) -> PendingForward | None:
-    pending = core.forwards.pop(forward_id, None)
-    if pending is not None:
-        ids = core.forwards_to.get(pending.target)
-        if ids is not None:
-            ids.discard(forward_id)
-            if not ids:
-                del core.forwards_to[pending.target]
-    return pending
-
-
 def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
-    pending = _forget_forward(core, msg.request_id)
+    pending = core.forwards.pop(msg.request_id, None)
     if pending is None:
         core.counters["forward_reply_unmatched"] += 1
         return
@@ -215,7 +203,7 @@ def expire_forwards(core: RelayState, now_ms: int) -> None:
     deadlines = core.forward_deadlines
     while deadlines and deadlines[0][0] <= now_ms:
         _, forward_id = deadlines.popleft()
-        pending = _forget_forward(core, forward_id)
+        pending = core.forwards.pop(forward_id, None)
         if pending is not None:
             core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
 

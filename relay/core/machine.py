@@ -218,11 +218,12 @@ class RelayCore(RelayState):
             self.note_busy(now_ms)
             self.last_heartbeat_ms = NEVER
         every, reach = heartbeat.peer_picture(self, now_ms)
+        liveness_changed = every != self.peer_picture[0]
         if (every, reach) != self.peer_picture:
             # What streams' timers read of the peers changed (one was suspected or heard
             # again, restarted, hears others differently; our clock): the streams that
             # read it look again, dormant or not (5.11).
-            woken = every != self.peer_picture[0]
+            woken = liveness_changed
             self.peer_picture = (every, reach)
             self.counters["dormant_woken_all" if woken else "dormant_woken_in_use"] += 1
             for st in self.streams.values():
@@ -234,7 +235,7 @@ class RelayCore(RelayState):
         for st in self.streams.values():
             if not st.dormant:
                 self._tick_stream(st, now_ms)
-        if self.forwards_to:
+        if liveness_changed and self.forwards:  # a forward's target may have fallen silent
             coordinate.retarget_forwards(self, now_ms)
         coordinate.expire_forwards(self, now_ms)
         self.tick_interval_ms = heartbeat.interval_ms(self)

@@ -503,10 +503,8 @@ class RelayState:
         self.memory = MemoryBudget(self.limits.relay_buffer_max_bytes)  # 5.10
         self.outbox = Ready()  # drained by ready()
         self.last_request_id = incarnation << REQUEST_ID_BITS
-        # 5.1 forwarding: our forward id -> the forward, the forward ids per target, and
-        # deadlines
+        # 5.1 forwarding: our forward id -> the forward, and deadlines
         self.forwards: dict[int, PendingForward] = {}
-        self.forwards_to: dict[int, set[int]] = {}
         self.forward_deadlines: deque[tuple[int, int]] = deque()
         # 5.9 heartbeats
         self.last_heartbeat_ms = NEVER
