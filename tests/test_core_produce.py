@@ -3,7 +3,14 @@ same produces one by one: the same answers, the same committed timeline."""
 
 from __future__ import annotations
 
+import copy
+import functools
+
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
 from relay.core.config import Limits, Topology
+from relay.core.machine import RelayCore
 from relay.core.messages import Outcome, Transaction
 from relay.core.shell import ProduceReply, ProduceRequest
 from relay.sim.script import START_UNIX_MS, Mesh
@@ -70,3 +77,84 @@ def test_a_fenced_stream_fences_every_produce_of_a_batch() -> None:
     mesh.step_ms()
     assert {r.outcome for r in mesh.all_replies} == {Outcome.FENCED}
     assert len(mesh.all_replies) == 5
+
+
+# --- any batch, tight bounds ----------------------------------------------------------------
+
+# The buffer's bound in entries binds first (committed entries make room, then it is
+# full), or its bound in bytes, or the relay's, or the pending produces' bound does.
+SMALL = {"max_tx_bytes": 200, "dedupe_window_entries": 4, "report_log_entries": 4}
+TIGHT = (
+    Limits(**SMALL, buffer_max_entries=6, max_pending_produces=8),
+    Limits(**SMALL, buffer_max_bytes=5_000, max_pending_produces=8),
+    Limits(**SMALL, relay_buffer_max_bytes=5_000, max_pending_produces=8),
+    Limits(**SMALL, buffer_max_entries=12, max_pending_produces=4),
+)
+
+
+@functools.cache
+def _tight_mesh(limits: Limits) -> Mesh:
+    """Relay 0 serves "s" and forwards "t"; four produces of "s" are committed, so the
+    dedupe window and eviction come into play."""
+    mesh = Mesh(Topology({0: ("s",), 1: ("s", "t"), 2: ("s", "t")}), limits)
+    for _ in range(300):
+        mesh.step_ms()
+    core = mesh.running(0)
+    for n in range(4):
+        tx = Transaction(b"p", n, None, b"v%d" % n)
+        core.produce(ProduceRequest(1000 + n, "s", tx), START_UNIX_MS + mesh.now, mesh.now)
+    for _ in range(100):
+        mesh.step_ms()
+    assert len(mesh.committed["s"]) == 4
+    return mesh
+
+
+def _state(core: RelayCore) -> object:
+    """What taking produces changes in the core, before anything is published."""
+    st = core.streams["s"]
+    return (
+        st.timeline.seqs[st.timeline.head :],
+        st.timeline.memory_bytes,
+        st.out_entries,
+        [(seq, p.tx, p.waiters) for seq, p in st.pending.by_seq.items()],
+        [seq for _, seqs in st.pending.deadlines for seq in seqs],
+        dict(core.counters),
+        core.outbox,
+    )
+
+
+produces = hs.lists(
+    hs.tuples(
+        hs.sampled_from(["s"] * 6 + ["t", "nope"]),
+        hs.integers(0, 20),  # producer seq: 0-3 committed, the rest may repeat in the batch
+        hs.sampled_from([b"v", b"v", b"v", b"w", b"x" * 300]),  # w: another value; x...: too large
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=300)  # bounds bind at one point of a batch: let many batches find it
+@given(hs.sampled_from(TIGHT), produces)
+def test_any_batch_is_taken_like_its_produces_one_by_one_within_the_bounds(
+    limits: Limits, items: list[tuple[str, int, bytes]]
+) -> None:
+    requests = [
+        ProduceRequest(n, stream, Transaction(b"p", pseq, None, value))
+        for n, (stream, pseq, value) in enumerate(items)
+    ]
+    together, alone = copy.deepcopy(_tight_mesh(limits)), copy.deepcopy(_tight_mesh(limits))
+    now = together.now
+    together.running(0).produce_many(requests, START_UNIX_MS + now, now)
+    for request in requests:
+        alone.running(0).produce(request, START_UNIX_MS + now, now)
+    assert _state(together.running(0)) == _state(alone.running(0))
+    tl = together.running(0).streams["s"].timeline
+    assert len(tl) <= limits.buffer_max_entries
+    assert tl.memory_bytes <= limits.buffer_max_bytes
+    assert tl.budget.used_bytes <= limits.relay_buffer_max_bytes
+    for mesh in (together, alone):
+        for _ in range(100):
+            mesh.step_ms()
+    assert together.all_replies == alone.all_replies
+    assert together.committed == alone.committed

@@ -273,9 +273,6 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
         core.outbox.deliveries.append(Delivery(st.stream, fresh))
     core.counters["delivered"] += len(fresh)
     core.counters["dedupe_skipped"] += len(newly) - len(fresh)
-    for seq, _, first, same in newly:
-        pending = st.pending.take(seq)
-        if pending is not None:
-            coordinate.answer_copy(core, pending.waiters, first, same)
+    coordinate.answer_committed(core, st, newly)
     coordinate.resolve_excluded(core, st, point)
     memory.evict(core, st)

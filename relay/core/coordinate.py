@@ -10,11 +10,14 @@ hears us. Every produce gets exactly one answer (G3): `committed(seq)`, `rejecte
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from relay.core import digest as dg
 from relay.core import fencing, memory
 from relay.core.fencing import redirect_for
 from relay.core.links import is_live
 from relay.core.messages import (
+    Entry,
     Forward,
     ForwardReply,
     Outcome,
@@ -25,6 +28,7 @@ from relay.core.messages import (
 from relay.core.seq import MAX_MS, end_of_ms, ms_of, wall_ms
 from relay.core.shell import ProduceReply
 from relay.core.state import PendingForward, RelayState, StreamState, Waiter, chunks
+from relay.core.timeline import Delivered
 from relay.core.transit import hears_us
 
 # A member that has not coordinated a stream for LEAD_IDLE_MS promises, in its Reports, not
@@ -70,56 +74,132 @@ class FenceMemo:
 def accept(
     core: RelayState,
     stream: str,
-    tx: Transaction,
-    waiter: Waiter,
+    produces: Sequence[tuple[Transaction, Waiter]],
     now_ms: int,
-    fences: FenceMemo | None = None,
+    fences: FenceMemo,
 ) -> None:
-    """A produce from a client (or forwarded by a non-member): coordinate or forward.
-    `fences`: what the earlier produces of the same batch found about fencing."""
+    """Produces of one stream that arrived together (a client's batch, or one forwarded
+    by a non-member), in order: coordinate or forward each. Each is answered exactly as if
+    it had come alone; what cannot change between them (the stream's members, whether it
+    can open here) is looked at once, and their entries join the timeline, the outgoing
+    batch and the pending produces as one run."""
     limits = core.limits
     members = core.topology.members(stream)
     if not members:
-        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.UNKNOWN_STREAM.value)
-    if tx.size_bytes() > limits.max_tx_bytes:
-        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)
-    if core.id not in members:
-        return forward(core, stream, tx, waiter, members, now_ms)
-    if not core.can_open(stream):
-        core.counters["produce_refused_max_streams"] += 1
-        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_MANY_STREAMS.value)
-    st = core.stream(stream)
-    st.written = True  # in use: its members ask to be admitted (5.12)
-    why = fencing.reason(core, st, now_ms) if fences is None else fences.reason(core, st, now_ms)
-    if why:
-        core.counters["produce_fenced"] += 1
-        core.counters["produce_fenced_" + why] += 1
-        return answer(core, waiter, Outcome.FENCED, redirect=redirect_for(core, st))
-    tl = st.timeline
-    key = (tx.producer_id, tx.producer_seq)
-    first = tl.dedupe.first_copy(*key)
-    if first is not None:
-        if first[1] != dg.tx_hash(tx):  # another transaction under a committed key
-            return reject_mismatch(core, [waiter])
-        core.counters["produce_dedupe_committed"] += 1
-        return answer(core, waiter, Outcome.COMMITTED, seq=first[0])
-    pending = st.pending.find(key)
-    if pending is not None:
-        if pending.tx != tx:  # another transaction under the same producer sequence
-            return reject_mismatch(core, [waiter])
-        pending.waiters.append(waiter)  # the same one: one answer for both
+        for _, waiter in produces:
+            answer(core, waiter, Outcome.REJECTED, reason=RejectReason.UNKNOWN_STREAM.value)
+        return
+    member = core.id in members
+    refused = member and not core.can_open(stream)
+    run = _Run(core, stream, now_ms) if member and not refused else None
+    for tx, waiter in produces:
+        size_bytes = tx.size_bytes()
+        if size_bytes > limits.max_tx_bytes:
+            answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)
+        elif run is not None:
+            run.take(tx, waiter, size_bytes, fences)
+        elif not member:
+            forward(core, stream, tx, waiter, members, now_ms)
+        else:
+            core.counters["produce_refused_max_streams"] += 1
+            answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_MANY_STREAMS.value)
+    if run is not None:
+        run.flush()
+
+
+class _Run:
+    """Produces of one stream this relay coordinates, taken in one call (`accept`). Those
+    given a sequence number collect here and join the timeline, the outgoing TxBatch and
+    the pending produces in one go (`flush`): a list extend each instead of a bisect and
+    insert each. The memory bound is checked against room counted at the start, which is
+    exactly what `memory.make_room` would find while nothing needs evicting; when an entry
+    does not fit it, the run flushes (so the timeline counts all it holds) and
+    `make_room` decides, evicting as it would for a produce alone."""
+
+    def __init__(self, core: RelayState, stream: str, now_ms: int) -> None:
+        self.core = core
+        self.stream = stream
+        self.now_ms = now_ms
+        self.deadline_ms = now_ms + core.limits.produce_timeout_ms
+        self.st: StreamState | None = None  # opened by the first produce not too large
+        self.entries: list[Entry] = []
+        self.entries_bytes = 0  # their transactions' sizes
+        self.room_entries = 0
+        self.room_bytes = 0
+
+    def _open(self) -> StreamState:
+        core = self.core
+        st = self.st = core.stream(self.stream)
+        st.written = True  # in use: its members ask to be admitted (5.12)
+        self._count_room(st)
+        return st
+
+    def _count_room(self, st: StreamState) -> None:
+        """The entries and bytes the timeline takes before anything must be evicted."""
+        limits = self.core.limits
+        tl = st.timeline
+        budget = tl.budget
+        self.room_entries = limits.buffer_max_entries - len(tl)
+        self.room_bytes = min(
+            limits.buffer_max_bytes - tl.memory_bytes, budget.max_bytes - budget.used_bytes
+        )
+
+    def take(self, tx: Transaction, waiter: Waiter, size_bytes: int, fences: FenceMemo) -> None:
+        core = self.core
+        st = self.st or self._open()
+        why = fences.reason(core, st, self.now_ms)
+        if why:
+            core.counters["produce_fenced"] += 1
+            core.counters["produce_fenced_" + why] += 1
+            return answer(core, waiter, Outcome.FENCED, redirect=redirect_for(core, st))
+        key = (tx.producer_id, tx.producer_seq)
+        first = st.timeline.dedupe.first_copy(*key)
+        if first is not None:
+            if first[1] != dg.tx_hash(tx):  # another transaction under a committed key
+                return reject_mismatch(core, [waiter])
+            core.counters["produce_dedupe_committed"] += 1
+            return answer(core, waiter, Outcome.COMMITTED, seq=first[0])
+        pending = st.pending.find(key)
+        if pending is not None:
+            if pending.tx != tx:  # another transaction under the same producer sequence
+                return reject_mismatch(core, [waiter])
+            pending.waiters.append(waiter)  # the same one: one answer for both
+            return None
+        cost = size_bytes + memory.HELD_ENTRY_OVERHEAD_BYTES
+        if self.room_entries > 0 and cost <= self.room_bytes:
+            fits = True  # make_room would evict nothing and say yes
+        else:
+            self.flush()
+            fits = memory.make_room(core, st, tx)
+            self._count_room(st)
+        if not fits or len(st.pending) >= core.limits.max_pending_produces:
+            core.counters["produce_buffer_full"] += 1
+            return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
+        self.room_entries -= 1
+        self.room_bytes -= cost
+        if st.lead > core.clock.floor:  # we promised not to coordinate at or below it (5.2)
+            core.clock.raise_floor(st.lead)
+        st.coordinated_ms = self.now_ms
+        seq = core.clock.next_seq(core.wall_ms)
+        self.entries.append((seq, tx))
+        self.entries_bytes += size_bytes
+        st.pending.add(seq, tx, waiter)
         return None
-    if not memory.make_room(core, st, tx) or len(st.pending) >= limits.max_pending_produces:
-        core.counters["produce_buffer_full"] += 1
-        return answer(core, waiter, Outcome.REJECTED, reason=RejectReason.BUFFER_FULL.value)
-    if st.lead > core.clock.floor:  # we promised not to coordinate at or below it (5.2)
-        core.clock.raise_floor(st.lead)
-    st.coordinated_ms = now_ms
-    seq = core.clock.next_seq(core.wall_ms)
-    tl.insert(seq, tx)
-    st.out_entries.append((seq, tx))
-    st.pending.add(seq, tx, waiter, now_ms + limits.produce_timeout_ms)
-    return None
+
+    def flush(self) -> None:
+        """Put the collected entries into the timeline, the outgoing batch and the
+        produce deadlines."""
+        entries, st = self.entries, self.st
+        if not entries or st is None:
+            return
+        entries_bytes, self.entries, self.entries_bytes = self.entries_bytes, [], 0
+        tl = st.timeline
+        if not tl.append_run(entries, entries_bytes):  # not all after everything held:
+            for seq, tx in entries:  # one by one
+                tl.insert(seq, tx)
+        st.out_entries.extend(entries)
+        st.out_bytes += entries_bytes
+        st.pending.expire_at(self.deadline_ms, [seq for seq, _ in entries])
 
 
 def forward(
@@ -252,6 +332,25 @@ def answer_copy(core: RelayState, waiters: list[Waiter], first: int, same: bool)
         reject_mismatch(core, waiters)
 
 
+def answer_committed(core: RelayState, st: StreamState, newly: list[Delivered]) -> None:
+    """The produces we coordinated among newly committed entries: committed at their own
+    seq, or at the first copy's (a retry), or rejected (another transaction under their
+    producer sequence, 5.6)."""
+    pending = st.pending
+    if not pending:
+        return  # nothing of ours waits (a member that coordinates none of them)
+    replies = core.outbox.replies
+    for seq, _, first, same in newly:
+        produce = pending.take(seq)
+        if produce is None:
+            continue
+        waiters = produce.waiters
+        if same and len(waiters) == 1 and waiters[0].origin is None:  # the usual one
+            replies.append(ProduceReply(waiters[0].request_id, Outcome.COMMITTED, first))
+        else:
+            answer_copy(core, waiters, first, same)
+
+
 def reject_mismatch(core: RelayState, waiters: list[Waiter]) -> None:
     core.counters["produce_rejected_duplicate_mismatch"] += len(waiters)
     answer_all(core, waiters, Outcome.REJECTED, -1, RejectReason.DUPLICATE_MISMATCH.value)
@@ -305,7 +404,12 @@ def publish_batches(core: RelayState, st: StreamState) -> None:
     """Publish what we coordinated since the last call, in frames within the batch bounds."""
     if not st.out_entries:
         return
-    for chunk in chunks(st.out_entries, core.limits):
+    limits = core.limits
+    if len(st.out_entries) <= limits.max_batch_entries and st.out_bytes <= limits.max_batch_bytes:
+        frames: Iterable[list[Entry]] = (st.out_entries,)  # one frame: no need to split
+    else:
+        frames = chunks(st.out_entries, limits)
+    for chunk in frames:
         st.mark_run_end(chunk[-1][0])
         st.link_seq_out += 1
         core.send(
@@ -320,3 +424,4 @@ def publish_batches(core: RelayState, st: StreamState) -> None:
             stream=st.stream,
         )
     st.out_entries = []
+    st.out_bytes = 0

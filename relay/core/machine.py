@@ -26,6 +26,8 @@ to the rule that owns it, and composes the rules where one event concerns severa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import groupby
+from operator import attrgetter
 
 from relay.core import (
     codec,
@@ -189,15 +191,14 @@ class RelayCore(RelayState):
         self, requests: Sequence[ProduceRequest], now_ms: int, mono_ms: int | None = None
     ) -> None:
         """Client transactions that arrived together (a client's batch): each is taken
-        exactly as `produce` would take it, in order; what cannot change between them
-        (whether a stream is fenced here) is looked at once per stream."""
+        exactly as `produce` would take it, in order; consecutive ones of one stream are
+        taken as a run (see `coordinate.accept`)."""
         now_ms = self._set_time(now_ms, mono_ms)
         self.note_busy(now_ms)
         fences = coordinate.FenceMemo()
-        for request in requests:
-            coordinate.accept(
-                self, request.stream, request.tx, Waiter(request.request_id, None), now_ms, fences
-            )
+        for stream, run in groupby(requests, key=attrgetter("stream")):
+            produces = [(request.tx, Waiter(request.request_id, None)) for request in run]
+            coordinate.accept(self, stream, produces, now_ms, fences)
 
     def peer_lost(self, relay_id: int, now_ms: int, mono_ms: int | None = None) -> None:
         """The shell saw its connection to a peer close (the process died, the host went
@@ -502,7 +503,8 @@ class RelayCore(RelayState):
             if join.on_join_reply(self, st, msg, now_ms):
                 repair.advance(self, st, now_ms)
         elif isinstance(msg, Forward):
-            coordinate.accept(self, msg.stream, msg.tx, Waiter(msg.request_id, msg.sender), now_ms)
+            produces = [(msg.tx, Waiter(msg.request_id, msg.sender))]
+            coordinate.accept(self, msg.stream, produces, now_ms, coordinate.FenceMemo())
         elif isinstance(msg, ForwardReply):
             coordinate.on_forward_reply(self, msg)
         elif isinstance(msg, RepairRequest):

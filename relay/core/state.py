@@ -195,17 +195,20 @@ class PendingProduces:
     def __init__(self) -> None:
         self.by_seq: dict[int, Pending] = {}  # own seq -> pending; in seq order
         self.by_key: dict[ProducerKey, int] = {}  # -> own seq
-        # (deadline_ms, seq), in deadline order; entries outlive early answers
-        self.deadlines: deque[tuple[int, int]] = deque()
+        # (deadline_ms, seqs), in deadline order; seqs outlive early answers
+        self.deadlines: deque[tuple[int, list[int]]] = deque()
 
     def __len__(self) -> int:
         return len(self.by_seq)
 
-    def add(self, seq: int, tx: Transaction, waiter: Waiter, deadline_ms: int) -> None:
-        key = (tx.producer_id, tx.producer_seq)
+    def add(self, seq: int, tx: Transaction, waiter: Waiter) -> None:
+        """A produce we coordinated at `seq`; its deadline follows (`expire_at`)."""
         self.by_seq[seq] = Pending(tx, [waiter])
-        self.by_key[key] = seq
-        self.deadlines.append((deadline_ms, seq))
+        self.by_key[(tx.producer_id, tx.producer_seq)] = seq
+
+    def expire_at(self, deadline_ms: int, seqs: list[int]) -> None:
+        """The produces at `seqs` (added last) are answered `unknown` at `deadline_ms`."""
+        self.deadlines.append((deadline_ms, seqs))
 
     def find(self, key: ProducerKey) -> Pending | None:
         """The pending produce of `key`, if there is one."""
@@ -226,7 +229,7 @@ class PendingProduces:
         """The seqs whose deadline passed (some may be answered already)."""
         deadlines = self.deadlines
         while deadlines and deadlines[0][0] <= now_ms:
-            yield deadlines.popleft()[1]
+            yield from deadlines.popleft()[1]
 
 
 @dataclass
@@ -367,6 +370,7 @@ class StreamState:
         # 5.1 coordinating: what we issued and not yet published, and who waits for it
         self.link_seq_out = 0  # our messages on this stream's topic (5.2)
         self.out_entries: list[Entry] = []
+        self.out_bytes = 0  # the sizes of their transactions (Transaction.size_bytes)
         self.coordinated_ms = NEVER  # when we last issued a transaction of the stream
         self.lead = -1  # the highest lead we announced on the stream (5.2; -1: none)
         self.pending = PendingProduces()

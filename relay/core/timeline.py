@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from relay.core import digest as dg
 from relay.core.memory import (
@@ -71,6 +71,18 @@ class DedupeWindow:
         self._first[(pid, pseq)] = (seq, content)
         if len(self._first) > self.capacity:
             self._first.popitem(last=False)
+
+    def first_or_add(
+        self, pid: bytes, pseq: int, seq: int, content: bytes
+    ) -> tuple[int, bytes] | None:
+        """`first_copy`, and if there is none, `add` this one: one lookup for both."""
+        mine = (seq, content)
+        first = self._first.setdefault((pid, pseq), mine)
+        if first is not mine:
+            return first
+        if len(self._first) > self.capacity:
+            self._first.popitem(last=False)
+        return None
 
     def keys(self) -> tuple[DedupeKey, ...]:
         return tuple(
@@ -174,11 +186,12 @@ class Timeline:
         self.budget.used_bytes += cost
         return Insert.INSERTED
 
-    def append_run(self, entries: tuple[Entry, ...]) -> bool:
+    def append_run(self, entries: Sequence[Entry], size_bytes: int = -1) -> bool:
         """Insert a run of entries in one go when they all go after everything held and
         reported, in ascending order (a coordinator's TxBatch nearly always does): one
         extend per list instead of a bisect and an insert each. False, and nothing done,
-        when they do not (the caller inserts them one by one)."""
+        when they do not (the caller inserts them one by one). `size_bytes`: the sum of
+        their transactions' sizes (Transaction.size_bytes) if the caller knows it."""
         seqs = [seq for seq, _ in entries]
         first = seqs[0]
         if first <= self.reported or first <= self.base_point:
@@ -192,7 +205,9 @@ class Timeline:
         self.txs.extend(txs)
         self.hashes.extend(map(dg.tx_hash, txs))
         self.skip.extend([False] * len(txs))
-        cost = sum(map(Transaction.size_bytes, txs)) + len(txs) * HELD_ENTRY_OVERHEAD_BYTES
+        if size_bytes < 0:
+            size_bytes = sum(map(Transaction.size_bytes, txs))
+        cost = size_bytes + len(txs) * HELD_ENTRY_OVERHEAD_BYTES
         self.held_bytes += cost
         self.budget.used_bytes += cost
         return True
@@ -245,12 +260,12 @@ class Timeline:
         duplicate, skipped; `same` says whether its content is that of the first copy."""
         end = self.index_after(point)
         out: list[Delivered] = []
-        dedupe = self.dedupe
+        first_or_add = self.dedupe.first_or_add
+        seqs, txs, hashes = self.seqs, self.txs, self.hashes
         for i in range(max(self.delivered, self.head), end):
-            seq, tx, content = self.seqs[i], self.txs[i], self.hashes[i]
-            first = dedupe.first_copy(tx.producer_id, tx.producer_seq)
+            seq, tx, content = seqs[i], txs[i], hashes[i]
+            first = first_or_add(tx.producer_id, tx.producer_seq, seq, content)
             if first is None:
-                dedupe.add(tx.producer_id, tx.producer_seq, seq, content)
                 out.append((seq, tx, seq, True))
             else:
                 self.skip[i] = True
