@@ -1279,7 +1279,8 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     default=None,
     help="Side by side with a 3-server NATS JetStream cluster (R3 memory stream, nats-py): "
     "windows 16..4096, one in flight, delivery to another server's consumer at 1,000 tx/s "
-    "and 80% of the best, CPU per tx, idle CPU (bash scripts/peer-deps.sh installs it).",
+    "and 80% of the best, CPU per tx (every run), idle CPU (bash scripts/peer-deps.sh "
+    "installs it).",
 )
 @click.option(
     "--hops",

@@ -129,6 +129,7 @@ def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
             assert run["cpu_us_per_tx_all"] > 0, run
         for run in report[side]["latency"]:
             assert run["committed"] > 0, run
+            assert run["cpu_us_per_tx_all"] > 0, run
             check_summary(run["commit_ms"])
         assert [r["mode"] for r in report[side]["latency"]] == ["one_in_flight", "rate", "rate"]
         for run in report[side]["latency"][1:]:

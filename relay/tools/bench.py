@@ -54,6 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1071,6 +1072,20 @@ def _per_tx_us(used: dict[str, float | None], done: int) -> float | None:
     return round(sum(v for v in used.values() if v is not None) * 1e6 / done, 1)
 
 
+def _with_cpu(
+    pids: dict[int, int], label: str, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """A latency run with the CPU its servers and this process (producer and consumer)
+    used, per committed transaction: at a fixed rate, transactions come one at a time, and
+    what each costs is another figure than at full load. The warm-up and the consumer's
+    start are counted too (short next to the run)."""
+    cpu = _CpuMeter(pids, label=label)
+    result = run()
+    result["cpu_s"] = cpu.read()
+    result["cpu_us_per_tx_all"] = _per_tx_us(result["cpu_s"], result["committed"])
+    return result
+
+
 def _nats_throughput(cluster: Any, size: int, window: int, duration_s: float) -> dict[str, Any]:
     from relay.tools import nats_peer
 
@@ -1186,15 +1201,27 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
                     _nats_throughput(cluster, size, window, options.duration_s)
                 )
             say(f"latency: {size} B, one in flight")
-            report["relay"]["latency"].append(_relay_one_in_flight(ctx, size))
-            report["nats"]["latency"].append(_nats_one_in_flight(cluster, size, options))
+            report["relay"]["latency"].append(
+                _with_cpu(mesh.pids, "relay", partial(_relay_one_in_flight, ctx, size))
+            )
+            report["nats"]["latency"].append(
+                _with_cpu(
+                    cluster.pids, "server", partial(_nats_one_in_flight, cluster, size, options)
+                )
+            )
             relay_rates = _rates(report, "relay", size, options.quick)
             nats_rates = _rates(report, "nats", size, options.quick)
             for relay_rate, nats_rate in zip(relay_rates, nats_rates, strict=True):
                 say(f"delivery: {size} B at {relay_rate:,} / {nats_rate:,} tx/s")
-                report["relay"]["latency"].append(_relay_at_rate(ctx, size, relay_rate))
+                report["relay"]["latency"].append(
+                    _with_cpu(mesh.pids, "relay", partial(_relay_at_rate, ctx, size, relay_rate))
+                )
                 report["nats"]["latency"].append(
-                    _nats_at_rate(cluster, size, nats_rate, options.duration_s)
+                    _with_cpu(
+                        cluster.pids,
+                        "server",
+                        partial(_nats_at_rate, cluster, size, nats_rate, options.duration_s),
+                    )
                 )
     except BaseException:
         keep = True
@@ -1237,7 +1264,15 @@ def print_peers_report(report: dict[str, Any]) -> None:
         title="latency ms p50 / p99: produce -> commit (ack), and -> delivery to a consumer "
         "of another server"
     )
-    for name in ("value", "load (relay / nats)", "what", "relay", "nats", "relay/nats"):
+    for name in (
+        "value",
+        "load (relay / nats)",
+        "what",
+        "relay",
+        "nats",
+        "relay/nats",
+        "CPU us/tx relay / nats",
+    ):
         table.add_column(name, justify="right")
     for r, n in zip(report["relay"]["latency"], report["nats"]["latency"], strict=True):
         if r["mode"] == "one_in_flight":
@@ -1255,6 +1290,11 @@ def print_peers_report(report: dict[str, Any]) -> None:
                 f"{_fmt(rc['p50'])} / {_fmt(rc['p99'])}",
                 f"{_fmt(nc['p50'])} / {_fmt(nc['p99'])}",
                 f"{_fmt(_ratio(rc['p50'], nc['p50']))} / {_fmt(_ratio(rc['p99'], nc['p99']))}",
+                (
+                    f"{_fmt(r.get('cpu_us_per_tx_all'), 0)} / {_fmt(n.get('cpu_us_per_tx_all'), 0)}"
+                    if what == "commit"
+                    else ""
+                ),
             )
     console.print(table)
     idle = report.get("idle_cpu_percent") or {}
