@@ -339,16 +339,10 @@ def answer_committed(core: RelayState, st: StreamState, newly: list[Delivered]) 
     pending = st.pending
     if not pending:
         return  # nothing of ours waits (a member that coordinates none of them)
-    replies = core.outbox.replies
     for seq, _, first, same in newly:
         produce = pending.take(seq)
-        if produce is None:
-            continue
-        waiters = produce.waiters
-        if same and len(waiters) == 1 and waiters[0].origin is None:  # the usual one
-            replies.append(ProduceReply(waiters[0].request_id, Outcome.COMMITTED, first))
-        else:
-            answer_copy(core, waiters, first, same)
+        if produce is not None:
+            answer_copy(core, produce.waiters, first, same)
 
 
 def reject_mismatch(core: RelayState, waiters: list[Waiter]) -> None:

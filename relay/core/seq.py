@@ -95,26 +95,18 @@ class HybridClock:
     def next_seq(self, now_ms: int) -> int:
         """The smallest sequence number of this relay above the floor, and not before now."""
         floor = self.floor
-        if (
-            relay_of(floor) == self.relay_id
-            and counter_of(floor) < MAX_COUNTER
-            and ms_of(floor) >= wall_ms(now_ms)
-        ):  # the common case, a run of produces within one millisecond: the next counter
-            self.floor = floor + 1
-            return floor + 1
-        ms, rid, counter = split(floor)
-        if rid < self.relay_id:
-            candidate_ms, candidate_counter = ms, 0
-        elif rid == self.relay_id and counter < MAX_COUNTER:
-            candidate_ms, candidate_counter = ms, counter + 1
+        rid = relay_of(floor)
+        if rid == self.relay_id and counter_of(floor) < MAX_COUNTER:
+            seq = floor + 1  # the next counter of our own millisecond: the common case
+        elif rid < self.relay_id:
+            seq = compose(ms_of(floor), self.relay_id, 0)
+        elif ms_of(floor) < MAX_MS:
+            seq = compose(ms_of(floor) + 1, self.relay_id, 0)
         else:
-            candidate_ms, candidate_counter = ms + 1, 0
-        wall = wall_ms(now_ms)
-        if wall > candidate_ms:
-            candidate_ms, candidate_counter = wall, 0
-        if candidate_ms > MAX_MS:
             raise OverflowError("sequence space exhausted")
-        seq = compose(candidate_ms, self.relay_id, candidate_counter)
+        wall = wall_ms(now_ms)
+        if wall > ms_of(seq):
+            seq = compose(wall, self.relay_id, 0)
         self.floor = seq
         return seq
 

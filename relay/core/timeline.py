@@ -69,8 +69,7 @@ class DedupeWindow:
 
     def add(self, pid: bytes, pseq: int, seq: int, content: bytes) -> None:
         self._first[(pid, pseq)] = (seq, content)
-        if len(self._first) > self.capacity:
-            self._first.popitem(last=False)
+        self._trim()
 
     def first_or_add(
         self, pid: bytes, pseq: int, seq: int, content: bytes
@@ -80,9 +79,13 @@ class DedupeWindow:
         first = self._first.setdefault((pid, pseq), mine)
         if first is not mine:
             return first
+        self._trim()
+        return None
+
+    def _trim(self) -> None:
+        """Keep the last `capacity` keys (one was just added)."""
         if len(self._first) > self.capacity:
             self._first.popitem(last=False)
-        return None
 
     def keys(self) -> tuple[DedupeKey, ...]:
         return tuple(
