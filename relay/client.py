@@ -28,9 +28,10 @@ that earlier copy may still commit. Running out of attempts raises `Unknown` (so
 may have reached a relay) or `Fenced` (every answer was `fenced`). With `window` > 1,
 messages sent together are in flight at once, so their commit order may differ from the
 order they were given in. Attempts bound for the same relay at the same moment travel
-together in ProduceBatchReq frames (within the topology's max_batch_entries and request
-frame limit, or the default limits without a topology); each keeps its own request id,
-answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it changed
+together in ProduceBatchReq frames of at most wire.PIPELINE_BATCH_ITEMS (and within the
+topology's max_batch_entries and request frame limit, or the default limits without a
+topology), so that a large window travels through the mesh in parts; each keeps its own
+request id, answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it changed
 nothing), its transactions are sent again one per frame.
 
 Consuming: `subscribe(stream, start)` with start "earliest" (the whole history: the

@@ -315,7 +315,9 @@ class ProduceEngine:
         # A batch frame stays within what a relay with these limits (the defaults without
         # a topology) accepts; should a relay still refuse one, its items go alone.
         self.batch_limit_bytes = wire.request_frame_limit(relays.limits)
-        self.max_batch_items = min(relays.limits.max_batch_entries, wire.MAX_BATCH_ITEMS)
+        self.max_batch_items = min(
+            relays.limits.max_batch_entries, wire.MAX_BATCH_ITEMS, wire.PIPELINE_BATCH_ITEMS
+        )
         self.stats: Counter[str] = Counter()
         self._rid = RequestIds(first_request_id)
         self._queue: deque[Op] = deque()  # submitted, not started

@@ -148,6 +148,11 @@ class ClientService:
 
     # --- requests ---------------------------------------------------------------------
 
+    @property
+    def produces_taken(self) -> int:
+        """Produces taken from clients so far (each item of a batch counts)."""
+        return self.counters["produce_requests"]
+
     def on_request(
         self,
         envelope: Envelope,

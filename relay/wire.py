@@ -145,6 +145,14 @@ REQUEST_OVERHEAD_BYTES = 1_024
 # Items (or results) in one ProduceBatchReq (ProduceBatchResp); a relay may allow fewer
 # (limits.max_batch_entries).
 MAX_BATCH_ITEMS = 65_536
+# The unit of pipelining through the mesh: the produces a client puts in one
+# ProduceBatchReq, and (whole frames at a time) a relay takes in one turn of its loop. A
+# coordinator publishes what one turn took before it takes more, so its members insert
+# and report one part of a large window while it takes the next. Taken whole, a window
+# of 4,096 crossed client, coordinator, members and back as one lump, one process busy
+# at a time: measured at 1,024 and 4,096 in flight, 20-32k tx/s in lumps against 37-47k
+# in parts of 512.
+PIPELINE_BATCH_ITEMS = 512
 # Upper bounds of the msgpack bytes around the payload: a ProduceBatchReq's own fields
 # (array header, type code, request id, producer id of up to 64 bytes, items header) and
 # one item's (array header, item id, stream header, producer seq, key and value headers).

@@ -29,7 +29,9 @@ from relay.client import (
     Producer,
     Record,
 )
+from relay.core import Limits
 from relay.core.messages import Outcome, ReadStatus
+from relay.engines import ProduceEngine, Relays
 from relay.errors import Fenced, OutOfRange, Rejected, Unknown, UnknownStream
 from relay.launcher import free_ports, write_loopback_topology
 from relay.node import RelayNode
@@ -489,6 +491,37 @@ def test_produce_anywhere_consume_elsewhere(mesh3: Mesh) -> None:
             assert (r.key, r.value, r.producer_id, r.producer_seq) == produced[r.seq]
     with Consumer([mesh3.endpoint(2)], timeout_s=5) as c, pytest.raises(UnknownStream):
         next(c.subscribe("nobody.serves.this"))
+
+
+def test_batch_frames_hold_at_most_the_pipeline_unit() -> None:
+    """A window larger than wire.PIPELINE_BATCH_ITEMS goes out in frames of at most that
+    many produces (a relay takes about that many per turn and publishes them before it
+    takes more), every transaction in exactly one of them."""
+    relays = Relays(["tcp://127.0.0.1:1"], {0: "tcp://127.0.0.1:1"}, limits=Limits())
+    engine = ProduceEngine(
+        relays,
+        b"packer",
+        1,
+        window=3 * wire.PIPELINE_BATCH_ITEMS,
+        send_timeout_s=5.0,
+        request_timeout_s=5.0,
+        max_attempts=1,
+        connect_grace_s=0.0,
+        now=0.0,
+        first_request_id=1,
+    )
+    frames: list[bytes] = []
+    count = 2 * wire.PIPELINE_BATCH_ITEMS + 7
+    for i in range(count):
+        engine.submit("orders", None, b"v%d" % i)
+
+    def send(_endpoint: str, frame: bytes) -> bool:
+        frames.append(frame)
+        return True
+
+    engine.step(0.0, send)
+    sizes = [len(wire.decode(f, 1 << 30, 1 << 20).items) for f in frames]  # type: ignore[union-attr]
+    assert sizes == [wire.PIPELINE_BATCH_ITEMS, wire.PIPELINE_BATCH_ITEMS, 7], sizes
 
 
 def test_send_many_packs_batch_frames(mesh3: Mesh) -> None:
