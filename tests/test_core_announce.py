@@ -32,12 +32,34 @@ def test_the_lowest_member_that_commits_without_its_own_report_announces_at_once
     # The members leave it to relay 0.
     assert lazy(interp, 1, (1, 2))
     assert lazy(interp, 2, (1, 2))
-    # Reports of 0 and 1: each may lack the other's ack; relay 2 counts both and is the
-    # only member that needs no report of its own, so it announces at once, and so do 0
-    # and 1 (nobody lower than them commits without its own report).
+    # Reports of 0 and 1: relay 2 is live and has joined, so its report is counted on
+    # (each of 0 and 1 then hears two besides its own): 0 and 1 leave it. Relay 2, which
+    # committed without a report of its own, will not report there any more: it
+    # announces at once.
+    assert lazy(interp, 0, (0, 1))
+    assert lazy(interp, 1, (0, 1))
+    assert not lazy(interp, 2, (0, 1))
+
+
+def test_a_member_that_will_not_report_is_not_counted_on() -> None:
+    # Relay 2 down: relays 0 and 1 may each lack the other's ack, and nobody lower than
+    # them commits without its own report: both announce at once.
+    interp = mesh("crash 2", "tick 400")  # suspected by now
     assert not lazy(interp, 0, (0, 1))
     assert not lazy(interp, 1, (0, 1))
-    assert not lazy(interp, 2, (0, 1))
+    # Live but not joined (as its heartbeats said): not counted on either.
+    interp = mesh()
+    core = interp.m.nodes[0].core
+    assert core is not None
+    core.peers[2].joined["s"] = False
+    assert not lazy(interp, 0, (0, 1))
+    # Joined, live, but deaf by its last heartbeat: it holds nothing to report.
+    interp = mesh()
+    core = interp.m.nodes[0].core
+    assert core is not None
+    assert core.peers[2].heartbeat_ms >= 0  # it said whom it hears
+    core.peers[2].hears = frozenset()
+    assert not lazy(interp, 0, (0, 1))
 
 
 def test_nobody_needs_it_when_every_member_counts_alone_or_another_announced() -> None:

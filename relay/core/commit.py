@@ -16,6 +16,7 @@ from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
 from relay.core.shell import Delivery
 from relay.core.state import NEVER, NOT_DUE, RelayState, StreamState
+from relay.core.transit import reaches
 
 # Acks that moved above our committed point go out alone only if we did not commit past
 # them this long after (5.4). In a mesh where every member reports, the others' reports
@@ -229,23 +230,36 @@ def others_announce(core: RelayState, st: StreamState, point: int, mask: int) ->
     `mask`) gets it without an announcement from us (5.4):
 
     - another member announced it already: every member hears that announcement;
-    - or every member hears q reports there besides its own, so commits by itself;
+    - or every member hears q reports there besides its own, counting as reporting there
+      every live member that has joined and hears every member (its report is on its
+      way: a member reports what it holds, 5.3), so commits by itself;
     - or a live member with a lower id hears q reports there besides its own: it commits
       without its own report and, by this same rule, announces at once.
 
-    A member that needs it and is missed here (the lower member fell silent after all)
-    gets our lazy announcement, a heartbeat interval later."""
+    A member that needs it and is missed here (the lower member fell silent after all, or
+    a member counted on did not report there) gets our lazy announcement, a heartbeat
+    interval later."""
     if st.others_announced >= point:
         return True
     q = st.q
+    now_ms = core.now_ms
+    expected = mask
+    for m in st.peers:
+        peer = core.peers[m]
+        if (
+            peer.joined.get(st.stream)
+            and is_live(core, peer, now_ms)
+            and all(reaches(core, m, other, now_ms) for other in st.members if other != m)
+        ):
+            expected |= 1 << m
 
-    def counts_alone(member: int) -> bool:
-        return (mask & ~(1 << member)).bit_count() >= q
+    def counts_alone(member: int, reports: int) -> bool:
+        return (reports & ~(1 << member)).bit_count() >= q
 
-    if all(counts_alone(m) for m in st.peers):
+    if all(counts_alone(m, expected) for m in st.peers):
         return True
     return any(
-        m < core.id and counts_alone(m) and is_live(core, core.peers[m], core.now_ms)
+        m < core.id and counts_alone(m, mask) and is_live(core, core.peers[m], now_ms)
         for m in st.peers
     )
 
