@@ -31,8 +31,8 @@ order they were given in. Attempts bound for the same relay at the same moment t
 together in ProduceBatchReq frames of at most wire.PIPELINE_BATCH_ITEMS (and within the
 topology's max_batch_entries and request frame limit, or the default limits without a
 topology), so that a large window travels through the mesh in parts; each keeps its own
-request id, answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it changed
-nothing), its transactions are sent again one per frame.
+request id, answer, retries and error. Should a relay refuse a whole batch (ErrorResp: it
+changed nothing), its transactions are sent again one per frame.
 
 Consuming: `subscribe(stream, start)` with start "earliest" (the whole history: the
 store's records, then the relays'; without a store the oldest entry a relay holds),
