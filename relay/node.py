@@ -1193,8 +1193,8 @@ class _Outlet:
     def publish(self, out: Outgoing) -> None:
         self.node._publish(self.socks, out)
 
-    def reply(self, reply: ProduceReply) -> None:
-        self.node.clients.on_reply(reply)
+    def answer(self, replies: list[ProduceReply]) -> None:
+        self.node.clients.on_replies(replies)
 
     def rebase(self, stream: str, point: int) -> None:
         self.node._on_rebase(stream, point)

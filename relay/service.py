@@ -9,7 +9,7 @@ links, so the simulated clients talk to the same code as real ones.
   (the shell's address of that client; its first part identifies the client). A frame
   that does not decode is answered with an ErrorResp naming the problem.
   - ProduceReq, ProduceBatchReq: every transaction goes to the core on its own (a core
-    request id each); its answer comes back through `on_reply`. A ProduceReq is answered
+    request id each); its answer comes back through `on_replies`. A ProduceReq is answered
     with a ProduceResp; the items of ProduceBatchReqs that settle in one turn are answered
     together (one ProduceBatchResp per client, at `flush`).
   - ReadReq: answered at once, or parked (a long poll) until entries arrive, the stream's
@@ -27,7 +27,7 @@ links, so the simulated clients talk to the same code as real ones.
   on its stream and a producer id of the client's own (else it is rejected,
   `not_authorized`), a read `consume` on its stream, a status request `admin` (else an
   ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`).
-* The shell passes on what the core's `Ready` says: `on_reply(ProduceReply)`, and `wake(stream)`
+* The shell passes on what the core's `Ready` says: `on_replies(replies)`, and `wake(stream)`
   after a delivery or a rebase of the stream (and when it fenced).
 * `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
   whose wait is over; `next_deadline_ms()` says when it next has something to expire (the
@@ -307,6 +307,10 @@ class ClientService:
         checked = ""  # the items of a batch mostly share one stream: look it up once
         denied = ""
         taken: list[ProduceRequest] = []  # for the core, in one call
+        produces = self._produces
+        # Items registered while there is room, without a call of `_register` each (once
+        # per transaction); with none left, `_register` refuses them.
+        room = self.limits.max_pending_produces - len(produces)
         for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
@@ -316,10 +320,18 @@ class ClientService:
             if denied:
                 self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, denied)
                 continue
+            if room > 0:
+                room -= 1
+                self.counters["produce_requests"] += 1
+                core_id = self._next_core_id
+                self._next_core_id = core_id + 1
+                produces[core_id] = (envelope, item_id, stream, True)
+            else:
+                core_id = self._register(envelope, item_id, stream, True)
+                if core_id < 0:
+                    continue
             tx = Transaction(producer_id, producer_seq, key, value, kind)
-            core_id = self._register(envelope, item_id, stream, True)
-            if core_id >= 0:
-                taken.append(ProduceRequest(core_id, stream, tx))
+            taken.append(ProduceRequest(core_id, stream, tx))
         self._hand_to_core(taken, now_ms, mono_ms)
         self._track_produces(first, mono_ms)
 
@@ -338,7 +350,7 @@ class ClientService:
         return core_id
 
     def _hand_to_core(self, requests: list[ProduceRequest], now_ms: int, mono_ms: int) -> None:
-        """Give the core produces; their answers come back through `on_reply`. Should the
+        """Give the core produces; their answers come back through `on_replies`. Should the
         core fail (a bug), those not yet answered are told `unknown`: always safe to retry."""
         if not requests:
             return
@@ -364,27 +376,42 @@ class ClientService:
 
     # --- answers ------------------------------------------------------------------------
 
-    def on_reply(self, reply: ProduceReply) -> None:
-        """The core's answer to a produce: to the client that sent it."""
-        pending = self._produces.pop(reply.request_id, None)
-        if pending is None:
-            self.counters["produce_reply_unmatched"] += 1
-            return
-        envelope, request_id, stream, batched = pending
-        outcome = reply.outcome
-        self.counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "relay=%d stream=%s seq=%d produce %s %s",
-                self._relay_id,
-                stream,
-                reply.seq,
-                outcome.value,
-                reply.reason,
+    def on_replies(self, replies: list[ProduceReply]) -> None:
+        """The core's answers to produces: each to the client that sent it. (Once per
+        transaction: the common answer, a batched item committed, is made inline.)"""
+        produces, counters = self._produces, self.counters
+        results = self._batch_results
+        debug = log.isEnabledFor(logging.DEBUG)
+        committed = 0
+        for reply in replies:
+            pending = produces.pop(reply.request_id, None)
+            if pending is None:
+                counters["produce_reply_unmatched"] += 1
+                continue
+            envelope, request_id, stream, batched = pending
+            outcome = reply.outcome
+            if debug:
+                log.debug(
+                    "relay=%d stream=%s seq=%d produce %s %s",
+                    self._relay_id,
+                    stream,
+                    reply.seq,
+                    outcome.value,
+                    reply.reason,
+                )
+            if outcome is Outcome.COMMITTED and batched:
+                committed += 1
+                answers = results.get(envelope[0])
+                if answers is None:
+                    answers = results[envelope[0]] = (envelope, [])
+                answers[1].append((request_id, outcome, reply.seq, reply.reason, reply.redirect))
+                continue
+            counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
+            self._answer_produce(
+                envelope, request_id, batched, outcome, reply.seq, reply.reason, reply.redirect
             )
-        self._answer_produce(
-            envelope, request_id, batched, outcome, reply.seq, reply.reason, reply.redirect
-        )
+        if committed:
+            counters["produce_committed"] += committed
 
     def _answer_produce(
         self,

@@ -21,7 +21,10 @@ DIGEST_BYTES = 16
 _hash = xxhash.xxh3_128_digest
 _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
-_NO_KEY = b"\xff\xff\xff\xff"
+_NO_KEY_MARK = 0xFFFF_FFFF
+_NO_KEY = _LEN.pack(_NO_KEY_MARK)
+# producer seq, the no-key mark, value length: three fields of a keyless content in one
+_SEQ_NO_KEY_LEN = struct.Struct(">QII")
 # Prefixes the content of a transaction of kind > 0. A kind-0 content starts with the
 # producer id's 4-byte length (< 2**24), never with 0xff, so no two contents coincide, and
 # kind-0 hashes are what they were before kinds existed.
@@ -34,6 +37,20 @@ def genesis(stream: str) -> bytes:
 
 def tx_hash(tx: Transaction) -> bytes:
     """Hash of a transaction's content; fields are length-prefixed so no two differ alike."""
+    if tx.key is None and not tx.kind:
+        # The common shape in one pack less and one join of four (every relay hashes
+        # every transaction): the same bytes as below.
+        value = tx.value
+        return _hash(
+            b"".join(
+                (
+                    _LEN.pack(len(tx.producer_id)),
+                    tx.producer_id,
+                    _SEQ_NO_KEY_LEN.pack(tx.producer_seq, _NO_KEY_MARK, len(value)),
+                    value,
+                )
+            )
+        )
     key = _NO_KEY if tx.key is None else _LEN.pack(len(tx.key)) + tx.key
     return _hash(
         b"".join(

@@ -44,6 +44,7 @@ from relay.core import (
 )
 from relay.core.config import CoreConfig
 from relay.core.messages import (
+    TX_OVERHEAD_BYTES,
     Forward,
     ForwardReply,
     Heartbeat,
@@ -61,7 +62,7 @@ from relay.core.messages import (
     ViewReply,
     ViewRequest,
 )
-from relay.core.seq import relay_of
+from relay.core.seq import COUNTER_BITS, MAX_RELAY_ID
 from relay.core.shell import ProduceRequest, ReadResult, Ready
 from relay.core.state import (
     GENESIS_POINT,
@@ -161,7 +162,7 @@ class RelayCore(RelayState):
                 msg = codec.decode(frame, limit)
                 if isinstance(msg, Relayed) or msg.sender == relayed_by:
                     raise FieldError(f"relay {relayed_by} passed on a frame not another's")
-            self._check(msg)
+            self._check(msg, len(frame))
         except FrameError as error:
             self.counters[error.counter] += 1
             return None
@@ -428,8 +429,9 @@ class RelayCore(RelayState):
 
     # === validation of what a peer sent ================================================
 
-    def _check(self, msg: PeerMessage) -> None:
-        """Semantic checks the codec cannot make; raise FrameError before any state change."""
+    def _check(self, msg: PeerMessage, frame_bytes: int) -> None:
+        """Semantic checks the codec cannot make (`frame_bytes`: the size of the frame it
+        came in); raise FrameError before any state change."""
         if msg.sender == self.id or msg.sender not in self.peers:
             raise FieldError(f"sender {msg.sender} is not a peer of relay {self.id}")
         target = getattr(msg, "target", None)
@@ -454,13 +456,18 @@ class RelayCore(RelayState):
             ) and not self.topology.serves(msg.sender, stream):
                 raise FieldError(f"relay {msg.sender} does not serve stream {stream!r}")
         if isinstance(msg, TxBatch):
+            # Once per transaction on every member: relay_of inline, and sizes looked at
+            # only when the frame is large enough to hold a transaction too large.
+            sender, floor = msg.sender, msg.floor
             previous = -1
-            for seq, tx in msg.entries:
-                if relay_of(seq) != msg.sender or seq > msg.floor or seq <= previous:
-                    raise FieldError(f"transaction {seq} not issued in order by {msg.sender}")
-                if tx.size_bytes() > self.limits.max_tx_bytes:
-                    raise FieldError(f"transaction {seq} exceeds max_tx_bytes")
+            for seq, _ in msg.entries:
+                if seq >> COUNTER_BITS & MAX_RELAY_ID != sender or seq > floor or seq <= previous:
+                    raise FieldError(f"transaction {seq} not issued in order by {sender}")
                 previous = seq
+            if frame_bytes + TX_OVERHEAD_BYTES > self.limits.max_tx_bytes:
+                for seq, tx in msg.entries:
+                    if tx.size_bytes() > self.limits.max_tx_bytes:
+                        raise FieldError(f"transaction {seq} exceeds max_tx_bytes")
         elif isinstance(msg, Reports):
             previous = -1
             for point, _ in msg.points:

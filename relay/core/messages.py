@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+# What Transaction.size_bytes counts besides its producer id, key and value. (Those bytes
+# all travel in the frame that carries it: no transaction is larger than that frame plus
+# this.)
+TX_OVERHEAD_BYTES = 16
+
 
 # A msgspec Struct, not a dataclass: one is built per transaction on every relay, and a
 # Struct is built in C (about 6x faster than a frozen dataclass).
@@ -32,7 +37,8 @@ class Transaction(msgspec.Struct, frozen=True):
     kind: int = 0  # 0: a plain value; others: see relay/store/changes.py (0..MAX_TX_KIND)
 
     def size_bytes(self) -> int:
-        return len(self.producer_id) + len(self.value) + (len(self.key) if self.key else 0) + 16
+        key_bytes = len(self.key) if self.key else 0
+        return len(self.producer_id) + len(self.value) + key_bytes + TX_OVERHEAD_BYTES
 
 
 # (seq, transaction): one timeline entry on the wire

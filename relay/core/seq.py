@@ -95,6 +95,11 @@ class HybridClock:
     def next_seq(self, now_ms: int) -> int:
         """The smallest sequence number of this relay above the floor, and not before now."""
         floor = self.floor
+        if self.has_next_seqs(now_ms, 1):
+            # The next counter of our own millisecond, which the wall clock has not passed:
+            # the common case.
+            self.floor = floor + 1
+            return floor + 1
         rid = relay_of(floor)
         if rid == self.relay_id and counter_of(floor) < MAX_COUNTER:
             seq = floor + 1  # the next counter of our own millisecond: the common case
@@ -109,6 +114,23 @@ class HybridClock:
             seq = compose(wall, self.relay_id, 0)
         self.floor = seq
         return seq
+
+    def has_next_seqs(self, now_ms: int, count: int) -> bool:
+        """Whether the next `count` calls of `next_seq(now_ms)` would give the next
+        counters of our floor's millisecond (see `next_seqs`)."""
+        floor = self.floor
+        return (
+            floor >> _RELAY_SHIFT & MAX_RELAY_ID == self.relay_id
+            and (floor & MAX_COUNTER) + count <= MAX_COUNTER
+            and now_ms - EPOCH_MS <= floor >> _MS_SHIFT
+        )
+
+    def next_seqs(self, count: int) -> range:
+        """The next `count` sequence numbers when `has_next_seqs` said so: what as many
+        calls of `next_seq` give, at once."""
+        first = self.floor + 1
+        self.floor += count
+        return range(first, first + count)
 
     def ahead_by_ms(self, peer_floor: int, now_ms: int) -> int:
         """How far a peer's floor runs ahead of our wall clock, in milliseconds (<= 0: not)."""

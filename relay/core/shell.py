@@ -139,7 +139,7 @@ class Sink(Protocol):
 
     def publish(self, out: Outgoing) -> None: ...
 
-    def reply(self, reply: ProduceReply) -> None: ...
+    def answer(self, replies: list[ProduceReply]) -> None: ...
 
     def rebase(self, stream: str, point: int) -> None: ...
 
@@ -157,8 +157,8 @@ def drain(core: HasReady, sink: Sink) -> Ready:
         sink.persist(ready.acceptors)
     for out in ready.outgoing:
         sink.publish(out)
-    for reply in ready.replies:
-        sink.reply(reply)
+    if ready.replies:
+        sink.answer(ready.replies)
     for stream, point in ready.rebases:
         sink.rebase(stream, point)
     for delivery in ready.deliveries:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from relay.core import codec
 from relay.core.config import CoreConfig, Limits
@@ -161,9 +163,8 @@ class Requests:
 # --- per-stream state of the rules ---------------------------------------------------------
 
 
-@dataclass
-class Waiter:
-    """Who waits for a produce's outcome."""
+class Waiter(msgspec.Struct, frozen=True):
+    """Who waits for a produce's outcome. (A Struct: one per transaction, built in C.)"""
 
     request_id: int
     origin: int | None  # None: a local client; else the relay that forwarded it
@@ -179,8 +180,10 @@ class PendingForward:
     target: int
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(msgspec.Struct):
+    """A produce we coordinate and its waiters. (A Struct: one per transaction, built in
+    C.)"""
+
     tx: Transaction
     waiters: list[Waiter]
 
@@ -201,19 +204,31 @@ class PendingProduces:
     def __len__(self) -> int:
         return len(self.by_seq)
 
-    def add(self, seq: int, tx: Transaction, waiter: Waiter) -> None:
-        """A produce we coordinated at `seq`; its deadline follows (`expire_at`)."""
+    def add(self, seq: int, key: ProducerKey, tx: Transaction, waiter: Waiter) -> None:
+        """A produce we coordinated at `seq` (`key`: its producer key); its deadline
+        follows (`expire_at`)."""
         self.by_seq[seq] = Pending(tx, [waiter])
-        self.by_key[(tx.producer_id, tx.producer_seq)] = seq
+        self.by_key[key] = seq
 
-    def expire_at(self, deadline_ms: int, seqs: list[int]) -> None:
-        """The produces at `seqs` (added last) are answered `unknown` at `deadline_ms`."""
-        self.deadlines.append((deadline_ms, seqs))
+    def add_many(
+        self,
+        seqs: Sequence[int],
+        keys: list[ProducerKey],
+        txs: list[Transaction],
+        waiters: list[Waiter],
+    ) -> None:
+        """`add` for each of them, in order."""
+        self.by_seq.update(zip(seqs, map(Pending, txs, ([w] for w in waiters)), strict=True))
+        self.by_key.update(zip(keys, seqs, strict=True))
 
     def find(self, key: ProducerKey) -> Pending | None:
         """The pending produce of `key`, if there is one."""
         seq = self.by_key.get(key)
         return None if seq is None else self.by_seq[seq]
+
+    def expire_at(self, deadline_ms: int, seqs: list[int]) -> None:
+        """The produces at `seqs` (added last) are answered `unknown` at `deadline_ms`."""
+        self.deadlines.append((deadline_ms, seqs))
 
     def take(self, seq: int) -> Pending | None:
         """Remove the pending produce at `seq` (to answer it)."""

@@ -206,9 +206,9 @@ class _MeshSink:
     def publish(self, out: Outgoing) -> None:
         self.mesh._route(self.rid, out)
 
-    def reply(self, reply: ProduceReply) -> None:
-        self.mesh.replies.append((self.rid, reply))
-        self.mesh.all_replies.append(reply)
+    def answer(self, replies: list[ProduceReply]) -> None:
+        self.mesh.replies.extend((self.rid, reply) for reply in replies)
+        self.mesh.all_replies.extend(replies)
 
     def rebase(self, stream: str, point: int) -> None:
         pass  # not modelled: `check` would report the gap in the delivered log

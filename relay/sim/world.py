@@ -143,10 +143,10 @@ class _WorldSink:
         for d in recipients(out, world.topology, src):
             world.network.send(world.now, src, d, out.frame, nodes[d].epoch)
 
-    def reply(self, reply: ProduceReply) -> None:
+    def answer(self, replies: list[ProduceReply]) -> None:
         service = self.node.service
         assert service is not None
-        service.on_reply(reply)
+        service.on_replies(replies)
 
     def rebase(self, stream: str, point: int) -> None:
         world, node = self.world, self.node

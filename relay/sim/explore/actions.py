@@ -134,12 +134,14 @@ class _Observer:
             i = LINK_INDEX[(rid, dst)]
             self.links[i] = (*self.links[i], o.frame)
 
-    def reply(self, reply: ProduceReply) -> None:
-        k = reply.request_id - REQUEST_BASE
-        if not 0 <= k < len(TXS):
-            self.problems.append(f"relay {self.rid} answered unknown request {reply.request_id}")
-            return
-        self.replies[k] = (*self.replies[k], (reply.outcome.value, reply.seq))
+    def answer(self, replies: list[ProduceReply]) -> None:
+        for reply in replies:
+            k = reply.request_id - REQUEST_BASE
+            if not 0 <= k < len(TXS):
+                unknown = reply.request_id
+                self.problems.append(f"relay {self.rid} answered unknown request {unknown}")
+                continue
+            self.replies[k] = (*self.replies[k], (reply.outcome.value, reply.seq))
 
     def rebase(self, stream: str, point: int) -> None:
         self.rebases += 1
@@ -272,7 +274,7 @@ class _Prefix:
         for d in recipients(o, self.ctx.topology, self.rid):
             self.queue.append((d, o.frame))
 
-    def reply(self, reply: ProduceReply) -> None:
+    def answer(self, replies: list[ProduceReply]) -> None:
         raise RuntimeError("the start state's prefix produced a reply")
 
     def rebase(self, stream: str, point: int) -> None:
