@@ -159,7 +159,6 @@ class _Run:
         )
 
     def take(self, tx: Transaction, waiter: Waiter, size_bytes: int, fences: FenceMemo) -> None:
-        # Run once per transaction a coordinator takes: lookups go straight to the dicts.
         core = self.core
         st = self.st or self._open()
         why = fences.reason(core, st, self.now_ms)

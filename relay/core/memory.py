@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 # the headers of its bytes objects (33 each), its producer seq, the entry's seq, content
 # hash and digest (49 each), five list slots. Measured: 340 bytes over the lengths.
 HELD_ENTRY_OVERHEAD_BYTES = 330
-# A key of the dedupe window: its two tuples and ordered-dict node (217 measured), plus the
-# producer id, seq and content hash it keeps alive once its entry is evicted (130).
+# A key of the dedupe window: its two tuples and ordered-dict node (217 measured; the dict
+# with a deque of its keys that replaced it takes about 45 less), plus the producer id,
+# seq and content hash it keeps alive once its entry is evicted (130).
 DEDUPE_KEY_BYTES = 350
 # An entry of a stream's report log (4): its tuple, point and digest, and a deque slot
 # (149 measured with a digest of its own, as once the entry is evicted).

@@ -102,7 +102,7 @@ class HybridClock:
             return floor + 1
         rid = relay_of(floor)
         if rid == self.relay_id and counter_of(floor) < MAX_COUNTER:
-            seq = floor + 1  # the next counter of our own millisecond: the common case
+            seq = floor + 1  # the next counter of our own millisecond, the wall clock past it
         elif rid < self.relay_id:
             seq = compose(ms_of(floor), self.relay_id, 0)
         elif ms_of(floor) < MAX_MS:
