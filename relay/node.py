@@ -142,7 +142,7 @@ GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full
 # 700). Most of what a relay allocates and keeps is held until evicted (each committed
 # transaction adds several objects to its buffer), so at the default the collector ran
 # every 1-3 ms at full load, walking thousands of live objects each time and finding
-# nothing: 10 % of the coordinator's time at window 4,096 (130 ms in 2 s). With this
+# nothing: 100-135 ms of every 2 s at window 4,096 in the coordinator. With this
 # threshold a collection comes only after this many more objects stayed alive, which at
 # tens of thousands of transactions a second takes longer than the STATE_LOG_MS after
 # which `_tend_gc` freezes them anyway.
