@@ -307,10 +307,6 @@ class ClientService:
         checked = ""  # the items of a batch mostly share one stream: look it up once
         denied = ""
         taken: list[ProduceRequest] = []  # for the core, in one call
-        produces = self._produces
-        # Items registered while there is room, without a call of `_register` each (once
-        # per transaction); with none left, `_register` refuses them.
-        room = self.limits.max_pending_produces - len(produces)
         for item_id, stream, producer_seq, key, value, kind in req.items:
             if stream != checked:
                 checked = stream
@@ -320,18 +316,10 @@ class ClientService:
             if denied:
                 self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, denied)
                 continue
-            if room > 0:
-                room -= 1
-                self.counters["produce_requests"] += 1
-                core_id = self._next_core_id
-                self._next_core_id = core_id + 1
-                produces[core_id] = (envelope, item_id, stream, True)
-            else:
-                core_id = self._register(envelope, item_id, stream, True)
-                if core_id < 0:
-                    continue
-            tx = Transaction(producer_id, producer_seq, key, value, kind)
-            taken.append(ProduceRequest(core_id, stream, tx))
+            core_id = self._register(envelope, item_id, stream, True)
+            if core_id >= 0:
+                tx = Transaction(producer_id, producer_seq, key, value, kind)
+                taken.append(ProduceRequest(core_id, stream, tx))
         self._hand_to_core(taken, now_ms, mono_ms)
         self._track_produces(first, mono_ms)
 
@@ -380,9 +368,10 @@ class ClientService:
         """The core's answers to produces: each to the client that sent it. (Once per
         transaction: the common answer, a batched item committed, is made inline.)"""
         produces, counters = self._produces, self.counters
-        results = self._batch_results
         debug = log.isEnabledFor(logging.DEBUG)
         committed = 0
+        answers_of: bytes | None = None  # a turn's answers mostly go to one client
+        answers: list[wire.BatchResult] = []
         for reply in replies:
             pending = produces.pop(reply.request_id, None)
             if pending is None:
@@ -401,10 +390,9 @@ class ClientService:
                 )
             if outcome is Outcome.COMMITTED and batched:
                 committed += 1
-                answers = results.get(envelope[0])
-                if answers is None:
-                    answers = results[envelope[0]] = (envelope, [])
-                answers[1].append((request_id, outcome, reply.seq, reply.reason, reply.redirect))
+                if envelope[0] is not answers_of:
+                    answers_of, answers = envelope[0], self._batch_answers(envelope)
+                answers.append((request_id, outcome, reply.seq, reply.reason, reply.redirect))
                 continue
             counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
             self._answer_produce(
@@ -427,10 +415,14 @@ class ClientService:
         if not batched:
             self._respond(envelope, wire.ProduceResp(request_id, outcome, seq, reason, redirect))
             return
+        self._batch_answers(envelope).append((request_id, outcome, seq, reason, redirect))
+
+    def _batch_answers(self, envelope: Envelope) -> list[wire.BatchResult]:
+        """This turn's results for the client behind `envelope` (its ProduceBatchResp)."""
         pending = self._batch_results.get(envelope[0])
         if pending is None:
             pending = self._batch_results[envelope[0]] = (envelope, [])
-        pending[1].append((request_id, outcome, seq, reason, redirect))
+        return pending[1]
 
     def flush(self) -> None:
         """Send this turn's ProduceBatchResps: one per client (more if they are many)."""

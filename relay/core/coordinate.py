@@ -92,21 +92,11 @@ def accept(
     member = core.id in members
     refused = member and not core.can_open(stream)
     run = _Run(core, stream, now_ms) if member and not refused else None
-    rest = produces
-    if run is not None and len(produces) > 1:
+    for i, (tx, waiter) in enumerate(produces):
         # The first opens the stream and settles the floor and the lead; the others are
-        # then usually all plain (see `take_plain`): taken together, they are taken
-        # exactly as one by one.
-        rest = produces[1:]
-        tx, waiter = produces[0]
-        size_bytes = tx.size_bytes()
-        if size_bytes > limits.max_tx_bytes:
-            answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)
-        else:
-            run.take(tx, waiter, size_bytes, fences)
-        if run.take_plain(rest, fences):
-            rest = ()
-    for tx, waiter in rest:
+        # then usually all plain (see `take_plain`): taken together, exactly as one by one.
+        if i == 1 and run is not None and run.take_plain(produces[1:], fences):
+            break
         size_bytes = tx.size_bytes()
         if size_bytes > limits.max_tx_bytes:
             answer(core, waiter, Outcome.REJECTED, reason=RejectReason.TOO_LARGE.value)

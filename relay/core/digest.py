@@ -21,10 +21,9 @@ DIGEST_BYTES = 16
 _hash = xxhash.xxh3_128_digest
 _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
-_NO_KEY_MARK = 0xFFFF_FFFF
-_NO_KEY = _LEN.pack(_NO_KEY_MARK)
-# producer seq, the no-key mark, value length: three fields of a keyless content in one
-_SEQ_NO_KEY_LEN = struct.Struct(">QII")
+_NO_KEY_MARK = 0xFFFF_FFFF  # in place of a key's length: no key
+_SEQ_NO_KEY_LEN = struct.Struct(">QII")  # producer seq, the no-key mark, value length
+_SEQ_LEN = struct.Struct(">QI")  # producer seq, key length
 # Prefixes the content of a transaction of kind > 0. A kind-0 content starts with the
 # producer id's 4-byte length (< 2**24), never with 0xff, so no two contents coincide, and
 # kind-0 hashes are what they were before kinds existed.
@@ -36,35 +35,19 @@ def genesis(stream: str) -> bytes:
 
 
 def tx_hash(tx: Transaction) -> bytes:
-    """Hash of a transaction's content; fields are length-prefixed so no two differ alike."""
-    if tx.key is None and not tx.kind:
-        # The common shape in one pack less and one join of four (every relay hashes
-        # every transaction): the same bytes as below.
-        value = tx.value
-        return _hash(
-            b"".join(
-                (
-                    _LEN.pack(len(tx.producer_id)),
-                    tx.producer_id,
-                    _SEQ_NO_KEY_LEN.pack(tx.producer_seq, _NO_KEY_MARK, len(value)),
-                    value,
-                )
-            )
-        )
-    key = _NO_KEY if tx.key is None else _LEN.pack(len(tx.key)) + tx.key
-    return _hash(
-        b"".join(
-            (
-                _KIND_MARK + bytes((tx.kind,)) if tx.kind else b"",
-                _LEN.pack(len(tx.producer_id)),
-                tx.producer_id,
-                _SEQ.pack(tx.producer_seq),
-                key,
-                _LEN.pack(len(tx.value)),
-                tx.value,
-            )
-        )
-    )
+    """Hash of a transaction's content; fields are length-prefixed so no two differ alike.
+    (Neighbouring integer fields are packed together: every relay hashes every
+    transaction.)"""
+    pid, key, value = tx.producer_id, tx.key, tx.value
+    if key is None:
+        seq_key_len = _SEQ_NO_KEY_LEN.pack(tx.producer_seq, _NO_KEY_MARK, len(value))
+        content = b"".join((_LEN.pack(len(pid)), pid, seq_key_len, value))
+    else:
+        seq_key = _SEQ_LEN.pack(tx.producer_seq, len(key))
+        content = b"".join((_LEN.pack(len(pid)), pid, seq_key, key, _LEN.pack(len(value)), value))
+    if tx.kind:
+        content = _KIND_MARK + bytes((tx.kind,)) + content
+    return _hash(content)
 
 
 def chain(previous: bytes, seq: int, content_hash: bytes) -> bytes:
