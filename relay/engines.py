@@ -24,6 +24,7 @@ import msgspec
 from relay import wire
 from relay.core import Limits, Outcome, ReadStatus, RejectReason
 from relay.core.fields import MAX_STREAM_NAME_BYTES, MAX_U63, MAX_U64
+from relay.core.structs import IdentityStruct
 from relay.errors import (
     ClientError,
     Fenced,
@@ -187,7 +188,7 @@ def _prepend(candidates: deque[str], endpoints: Sequence[str], skip: set[str]) -
 # --- producing (no I/O: the drivers below feed frames and time in) ----------------------
 
 
-class Op(msgspec.Struct, eq=False):
+class Op(IdentityStruct, eq=False):
     """One transaction being produced, across all its attempts. (A msgspec Struct: one is
     made per transaction, and a Struct is built in C with its defaults, several times
     faster than a class setting its slots one by one. eq=False: ops compare and hash by

@@ -595,7 +595,7 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
 
 
 def decode(
-    frame: bytes, max_frame_bytes: int, max_batch_items: int = MAX_BATCH_ITEMS
+    frame: object, max_frame_bytes: int, max_batch_items: int = MAX_BATCH_ITEMS
 ) -> ClientMessage:
     """The client message in `frame`; raises only `FrameError` subclasses, for any input.
     `max_batch_items`: the most items a ProduceBatchReq may hold (a relay passes its

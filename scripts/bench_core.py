@@ -35,8 +35,10 @@ import cProfile
 import gc
 import io
 import json
+import os
 import pstats
 import statistics
+import subprocess
 import sys
 import traceback
 from collections import deque
@@ -53,6 +55,7 @@ except ImportError:
 
 import msgpack
 
+from relay import native
 from relay.core import digest as dg
 from relay.core.config import CoreConfig, Topology
 from relay.core.machine import RelayCore
@@ -356,9 +359,25 @@ def auto_rounds(batch: int, quick: bool) -> int:
     return max(8, min(2_000, TARGET_TXS // batch))
 
 
+PROFILE_CHILD = "--profile-child"  # profile_top run interpreted in a child process
+
+
 def profile_top(
     mode: str, value_bytes: int, rounds: int, calibration_ns: int, top: int = 20
 ) -> tuple[str, list[dict[str, Any]]]:
+    if native.active():
+        # cProfile sees the Python functions only: the interpreted core is profiled, in a
+        # child process that never loads the compiled modules.
+        args = [mode, str(value_bytes), str(rounds), str(calibration_ns), str(top)]
+        child = subprocess.run(
+            [sys.executable, __file__, PROFILE_CHILD, *args],
+            env=dict(os.environ, **{native.DISABLE_ENV: "0"}),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        text, rows = json.loads(child.stdout)
+        return text, rows
     profiler = cProfile.Profile()
     measure_core(mode, value_bytes, PROFILE_BATCH, rounds, calibration_ns, profiler)
     text = io.StringIO()
@@ -562,6 +581,12 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [PROFILE_CHILD]:  # profile_top's child: [mode, value, rounds, ns, top]
+        mode, value_bytes, rounds, calibration_ns, top = argv[1:]
+        found = profile_top(mode, int(value_bytes), int(rounds), int(calibration_ns), int(top))
+        print(json.dumps(found))
+        return 0
     args = parse_args(argv)
     try:
         report = run(args)

@@ -6,6 +6,8 @@
 #     RELAY_SETUP_FORCE=1 forces it);
 #   - creates the CurveZMQ key pairs config/topology.yaml needs that data/keys lacks
 #     (`relay keygen --config config/topology.yaml`; never committed: data/ is ignored);
+#   - compiles the hot modules with mypyc (relay/native.py; installs gcc and python3-dev with
+#     apt-get when missing and running as root; RELAY_NATIVE=0 skips it);
 #   - checks for Java 17+ (the store's Spark jobs and their tests need it) and, if missing, installs
 #     openjdk-17-jre-headless with apt-get when running as root. Java problems only warn.
 set -euo pipefail
@@ -48,6 +50,32 @@ if [ "${RELAY_SETUP_FORCE:-0}" = 1 ] || [ "$want" != "$have" ] || [ ! -x "$VENV/
     echo "$want" >"$STAMP"
 else
     say "$VENV up to date"
+fi
+
+# The hot modules compiled to C (relay/native.py): a C compiler and this Python's headers,
+# installed with apt-get when running as root; then the build, which is a no-op when the
+# sources have not changed since the last one. Without it everything runs interpreted, only
+# slower; RELAY_NATIVE=0 skips it.
+has_headers() {
+    "$VENV/bin/python" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+}
+if [ "${RELAY_NATIVE:-1}" != 0 ]; then
+    if ! command -v cc >/dev/null 2>&1 || ! has_headers; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            say "installing gcc and python3-dev (to compile the hot modules)"
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || true
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null \
+                || warn "could not install gcc and python3-dev"
+        fi
+    fi
+    if "$VENV/bin/python" -c 'import sys, relay.native as n; sys.exit(n.main(["build"]))' \
+        >"$VENV/native.log" 2>&1; then
+        say "$(tail -n 1 "$VENV/native.log")"
+    else
+        tail -n 15 "$VENV/native.log" >&2
+        warn "could not compile the hot modules (log: $VENV/native.log); they run interpreted"
+    fi
 fi
 
 # Java 17+ (for the store's Spark jobs, `relay store ...`, and their tests, which skip

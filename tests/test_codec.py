@@ -548,9 +548,9 @@ def test_any_array_raises_only_frame_errors(code: int, fields: list[Any]) -> Non
 
 def test_non_bytes_input_is_malformed() -> None:
     with pytest.raises(MalformedFrame):
-        decode(None, MAX)  # type: ignore[arg-type]
+        decode(None, MAX)
     with pytest.raises(MalformedFrame):
-        decode("not bytes", MAX)  # type: ignore[arg-type]
+        decode("not bytes", MAX)
 
 
 # --- each error, by name --------------------------------------------------------------------

@@ -116,7 +116,10 @@ def _state(core: RelayCore) -> object:
         st.timeline.seqs[st.timeline.head :],
         st.timeline.memory_bytes,
         st.out_entries,
-        [(seq, p.tx, p.waiters) for seq, p in st.pending.by_seq.items()],
+        [
+            (seq, p.tx, [(w.request_id, w.origin) for w in p.waiters])
+            for seq, p in st.pending.by_seq.items()
+        ],
         [seq for _, seqs in st.pending.deadlines for seq in seqs],
         dict(core.counters),
         core.outbox,

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("segment", "access"),
     ("core",),
     ("errors", "__init__"),
+    ("native",),
 )
 LAYER_OF = {part: depth for depth, parts in enumerate(LAYERS) for part in parts}
 

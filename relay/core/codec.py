@@ -596,7 +596,7 @@ _FAST_DECODERS: dict[int, FastDecoder[PeerMessage]] = {
 }
 
 
-def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:
+def decode(frame: object, max_frame_bytes: int) -> PeerMessage:
     """The peer message in `frame`; raises only `FrameError` subclasses, for any input."""
     msg: PeerMessage = decode_with(
         frame, max_frame_bytes, _DECODERS_BY_NAME, "message", _FAST_DECODERS
@@ -605,7 +605,7 @@ def decode(frame: bytes, max_frame_bytes: int) -> PeerMessage:
 
 
 def decode_with(
-    frame: bytes,
+    frame: object,
     max_frame_bytes: int,
     decoders: Mapping[int, tuple[str, int, Callable[[list[Any]], T]]],
     what: str,
@@ -617,10 +617,9 @@ def decode_with(
     A type code in `fast` is tried with its FastDecoder first; a frame that one refuses
     is decoded again by `decoders`, which say what was wrong (or accept it: the
     validators, not msgspec, define what is valid)."""
-    try:
-        size = len(frame)
-    except TypeError:
-        raise MalformedFrame(f"frame is not bytes: {type(frame).__name__}") from None
+    if not isinstance(frame, bytes | bytearray | memoryview):
+        raise MalformedFrame(f"frame is not bytes: {type(frame).__name__}")
+    size = len(frame)
     if size > max_frame_bytes:
         raise OversizedFrame(f"frame of {size} bytes exceeds the maximum of {max_frame_bytes}")
     if size == 0:

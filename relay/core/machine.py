@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
 
+from mypy_extensions import mypyc_attr
+
 from relay.core import (
     codec,
     commit,
@@ -79,6 +81,7 @@ from relay.core.timeline import NO_DIGEST, CommittedRecord
 from relay.errors import FieldError, FrameError, OversizedFrame
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class RelayCore(RelayState):
     """One relay's protocol decisions. Pure: time and events come in, `ready()` says what
     to send, answer and deliver."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from relay.core.messages import Transaction
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ def entry_cost(tx: Transaction) -> int:
     return tx.size_bytes() + HELD_ENTRY_OVERHEAD_BYTES
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class MemoryBudget:
     """The bytes every timeline of one relay holds (entries and dedupe keys), against the
     relay-wide bound. Timelines charge it as they change."""

@@ -19,27 +19,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import msgspec
-
-# What Transaction.size_bytes counts besides its producer id, key and value. (Those bytes
-# all travel in the frame that carries it: no transaction is larger than that frame plus
-# this.)
-TX_OVERHEAD_BYTES = 16
-
-
-# A msgspec Struct, not a dataclass: one is built per transaction on every relay, and a
-# Struct is built in C (about 6x faster than a frozen dataclass).
-class Transaction(msgspec.Struct, frozen=True):
-    producer_id: bytes
-    producer_seq: int
-    key: bytes | None
-    value: bytes
-    kind: int = 0  # 0: a plain value; others: see relay/store/changes.py (0..MAX_TX_KIND)
-
-    def size_bytes(self) -> int:
-        key_bytes = len(self.key) if self.key else 0
-        return len(self.producer_id) + len(self.value) + key_bytes + TX_OVERHEAD_BYTES
-
+# A transaction (a msgspec Struct, defined with the core's other Structs)
+from relay.core.structs import TX_OVERHEAD_BYTES as TX_OVERHEAD_BYTES
+from relay.core.structs import Transaction as Transaction
 
 # (seq, transaction): one timeline entry on the wire
 Entry = tuple[int, Transaction]

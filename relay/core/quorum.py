@@ -15,6 +15,8 @@ may rewrite its prefix at points it reported only if all of them are dead (relay
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 
 def quorum(member_count: int) -> int:
     """q(S) = floor(|R(S)| / 2) + 1: any two quorums of the same set intersect."""
@@ -23,6 +25,7 @@ def quorum(member_count: int) -> int:
     return member_count // 2 + 1
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class VoteTally:
     """Per point above the committed point, per digest, the members that reported it."""
 

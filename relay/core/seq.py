@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 MS_BITS = 41
 RELAY_ID_BITS = 10
@@ -68,6 +70,7 @@ def wall_ms(unix_ms: int) -> int:
     return min(max(unix_ms - EPOCH_MS, 0), MAX_MS)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class HybridClock:
     """Issues sequence numbers for one relay; pure: the caller passes the wall time in.

@@ -26,10 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import msgspec
-
 from relay.core.config import Topology
-from relay.core.messages import Entry, Outcome, ReadStatus, Transaction
+from relay.core.messages import Entry, ReadStatus
+
+# A produce and its answer (msgspec Structs, defined with the core's other Structs)
+from relay.core.structs import ProduceReply as ProduceReply
+from relay.core.structs import ProduceRequest as ProduceRequest
 
 # The longest a core that took input may wait for its tick. Ticking after every input cost
 # a busy relay most of its turns' time (a tick looks at every timer of every stream in
@@ -49,28 +51,6 @@ class Outgoing:
     frame: bytes
     stream: str | None = None
     target: int | None = None
-
-
-class ProduceRequest(msgspec.Struct, frozen=True):
-    """A client's transaction for `stream`. `request_id` is the shell's own (unique among
-    the requests it has in flight): the reply carries it back. (This and `ProduceReply` are
-    msgspec Structs, like `Transaction`: one of each per transaction, built in C.)"""
-
-    request_id: int
-    stream: str
-    tx: Transaction
-
-
-class ProduceReply(msgspec.Struct, frozen=True):
-    """The outcome of a `ProduceRequest` (docs/protocol.md G3): pass it to the client that
-    sent the request. `seq` is set when committed, `reason` when rejected, `redirect` (relay
-    ids to try) when fenced."""
-
-    request_id: int
-    outcome: Outcome
-    seq: int = -1
-    reason: str = ""
-    redirect: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
+from mypy_extensions import mypyc_attr
 
 from relay.core import codec
 from relay.core.config import CoreConfig, Limits
@@ -38,6 +38,7 @@ from relay.core.messages import (
 from relay.core.quorum import VoteTally, quorum
 from relay.core.seq import HybridClock
 from relay.core.shell import Outgoing, Ready
+from relay.core.structs import IdentityStruct
 from relay.core.timeline import NO_DIGEST, Timeline
 
 GENESIS_POINT = 0
@@ -65,6 +66,7 @@ def retry_due(now_ms: int, sent_ms: int, resends: int, interval_ms: int) -> bool
 # --- what we know of each peer (5.2) ------------------------------------------------------
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class LinkState:
     """What this relay has received of one peer's messages about one stream."""
@@ -80,6 +82,7 @@ class LinkState:
     fill_lo: int = -1  # where it started (a retry asks again from there)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class PeerState:
     incarnation: int = -1
@@ -121,12 +124,14 @@ class Purpose(enum.Enum):
     RESET = "reset"  # 5.7: what a member holds in a zone being rebuilt
 
 
-@dataclass(frozen=True, slots=True)
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
+@dataclass(slots=True)  # not frozen: a compiled frozen dataclass cannot be unpickled
 class Outstanding:
     purpose: Purpose
     peer: int  # the relay asked; only its reply counts
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Requests:
     """One stream's RepairRequests still awaiting their reply, by request id. A request
     leaves the table when its reply comes, or when whatever it served ended or asked again
@@ -163,13 +168,14 @@ class Requests:
 # --- per-stream state of the rules ---------------------------------------------------------
 
 
-class Waiter(msgspec.Struct, frozen=True):
+class Waiter(IdentityStruct, eq=False):
     """Who waits for a produce's outcome. (A Struct: one per transaction, built in C.)"""
 
     request_id: int
     origin: int | None  # None: a local client; else the relay that forwarded it
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class PendingForward:
     """A produce we forwarded (5.1): to whom, and what to send again should it fall silent."""
@@ -180,7 +186,7 @@ class PendingForward:
     target: int
 
 
-class Pending(msgspec.Struct):
+class Pending(IdentityStruct, eq=False):
     """A produce we coordinate and its waiters. (A Struct: one per transaction, built in
     C.)"""
 
@@ -192,6 +198,7 @@ class Pending(msgspec.Struct):
         return (self.tx.producer_id, self.tx.producer_seq)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PendingProduces:
     """The produces this relay coordinates and has not answered yet (5.1, 5.4)."""
 
@@ -247,6 +254,7 @@ class PendingProduces:
             yield from deadlines.popleft()[1]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class RepairState:
     """Fetching the committed prefix (lo, point] from members (5.5)."""
@@ -261,6 +269,7 @@ class RepairState:
     too_old: set[int] = field(default_factory=set)  # candidates whose buffer starts later
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class ResetState:
     """Rebuilding our uncommitted zone (lo, hi] as the union of what the members hold,
@@ -272,6 +281,7 @@ class ResetState:
     entries: dict[int, Transaction] = field(default_factory=dict)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class Acceptor:
     """This relay as an acceptor of the instance that decides view `number` (5.12). Having
@@ -292,6 +302,7 @@ class Acceptor:
 Admission = tuple[int, int, int]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class Proposal:
     """This relay proposing view `number` with `ballot` (5.12)."""
@@ -353,6 +364,7 @@ def admits_seq(view: ViewValue, member: int, seq: int) -> bool:
     )
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass
 class JoinState:
     """Joining (no history) or rebasing (history too old to repair) (5.5, 5.8)."""
@@ -366,6 +378,7 @@ class JoinState:
     asked_after_commit: int = -1  # highest known commit we already asked a base for
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class StreamState:
     """Everything one relay knows about one stream it serves (section 4)."""
 
@@ -500,6 +513,7 @@ class StreamState:
 # --- the relay ------------------------------------------------------------------------------
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class RelayState:
     """One relay: its clocks, peers and streams, and what it has to say to the shell."""
 

@@ -19,6 +19,8 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from relay.core import digest as dg
 from relay.core.memory import (
     DEDUPE_KEY_BYTES,
@@ -51,6 +53,7 @@ class Insert(enum.Enum):
 Delivered = tuple[int, Transaction, int, bool]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class DedupeWindow:
     """(producer id, producer seq) -> (seq, content hash) of the first committed copy, for
     the last `capacity` committed (non-duplicate) entries. A pure function of the committed
@@ -88,6 +91,7 @@ class DedupeWindow:
         return len(self.first_of)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Timeline:
     def __init__(
         self, stream: str, dedupe_capacity: int, late_max_entries: int, budget: MemoryBudget
@@ -255,16 +259,18 @@ class Timeline:
         end = self.index_after(point)
         out: list[Delivered] = []
         # The window's first copy of each, or this one added (one lookup for both), inline:
-        # once per transaction on every relay.
+        # once per transaction on every relay. Added is told by the window's growth, not by
+        # `first is mine`: compiled code (relay/native.py) keeps a tuple unboxed and boxes
+        # it anew for each use, so a tuple is never identical to itself there.
         window = self.dedupe
         first_of, order, capacity = window.first_of, window.order, window.capacity
         seqs, txs, hashes = self.seqs, self.txs, self.hashes
         for i in range(max(self.delivered, self.head), end):
             seq, tx, content = seqs[i], txs[i], hashes[i]
-            mine = (seq, content)
             key = (tx.producer_id, tx.producer_seq)
-            first = first_of.setdefault(key, mine)
-            if first is mine:
+            held = len(first_of)
+            first = first_of.setdefault(key, (seq, content))
+            if len(first_of) > held:
                 order.append(key)
                 if len(first_of) > capacity:
                     del first_of[order.popleft()]

@@ -60,6 +60,7 @@ from typing import Any
 
 import zmq
 
+from relay import native
 from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
 from relay.errors import ClientError, ConfigError
 from relay.launcher import Mesh, MeshError, write_loopback_topology
@@ -233,7 +234,10 @@ class _ProfiledMesh(Mesh):
         command = super()._command(relay_id)
         if relay_id != self.profiled:
             return command
-        return [command[0], "-m", "cProfile", "-o", str(self.stats_path), *command[1:]]
+        # Interpreted (relay/native.py): cProfile sees the Python functions only.
+        python, rest = command[0], command[1:]
+        profiled = [python, "-m", "cProfile", "-o", str(self.stats_path), *rest]
+        return ["env", f"{native.DISABLE_ENV}=0", *profiled]
 
 
 # --- relay runs -----------------------------------------------------------------------------
@@ -848,6 +852,8 @@ def _config(options: BenchOptions) -> dict[str, Any]:
         "python": platform.python_version(),
         "pyzmq": zmq.pyzmq_version(),
         "libzmq": zmq.zmq_version(),
+        # relays started from here load what this process does (relay/native.py)
+        "compiled": native.active(),
     }
 
 
@@ -1244,7 +1250,8 @@ def print_peers_report(report: dict[str, Any]) -> None:
     cfg = report["config"]
     console.print(
         f"relay bench --peers nats: a 3-relay mesh and 3 nats-servers (JetStream, R3 memory "
-        f"stream, nats-py) on 127.0.0.1, {cfg['cpus']} CPUs; {cfg['duration_s']:g} s per run"
+        f"stream, nats-py) on 127.0.0.1, {cfg['cpus']} CPUs; {cfg['duration_s']:g} s per run; "
+        f"compiled modules: {'yes' if cfg['compiled'] else 'no (interpreted)'}"
     )
     table = Table(title="throughput: committed (acknowledged) tx/s, CPU us per tx (all processes)")
     for name in ("value", "window", "relay tx/s", "nats tx/s", "relay/nats", "relay us", "nats us"):
@@ -1360,8 +1367,9 @@ def print_report(report: dict[str, Any]) -> None:
     cfg = report["config"]
     console.print(
         f"relay bench: 3 relays on 127.0.0.1, {cfg['cpus']} CPUs, Python {cfg['python']}, "
-        f"pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); {cfg['duration_s']:g} s per run"
-        + ("; relay 0 under cProfile (slower)" if cfg["profile"] else "")
+        f"pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); {cfg['duration_s']:g} s per run; "
+        f"compiled modules: {'yes' if cfg['compiled'] else 'no (interpreted)'}"
+        + ("; relay 0 interpreted under cProfile (slower)" if cfg["profile"] else "")
     )
     base_t = {(b["value_bytes"], b["window"]): b for b in report["baseline"]["throughput"]}
     table = Table(title="throughput: committed tx/s (relay) vs fan-out msgs/s (PUB -> 2 SUB)")

@@ -4,8 +4,10 @@ an immutable value; how cores are copied in and out of it; and its fingerprint."
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -78,7 +80,7 @@ class CoreInfo(NamedTuple):
 
 
 class CoreSnap(NamedTuple):
-    blob: bytes  # the pickled core, config detached
+    blob: bytes  # the pickled core, its configuration by reference (Context.freeze)
     fp: bytes  # blake2b of the blob
     info: CoreInfo
 
@@ -136,6 +138,15 @@ class Context:
         self.topology = Topology(dict(TOPOLOGY_SUBSCRIPTIONS))
         self.configs = [CoreConfig(r, self.topology, limits) for r in RELAYS]
         self.limits = limits
+        # The configuration every state shares is pickled as a reference into _SHARED
+        # (by type, in the pickler's C code: no call per other object pickled).
+        self._shared_keys: dict[int, tuple[int, int]] = {}
+        for i, shared in enumerate([self.topology, limits, *self.configs]):
+            key = (id(self), i)
+            _SHARED[key] = shared
+            self._shared_keys[id(shared)] = key
+        self._detach = {CoreConfig: self._by_reference, Limits: self._by_reference}
+        self._detach[Topology] = self._by_reference
         self.max_frame = limits.max_frame_bytes
         # chain digest -> the prefix (entries above genesis) it stands for. A pure function
         # of the digest (xxh3-128 collisions aside), so it lives outside the states.
@@ -150,16 +161,30 @@ class Context:
 
     def thaw(self, snap: CoreSnap, rid: int) -> RelayCore:
         core: RelayCore = pickle.loads(snap.blob)
-        core.config = self.configs[rid]
-        core.limits = self.limits
-        core.topology = self.topology
         return core
 
     def freeze(self, core: RelayCore, info: CoreInfo) -> CoreSnap:
-        """Pickle the core without its (shared, constant) config and its counters (never
-        read by the protocol; `info.counters` keeps their names for coverage). The core
-        object must not be used afterwards."""
-        core.config = core.limits = core.topology = None  # type: ignore[assignment]
+        """Pickle the core with its (shared, constant) configuration by reference and
+        without its counters (never read by the protocol; `info.counters` keeps their
+        names for coverage). The core object must not be used afterwards."""
         core.counters = Counter()
-        blob = pickle.dumps(core, pickle.HIGHEST_PROTOCOL)
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = self._detach
+        pickler.dump(core)
+        blob = out.getvalue()
         return CoreSnap(blob, hashlib.blake2b(blob, digest_size=16).digest(), info)
+
+    def _by_reference(
+        self, shared: object
+    ) -> tuple[Callable[[tuple[int, int]], object], tuple[object, ...]]:
+        return _shared, (self._shared_keys[id(shared)],)
+
+
+# What every state of a Context shares, by (id of the Context, index): a pickled core names
+# its configuration by this key instead of holding a copy.
+_SHARED: dict[tuple[int, int], object] = {}
+
+
+def _shared(key: tuple[int, int]) -> object:
+    return _SHARED[key]

@@ -1,0 +1,68 @@
+"""The core's msgspec Structs, in a module that is never compiled (relay/native.py).
+
+A Struct is built in C (about 6x faster than a frozen dataclass), so the values made once
+per transaction on every relay are Structs: `Transaction`, and the shell's
+`ProduceRequest` and `ProduceReply` (re-exported by relay.core.messages and
+relay.core.shell, where they belong in the spec).
+
+Compiled by mypyc, a Struct would differ from the same Struct interpreted in two ways.
+Compiled code compares instances of a class its own module defines with `==` by identity
+(msgspec's stubs do not declare the `__eq__` a Struct has): a Struct compared by value must
+therefore be defined here, where compiled code sees a foreign class and compares it as
+Python does. And a compiled module drops the keywords of its class statements
+(python/mypy#21938): a Struct a compiled module defines derives from `IdentityStruct`,
+which sets eq=False here, and is then compared by identity either way.
+tests/test_native.py checks every Struct of the compiled modules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:  # for the annotations only: relay.core.messages imports this module
+    from relay.core.messages import Outcome
+
+# What Transaction.size_bytes counts besides its producer id, key and value. (Those bytes
+# all travel in the frame that carries it: no transaction is larger than that frame plus
+# this.)
+TX_OVERHEAD_BYTES = 16
+
+
+class Transaction(msgspec.Struct, frozen=True):
+    producer_id: bytes
+    producer_seq: int
+    key: bytes | None
+    value: bytes
+    kind: int = 0  # 0: a plain value; others: see relay/store/changes.py (0..MAX_TX_KIND)
+
+    def size_bytes(self) -> int:
+        key_bytes = len(self.key) if self.key else 0
+        return len(self.producer_id) + len(self.value) + key_bytes + TX_OVERHEAD_BYTES
+
+
+class ProduceRequest(msgspec.Struct, frozen=True):
+    """A client's transaction for `stream`. `request_id` is the shell's own (unique among
+    the requests it has in flight): the reply carries it back."""
+
+    request_id: int
+    stream: str
+    tx: Transaction
+
+
+class ProduceReply(msgspec.Struct, frozen=True):
+    """The outcome of a `ProduceRequest` (docs/protocol.md G3): pass it to the client that
+    sent the request. `seq` is set when committed, `reason` when rejected, `redirect` (relay
+    ids to try) when fenced."""
+
+    request_id: int
+    outcome: Outcome
+    seq: int = -1
+    reason: str = ""
+    redirect: tuple[int, ...] = ()
+
+
+class IdentityStruct(msgspec.Struct, eq=False):
+    """The base of the Structs compiled modules define: mutable; compared and hashed by
+    identity."""
