@@ -15,11 +15,7 @@ when a build for exactly the current digest exists. Anything else (no build, a s
 edited since, a C compiler missing at set-up, `RELAY_NATIVE=0`) leaves the ordinary
 imports of the sources, which are only slower.
 
-What compiled code needs of the sources: the classes a core holds are marked
-`@mypyc_attr(serializable=True)` (a no-op interpreted), so that a compiled core can be
-copied by pickle as the explorer and the tests do; a msgspec Struct that compiled code
-compares by value lives in a module left interpreted (relay/core/structs.py); a tuple is
-never compared by identity (compiled, it is boxed anew at each use).
+What compiled code needs of the sources is in CONTRIBUTING.md ("Compiled modules").
 """
 
 from __future__ import annotations
@@ -70,6 +66,12 @@ COMPILED_MODULES: tuple[str, ...] = tuple(
 GROUP_NAME = "relay_native"  # the shared library of all compiled modules: relay_native__mypyc
 DISABLE_ENV = "RELAY_NATIVE"  # "0": never load the compiled modules
 DIR_ENV = "RELAY_NATIVE_DIR"  # where builds live; default <sys.prefix>/relay-native
+
+
+def interpreted_env() -> dict[str, str]:
+    """This process's environment, for a child that must run the sources interpreted (a
+    profile, or a patched module function: neither sees into compiled code)."""
+    return dict(os.environ, **{DISABLE_ENV: "0"})
 
 
 def builds_dir() -> Path:
@@ -144,6 +146,10 @@ def active() -> bool:
 def build(jobs: int = 0) -> Path:
     """Compiles `COMPILED_MODULES` for the current sources (no-op if that build exists) and
     removes builds of other sources. Needs mypy, setuptools and a C compiler."""
+    target = builds_dir() / source_digest()
+    if _module_file(target, f"{GROUP_NAME}__mypyc") is not None:
+        return target  # (set-up asks at every run: no compiler imported for that)
+
     from mypyc.build import mypycify  # only here: mypy is a set-up dependency
     from setuptools import Distribution
     from setuptools.command.build_ext import build_ext
@@ -169,9 +175,6 @@ def build(jobs: int = 0) -> Path:
             finally:
                 self.compiler.compile = serial
 
-    target = builds_dir() / source_digest()
-    if _module_file(target, f"{GROUP_NAME}__mypyc") is not None:
-        return target
     root = PACKAGE_DIR.parent
     builds_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="relay-native-") as scratch:
@@ -200,9 +203,12 @@ def build(jobs: int = 0) -> Path:
         partial = builds_dir() / f".partial-{target.name}"
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(staging, partial)
-        partial.rename(target)  # a build appears whole or not at all
+        try:
+            partial.rename(target)  # a build appears whole or not at all
+        except OSError:  # another set-up finished the same build first
+            shutil.rmtree(partial, ignore_errors=True)
     for old in builds_dir().iterdir():
-        if old != target:
+        if old != target and not old.name.startswith(".partial-"):
             shutil.rmtree(old, ignore_errors=True)
     return target
 
@@ -214,5 +220,5 @@ def main(argv: Sequence[str]) -> int:
     if list(argv) == ["status"]:
         print("active" if install() else f"not built for these sources (in {builds_dir()})")
         return 0
-    print("usage: python -m relay.native build|status", file=sys.stderr)
+    print("usage: relay.native.main(['build']) or main(['status'])", file=sys.stderr)
     return 2

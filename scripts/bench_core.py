@@ -35,7 +35,6 @@ import cProfile
 import gc
 import io
 import json
-import os
 import pstats
 import statistics
 import subprocess
@@ -371,7 +370,7 @@ def profile_top(
         args = [mode, str(value_bytes), str(rounds), str(calibration_ns), str(top)]
         child = subprocess.run(
             [sys.executable, __file__, PROFILE_CHILD, *args],
-            env=dict(os.environ, **{native.DISABLE_ENV: "0"}),
+            env=native.interpreted_env(),
             capture_output=True,
             text=True,
             check=True,

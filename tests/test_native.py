@@ -83,7 +83,7 @@ def _event_hashes(compiled: bool) -> str:
         "        result = run_seed(seed, 0, 'all', limits=limits)\n"
         "        print(seed, result.ok, result.event_hash)\n"
     )
-    env = dict(os.environ, RELAY_NATIVE="1" if compiled else "0")
+    env = dict(os.environ, **{native.DISABLE_ENV: "1"}) if compiled else native.interpreted_env()
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from relay import native
 from relay.core.config import CoreConfig, Limits
 from relay.core.machine import RelayCore
 from relay.core.shell import Delivery, Ready
@@ -319,7 +320,7 @@ def test_liveness_checker_catches_a_stalled_majority() -> None:
     )
     child = subprocess.run(
         [sys.executable, "-c", code],
-        env=dict(os.environ, RELAY_NATIVE="0"),
+        env=native.interpreted_env(),
         capture_output=True,
         text=True,
         timeout=600,

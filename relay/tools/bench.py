@@ -857,6 +857,10 @@ def _config(options: BenchOptions) -> dict[str, Any]:
     }
 
 
+def _compiled(cfg: dict[str, Any]) -> str:
+    return "yes" if cfg["compiled"] else "no (interpreted)"
+
+
 def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole benchmark; return the report (see `relay bench --json`)."""
     say = log or (lambda text: None)
@@ -1251,7 +1255,7 @@ def print_peers_report(report: dict[str, Any]) -> None:
     console.print(
         f"relay bench --peers nats: a 3-relay mesh and 3 nats-servers (JetStream, R3 memory "
         f"stream, nats-py) on 127.0.0.1, {cfg['cpus']} CPUs; {cfg['duration_s']:g} s per run; "
-        f"compiled modules: {'yes' if cfg['compiled'] else 'no (interpreted)'}"
+        f"compiled modules: {_compiled(cfg)}"
     )
     table = Table(title="throughput: committed (acknowledged) tx/s, CPU us per tx (all processes)")
     for name in ("value", "window", "relay tx/s", "nats tx/s", "relay/nats", "relay us", "nats us"):
@@ -1368,7 +1372,7 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(
         f"relay bench: 3 relays on 127.0.0.1, {cfg['cpus']} CPUs, Python {cfg['python']}, "
         f"pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); {cfg['duration_s']:g} s per run; "
-        f"compiled modules: {'yes' if cfg['compiled'] else 'no (interpreted)'}"
+        f"compiled modules: {_compiled(cfg)}"
         + ("; relay 0 interpreted under cProfile (slower)" if cfg["profile"] else "")
     )
     base_t = {(b["value_bytes"], b["window"]): b for b in report["baseline"]["throughput"]}

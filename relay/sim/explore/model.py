@@ -139,14 +139,12 @@ class Context:
         self.configs = [CoreConfig(r, self.topology, limits) for r in RELAYS]
         self.limits = limits
         # The configuration every state shares is pickled as a reference into _SHARED
-        # (by type, in the pickler's C code: no call per other object pickled).
-        self._shared_keys: dict[int, tuple[int, int]] = {}
-        for i, shared in enumerate([self.topology, limits, *self.configs]):
-            key = (id(self), i)
-            _SHARED[key] = shared
-            self._shared_keys[id(shared)] = key
-        self._detach = {CoreConfig: self._by_reference, Limits: self._by_reference}
-        self._detach[Topology] = self._by_reference
+        # (chosen by type, in the pickler's C code: no call per other object pickled).
+        for shared in (self.topology, limits, *self.configs):
+            _SHARED[id(shared)] = shared
+        self._detach: dict[type, Callable[[Any], Any]] = {
+            kind: _by_reference for kind in (CoreConfig, Limits, Topology)
+        }
         self.max_frame = limits.max_frame_bytes
         # chain digest -> the prefix (entries above genesis) it stands for. A pure function
         # of the digest (xxh3-128 collisions aside), so it lives outside the states.
@@ -175,16 +173,15 @@ class Context:
         blob = out.getvalue()
         return CoreSnap(blob, hashlib.blake2b(blob, digest_size=16).digest(), info)
 
-    def _by_reference(
-        self, shared: object
-    ) -> tuple[Callable[[tuple[int, int]], object], tuple[object, ...]]:
-        return _shared, (self._shared_keys[id(shared)],)
+
+# What the states of every Context share, by id (held here, so no id is reused): a pickled
+# core names its configuration by this key instead of holding a copy.
+_SHARED: dict[int, object] = {}
 
 
-# What every state of a Context shares, by (id of the Context, index): a pickled core names
-# its configuration by this key instead of holding a copy.
-_SHARED: dict[tuple[int, int], object] = {}
-
-
-def _shared(key: tuple[int, int]) -> object:
+def _shared(key: int) -> object:
     return _SHARED[key]
+
+
+def _by_reference(shared: object) -> tuple[Callable[[int], object], tuple[int]]:
+    return _shared, (id(shared),)
