@@ -9,7 +9,9 @@
 #
 #   RELAY_SLOW=1 bash scripts/test.sh
 #
-# Extra arguments go to pytest, after these, so they win (e.g. `--sim-seeds 500`).
+# The tests run in one worker per core (pytest-xdist), each test file whole in one worker
+# (module fixtures start meshes once). Extra arguments go to pytest, after these, so they
+# win (e.g. `--sim-seeds 500`, or `-n 0` for one process).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,4 +26,4 @@ slow=()
 if [ "${RELAY_SLOW:-0}" = 1 ]; then
     slow=(-m "slow or not slow" --sim-seeds 2000)
 fi
-.venv/bin/pytest -q "${slow[@]}" "$@"
+.venv/bin/pytest -q -n auto --dist loadfile "${slow[@]}" "$@"
