@@ -45,6 +45,22 @@ MONITOR_EVENTS_MAX = 10_000  # monitor events read per call of `events`
 HEARTBEAT_TTL_MAX_MS = 6_553_500  # ZMTP carries the TTL in deciseconds, in 16 bits
 
 
+async def until_done(future: asyncio.Future[None], timeout_s: float | None) -> None:
+    """Wait until `future` is done, or until `timeout_s` passed (None: no limit), which
+    gives it its result."""
+    timer = None if timeout_s is None else future.get_loop().call_later(timeout_s, _done, future)
+    try:
+        await future
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class ReadableWaiter:
     """Waits until one of `socks` may be readable and says which are. `wake_fd`: a plain
     descriptor that also ends a wait when readable (a self-pipe the caller writes to from
@@ -92,13 +108,10 @@ class ReadableWaiter:
             future = wakeup if wakeup is not None else loop.create_future()
             if not future.done():
                 self._future = future
-                timer = None if timeout_s is None else loop.call_later(timeout_s, self._wake)
                 try:
-                    await future
+                    await until_done(future, timeout_s)
                 finally:
                     self._future = None
-                    if timer is not None:
-                        timer.cancel()
             readable = self.readable()
         return readable
 

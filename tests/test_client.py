@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -635,3 +637,68 @@ def test_redirect_from_a_relay_outside_the_stream(tmp_path: Path) -> None:
             assert c.endpoint == mesh.endpoint(0)
         assert sorted(got) == [b"direct", b"via-3"]
         assert forwarded != direct
+
+
+def test_async_links_find_an_answer_whose_signal_a_send_took_in() -> None:
+    """The asyncio links read a socket's ZMQ_EVENTS only when its descriptor signalled,
+    it was drained, or it was sent on. The last case: an answer arrives (the descriptor
+    signals), then a send on the same socket takes in the command behind that signal,
+    and the descriptor stays quiet for the answer and for the next one. A wait that did
+    not look at that socket would wait forever (`wait_for` fails the test)."""
+    from relay.client import _AsyncLinks
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.frames: list[bytes] = []
+
+        def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
+            self.frames.append(frame)
+
+        def on_disconnect(self, endpoint: str, now: float) -> None:
+            raise AssertionError(f"{endpoint} disconnected")
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            if router.poll(10):
+                router.send_multipart(router.recv_multipart())
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+
+    async def received(links: Any, engine: Recorder, count: int) -> None:
+        while len(engine.frames) < count:
+            await asyncio.wait_for(links.wait(engine, None), 30)
+
+    async def scenario() -> None:
+        links = _AsyncLinks([endpoint], None)
+        engine = Recorder()
+        fd = int(links._by_endpoint[endpoint].getsockopt(zmq.FD))
+        try:
+            for round_ in range(20):
+                first, second = b"a%d" % round_, b"b%d" % round_
+                await wait_until_async(functools.partial(links.send, endpoint, first), "a link")
+                await asyncio.wait_for(links.wait(engine, 0), 30)  # a look, then no wait
+                if len(engine.frames) < 2 * round_ + 1:  # (the look may have taken it)
+                    # The answer to `first` makes the descriptor signal ...
+                    select.select([fd], [], [], 30)
+                # ... and this send takes that signal in.
+                assert links.send(endpoint, second)
+                await received(links, engine, 2 * (round_ + 1))
+            assert engine.frames == [b"%s%d" % (k, r) for r in range(20) for k in (b"a", b"b")]
+        finally:
+            links.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close(0)
+        ctx.term()
