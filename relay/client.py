@@ -111,7 +111,7 @@ from relay.errors import (
     ClientError,
 )
 from relay.security import ClientCurve, client_curve
-from relay.sockets import DisconnectMonitor, ReadableWaiter, until_done
+from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
 from relay.store.manifest import MANIFEST_DIR
@@ -165,8 +165,6 @@ CLIENT_HEARTBEAT_IVL_MS = 200
 CLIENT_HEARTBEAT_TIMEOUT_MS = 1_000
 # pyzmq's flags are enum members: plain ints skip an enum operation per call.
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
@@ -371,25 +369,14 @@ class _SyncLinks(_Links):
 
 
 class _AsyncLinks(_Links):
-    """Waits through the event loop; a producer's wake-up future ends the wait too.
-
-    A ZeroMQ socket's descriptor signals that the socket's state may have changed, not that
-    a message is there, so each signal costs a look at the socket's ZMQ_EVENTS. Only the
-    sockets that need one get it: those whose descriptor signalled, those sent on (a send
-    may take in the socket's pending commands, and with them the signal a reply would have
-    given), and those drained (the drain stops at DRAIN_MAX frames). Looking at all six
-    sockets of a three-relay client before and after every wait cost the producer a fifth
-    of its time at one transaction in flight."""
+    """Waits through the event loop (`ReadableWaiter.wait`); a producer's wake-up future
+    ends the wait too."""
 
     def __init__(self, endpoints: Sequence[str], curve: ClientCurve | None) -> None:
         super().__init__(zmq.asyncio.Context(), endpoints, True, curve)
-        self._look: set[zmq.Socket[Any]] = set(self.waiter.socks)  # ZMQ_EVENTS to read
-        self._fds = [(int(sock.getsockopt(zmq.FD)), sock) for sock in self.waiter.socks]
-        self._watched: asyncio.AbstractEventLoop | None = None  # the loop with our readers
-        self._future: asyncio.Future[None] | None = None  # what a signal resolves
 
     def send(self, endpoint: str, frame: bytes) -> bool:
-        self._look.add(self._by_endpoint[endpoint])
+        self.waiter.mark(self._by_endpoint[endpoint])  # (ReadableWaiter says why)
         return super().send(endpoint, frame)
 
     async def wait(
@@ -399,60 +386,9 @@ class _AsyncLinks(_Links):
         wakeup: asyncio.Future[None] | None = None,
     ) -> None:
         """Wait up to `timeout_s`, or until `wakeup` is done, and feed the engine."""
-        loop = asyncio.get_running_loop()
-        if self._watched is not loop:
-            self._watch(loop)
-        readable = self._readable()
-        if not readable:
-            future = wakeup if wakeup is not None else loop.create_future()
-            await self._until_signalled(future, timeout_s)
-            readable = self._readable()
+        readable = await self.waiter.wait(timeout_s, wakeup)
         if readable:
             self.drain(engine, time.monotonic(), readable)
-            self._look |= readable
-
-    async def _until_signalled(self, future: asyncio.Future[None], timeout_s: float | None) -> None:
-        """Until a descriptor signals, `future` is done otherwise, or `timeout_s` passed."""
-        if future.done():
-            return
-        self._future = future
-        try:
-            await until_done(future, timeout_s)
-        finally:
-            self._future = None
-
-    def _readable(self) -> set[zmq.Socket[Any]]:
-        look, self._look = self._look, set()
-        return {sock for sock in look if int(sock.get(_EVENTS)) & _POLLIN}
-
-    def _signalled(self, sock: zmq.Socket[Any]) -> None:
-        self._look.add(sock)
-        future = self._future
-        if future is not None:
-            if not future.done():
-                future.set_result(None)
-        else:
-            # Nobody waits (the caller is busy elsewhere): a descriptor that stays readable
-            # would have the loop call this at every pass. The next wait watches again.
-            self._unwatch()
-
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._unwatch()
-        self._watched = loop
-        self._look.update(self.waiter.socks)  # signals may have come unwatched
-        for fd, sock in self._fds:
-            loop.add_reader(fd, self._signalled, sock)
-
-    def _unwatch(self) -> None:
-        loop, self._watched = self._watched, None
-        if loop is not None and not loop.is_closed():
-            for fd, _ in self._fds:
-                loop.remove_reader(fd)
-
-    def close(self) -> None:
-        if getattr(self, "_watched", None) is not None:  # (none if a socket failed to open)
-            self._unwatch()  # before the descriptors go away with their sockets
-        super().close()
 
 
 # --- producers ---------------------------------------------------------------------------
