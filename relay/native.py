@@ -36,11 +36,10 @@ from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Modules of the protocol core that are not compiled: the package's own `__init__` (a
-# compiled package needs its search path set up by hand); the msgspec Structs
-# (relay/core/structs.py says why); and the modules whose frozen dataclasses a core holds
-# (the configuration, and the peer messages' values in its view and peer pictures), which
-# the explorer and the tests copy by pickle: compiled, a frozen dataclass cannot be
-# unpickled.
+# compiled package needs its search path set up by hand); those defining msgspec Structs,
+# the peer messages among them (relay/core/structs.py says why); and the configuration,
+# whose frozen dataclasses a core holds and the explorer and the tests copy by pickle:
+# compiled, a frozen dataclass cannot be unpickled.
 _CORE_KEPT = {"__init__", "config", "messages", "structs"}
 # The shell modules on the per-transaction path of a relay or a client.
 _SHELL_MODULES = (

@@ -91,12 +91,13 @@ from relay.core import (
     Outgoing,
     ProduceReply,
     RelayCore,
+    codec,
     drain,
 )
 from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.core.shell import NO_FED_TICK
-from relay.errors import AcceptorMemoryError, MalformedFrame
+from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.security import (
@@ -448,6 +449,10 @@ class RelayNode:
         self._malloc_trim = _glibc_malloc_trim() if self.manage_gc else None
         self._running = False
         self._topics: dict[str, bytes] = {}
+        # Frames of this turn for one topic, not yet published (`_publish`).
+        self._held: list[bytes] = []
+        self._held_topic = b""
+        self._held_bytes = 0
         self._views: dict[str, _StreamView] = {}
         self._delivered: set[str] = set()  # streams with entries delivered here
         self._last_state_log = 0
@@ -959,13 +964,26 @@ class RelayNode:
                     "peer_bad_topic", "relay=%d dropped a mesh message without topic", self.id
                 )
                 continue
-            if self._trace is not None:
-                self._trace.record(PEER_IN, relay, frame)
-            try:
-                self.core.receive(frame, now, mono, relay)
-            except Exception:  # the core promises not to raise; never let a frame kill us
-                self.counters["peer_frame_core_error"] += 1
-                log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
+            if codec.is_bundle(frame):
+                try:
+                    inner = codec.decode_bundle(frame, self.limits.max_frame_bytes)
+                except FrameError as error:
+                    self.counters["peer_bad_bundle"] += 1
+                    self._warn("peer_bad_bundle", "relay=%d dropped a bundle: %s", self.id, error)
+                    continue
+                for one in inner:
+                    self._take_peer_frame(one, relay, now, mono)
+            else:
+                self._take_peer_frame(frame, relay, now, mono)
+
+    def _take_peer_frame(self, frame: bytes, relay: int, now: int, mono: int) -> None:
+        if self._trace is not None:
+            self._trace.record(PEER_IN, relay, frame)
+        try:
+            self.core.receive(frame, now, mono, relay)
+        except Exception:  # the core promises not to raise; never let a frame kill us
+            self.counters["peer_frame_core_error"] += 1
+            log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
 
     def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
         """Client frames until they brought PIPELINE_BATCH_ITEMS produces (a frame is
@@ -1069,6 +1087,7 @@ class RelayNode:
 
     def _flush(self, socks: _Sockets) -> None:
         ready = drain(self.core, _Outlet(self, socks))
+        self._send_held(socks)
         if self._spool is not None and (ready.deliveries or ready.rebases):
             due = {d.stream for d in ready.deliveries}
             self._feed_spool(due.union(stream for stream, _ in ready.rebases))
@@ -1105,6 +1124,8 @@ class RelayNode:
         self.clients.wake(delivery.stream)
 
     def _publish(self, socks: _Sockets, out: Outgoing) -> None:
+        """Hold `out` for its topic: consecutive frames of a turn for one topic go as one
+        bundle (docs/protocol.md section 3; `_send_held` sends them)."""
         if out.stream is not None:
             topic = self._topics.get(out.stream)
             if topic is None:
@@ -1117,8 +1138,35 @@ class RelayNode:
             topic = HEARTBEAT_TOPIC
         if self._trace is not None:  # stamped before: a peer may take it before send returns
             self._trace.record(PEER_OUT, -1, out.frame)
+        held = self._held
+        size = len(out.frame) + codec.BUNDLE_ITEM_OVERHEAD_BYTES
+        if (
+            held
+            and topic == self._held_topic
+            and len(held) < codec.BUNDLE_MAX_FRAMES
+            and self._held_bytes + size <= self.limits.max_frame_bytes
+        ):
+            held.append(out.frame)
+            self._held_bytes += size
+            return
+        self._send_held(socks)
+        self._held_topic = topic
+        self._held.append(out.frame)
+        self._held_bytes = codec.BUNDLE_OVERHEAD_BYTES + size
+
+    def _send_held(self, socks: _Sockets) -> None:
+        """Publish the frames `_publish` holds: one alone as it is, several as a bundle."""
+        held = self._held
+        if not held:
+            return
+        if len(held) == 1:
+            frame = held[0]
+        else:
+            frame = codec.encode_bundle(held)
+            self.counters["peer_bundles_sent"] += 1
+        held.clear()
         try:
-            socks.pub.send(topic + out.frame, _NOBLOCK)
+            socks.pub.send(self._held_topic + frame, _NOBLOCK)
         except zmq.ZMQError as e:
             self.counters["publish_dropped"] += 1
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
@@ -1208,13 +1256,18 @@ class _Outlet:
     def publish(self, out: Outgoing) -> None:
         self.node._publish(self.socks, out)
 
+    # Frames go out before what follows them in `Ready` (its order is the contract).
+
     def answer(self, replies: list[ProduceReply]) -> None:
+        self.node._send_held(self.socks)
         self.node.clients.on_replies(replies)
 
     def rebase(self, stream: str, point: int) -> None:
+        self.node._send_held(self.socks)
         self.node._on_rebase(stream, point)
 
     def deliver(self, delivery: Delivery) -> None:
+        self.node._send_held(self.socks)
         self.node._on_delivery(delivery)
 
 

@@ -3,10 +3,10 @@ FrameError subclasses, whatever bytes arrive."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -265,7 +265,7 @@ def tx_batch(**changes: Any) -> TxBatch:
         link_seq=4,
         entries=((5, Transaction(b"p", 6, None, b"v")), (7, Transaction(b"q", 8, b"k", b""))),
     )
-    return dataclasses.replace(base, **changes)
+    return msgspec.structs.replace(base, **changes)
 
 
 def as_list(m: Any) -> list[Any]:
@@ -338,7 +338,7 @@ def test_wire_layout() -> None:
     ]
     reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
     assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [], -1]
-    reports = dataclasses.replace(reports, acks=((6, 7), (8, 9)), lead=10)
+    reports = msgspec.structs.replace(reports, acks=((6, 7), (8, 9)), lead=10)
     assert as_list(reports)[-2:] == [[[6, 7], [8, 9]], 10]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
     assert as_list(hb) == [
@@ -370,7 +370,7 @@ def test_wire_layout() -> None:
     assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
     join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
     assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [], None]
-    join = dataclasses.replace(join, dedupe=((b"p", 1, 2, D),), your_votes=((6, D),))
+    join = msgspec.structs.replace(join, dedupe=((b"p", 1, 2, D),), your_votes=((6, D),))
     assert as_list(join)[-3:-1] == [[[b"p", 1, 2, D]], [[6, D]]]
     rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
     assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
@@ -969,3 +969,60 @@ def test_bad_inherited_and_your_votes() -> None:
         decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]], None), MAX)
     with pytest.raises(MalformedFrame, match="your_votes"):
         decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None, None), MAX)
+
+
+# --- bundles: consecutive frames of one topic sent as one (docs/protocol.md section 3) ------
+
+
+@settings(max_examples=100)
+@given(st.lists(any_message, min_size=1, max_size=codec.BUNDLE_MAX_FRAMES))
+def test_a_bundle_gives_back_its_frames_in_order(messages: list[Any]) -> None:
+    frames = [encode(m) for m in messages]
+    bundle = codec.encode_bundle(frames)
+    assert codec.is_bundle(bundle)
+    assert codec.decode_bundle(bundle, MAX) == frames
+    assert [decode(f, MAX) for f in codec.decode_bundle(bundle, MAX)] == messages
+    # What a sender budgets for a bundle covers what it encodes to.
+    budget = codec.BUNDLE_OVERHEAD_BYTES + sum(
+        len(f) + codec.BUNDLE_ITEM_OVERHEAD_BYTES for f in frames
+    )
+    assert len(bundle) <= budget
+
+
+def test_no_message_looks_like_a_bundle() -> None:
+    assert codec.BUNDLE_CODE not in TYPE_CODES.values()
+    for m in (tx_batch(), Reports(1, 1, 1, "s", 1, ((5, D),), -1, D)):
+        assert not codec.is_bundle(encode(m))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x92\x00\xc1",  # not msgpack after the prefix
+        msgpack.packb([0, []]),  # nothing inside
+        msgpack.packb([0, [b""]]),  # an empty frame inside
+        msgpack.packb([0, ["text"]]),  # a string, not a frame
+        msgpack.packb([0, [b"x"] * (codec.BUNDLE_MAX_FRAMES + 1)]),
+        msgpack.packb([0, [b"x"], 1]),  # a third item
+        msgpack.packb([0, [b"x"]]) + b"\x00",  # trailing data
+    ],
+)
+def test_a_bad_bundle_raises_a_named_frame_error(frame: bytes) -> None:
+    with pytest.raises(MalformedFrame):
+        codec.decode_bundle(frame, MAX)
+
+
+def test_an_oversized_bundle_is_refused_before_unpacking() -> None:
+    bundle = codec.encode_bundle([b"x" * 100])
+    with pytest.raises(OversizedFrame):
+        codec.decode_bundle(bundle, 10 - codec.RELAYED_OVERHEAD_BYTES)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_any_bytes_after_the_bundle_prefix_raise_only_frame_errors(rest: bytes) -> None:
+    try:
+        frames = codec.decode_bundle(codec.BUNDLE_PREFIX + rest, MAX)
+    except FrameError:
+        return
+    assert frames and all(type(f) is bytes and f for f in frames)

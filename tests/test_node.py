@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import random
@@ -29,6 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 from relay import wire
 from relay.core import codec
 from relay.core.messages import Outcome, ReadStatus
+from relay.core.shell import Outgoing
 from relay.errors import FrameError
 from relay.launcher import write_loopback_topology
 from relay.node import (
@@ -629,6 +631,10 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                         + msgpack.packb([1, 3, 1, 1, "duo", 1, [[5, b"", 0, None, b"", 0]]])
                     ],
                     [b"S|orders|" + b"\x00" * 100],
+                    [b"S|duo|" + b"\x92\x00\xc1"],  # a bundle that is not msgpack
+                    [b"S|duo|" + msgpack.packb([0, []])],  # a bundle of nothing
+                    # A bundle in a bundle: split once, the inner one is an unknown type.
+                    [b"S|duo|" + msgpack.packb([0, [msgpack.packb([0, [b"x"]])]])],
                     [b"H|", b"a"],  # two parts
                     [b"H|", b"a", b"b"],  # three parts
                 ]
@@ -657,8 +663,55 @@ def test_garbage_from_a_peer_is_counted_and_dropped(tmp_path: Path) -> None:
                 for node in nodes.values():
                     bad = node.core.counters
                     assert bad["frame_malformed"] > 0 and bad["frame_bad_field"] > 0, bad
+                    assert bad["frame_unknown_type"] > 0, bad
                     assert node.counters["peer_bad_parts"] > 0, node.counters
+                    assert node.counters["peer_bad_bundle"] > 0, node.counters
                     assert node.counters["peer_frame_core_error"] == 0
+            finally:
+                ctx.destroy(linger=0)
+
+    asyncio.run(scenario())
+
+
+def test_frames_of_a_turn_for_one_topic_go_as_one_bundle(tmp_path: Path) -> None:
+    """What a relay publishes in one turn for one topic leaves as one ZeroMQ message, a
+    bundle of the frames in order; a frame for another topic ends the bundle."""
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, {1: ["duo"], 2: ["duo"]}, start=(1,)) as (config, nodes, _):
+            node = nodes[1]
+            ctx = zmq.asyncio.Context()
+            try:
+                listener = ctx.socket(zmq.SUB)
+                listener.setsockopt(zmq.LINGER, 0)
+                listener.subscribe(b"S|duo|")
+                listener.subscribe(b"D|2|")
+                listener.connect(config.relays[1].mesh_endpoint)
+                socks = await wait_until_async(lambda: node._sockets, "relay 1 to open its sockets")
+                frames = [b"\x92\x01first", b"\x92\x01second", b"\x92\x01third"]
+                alone = b"D|2|" + frames[2]
+                got: list[bytes] = []
+
+                async def one_turn_heard() -> bytes | None:
+                    # As a turn does: the core's frames in order, then the held ones out.
+                    node._publish(socks, Outgoing(frames[0], stream="duo"))
+                    node._publish(socks, Outgoing(frames[1], stream="duo"))
+                    node._publish(socks, Outgoing(frames[2], target=2))
+                    node._send_held(socks)
+                    # Until the relay has the listener's subscriptions, it drops them.
+                    with contextlib.suppress(TimeoutError):
+                        while True:
+                            got.append(await asyncio.wait_for(listener.recv(), 0.2))
+                    pairs = itertools.pairwise(got)
+                    return next((a for a, b in pairs if b == alone and a[:6] == b"S|duo|"), None)
+
+                bundle = await wait_until_async(
+                    one_turn_heard, lambda: f"the listener to hear a turn, got {got}"
+                )
+                inner = bundle[len(b"S|duo|") :]
+                assert codec.is_bundle(inner)
+                assert codec.decode_bundle(inner, config.limits.max_frame_bytes) == frames[:2]
+                assert node.counters["peer_bundles_sent"] >= 1
             finally:
                 ctx.destroy(linger=0)
 

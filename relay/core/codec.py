@@ -1,6 +1,6 @@
 """The wire codec: every peer message is one msgpack array `[type_code, field1, field2, ...]`.
 
-Fields follow the dataclass field order. Nested values:
+Fields follow the message's field order. Nested values:
 
     Transaction   -> [producer_id, producer_seq, key (nil or bin), value, kind]
     Entry         -> [seq, producer_id, producer_seq, key, value, kind]   (flattened)
@@ -35,7 +35,6 @@ producer sequences 0..2**64-1.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import fields as dataclass_fields
 from typing import Any, Generic, Literal, TypeVar
 
 import msgpack
@@ -81,7 +80,16 @@ from relay.core.messages import (
 )
 from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame, UnknownMessageType
 
-__all__ = ["RELAYED_OVERHEAD_BYTES", "TYPE_CODES", "decode", "encode", "peer_frame_limit"]
+__all__ = [
+    "RELAYED_OVERHEAD_BYTES",
+    "TYPE_CODES",
+    "decode",
+    "decode_bundle",
+    "encode",
+    "encode_bundle",
+    "is_bundle",
+    "peer_frame_limit",
+]
 
 TYPE_CODES: dict[type, int] = {
     TxBatch: 1,
@@ -106,6 +114,17 @@ RELAYED_OVERHEAD_BYTES = 64
 # The largest frame a Relayed may carry: the wire-level bound (the core checks the
 # configured max_frame_bytes when it decodes what is inside).
 MAX_CARRIED_FRAME_BYTES = 1 << 30
+
+
+# A bundle is not a message: consecutive frames one relay sends in one turn to one topic,
+# carried as one (`[0, [frame, ...]]`, docs/protocol.md section 3). Its receiver takes the
+# frames inside in order, each exactly as if it had come alone.
+BUNDLE_CODE = 0
+BUNDLE_PREFIX = b"\x92\x00"  # a 2-array whose first item is BUNDLE_CODE
+BUNDLE_MAX_FRAMES = 64  # frames in one bundle (a turn's output for one topic is a few)
+# What a bundle adds to its frames: its headers, and each frame's bin header.
+BUNDLE_OVERHEAD_BYTES = 8
+BUNDLE_ITEM_OVERHEAD_BYTES = 5
 
 
 def peer_frame_limit(max_frame_bytes: int) -> int:
@@ -282,6 +301,11 @@ def encode(msg: PeerMessage) -> bytes:
     except KeyError:
         raise TypeError(f"not a peer message: {type(msg).__name__}") from None
     return ENCODER.encode(enc(msg))
+
+
+def encode_bundle(frames: list[bytes]) -> bytes:
+    """One frame that carries `frames` (1..BUNDLE_MAX_FRAMES encoded messages) in order."""
+    return ENCODER.encode((BUNDLE_CODE, frames))
 
 
 _OUTCOMES = {o.value: o for o in Outcome}
@@ -503,7 +527,7 @@ _DECODER_OF: dict[type, Callable[[list[Any]], Any]] = {
 
 # type code -> (message type, array length including the code, decoder)
 _DECODERS: dict[int, tuple[type, int, Callable[[list[Any]], Any]]] = {
-    code: (cls, 1 + len(dataclass_fields(cls)), _DECODER_OF[cls])
+    code: (cls, 1 + len(msgspec.structs.fields(cls)), _DECODER_OF[cls])
     for cls, code in TYPE_CODES.items()
 }
 
@@ -594,6 +618,32 @@ _FAST_DECODERS: dict[int, FastDecoder[PeerMessage]] = {
     1: FastDecoder(_TxBatchShape, _build_tx_batch),
     2: FastDecoder(_ReportsShape, _build_reports),
 }
+
+
+_BUNDLE_DECODER = msgspec.msgpack.Decoder(tuple[Literal[0], list[bytes]])
+
+
+def is_bundle(frame: bytes) -> bool:
+    return frame[:2] == BUNDLE_PREFIX
+
+
+def decode_bundle(frame: bytes, max_frame_bytes: int) -> list[bytes]:
+    """The frames a bundle carries, for the core to take one by one (each is decoded and
+    checked there, as if it came alone). Raises only `FrameError` subclasses: the bundle
+    is longer than a peer frame may be, not `[0, [bin, ...]]`, or holds no frame, more
+    than BUNDLE_MAX_FRAMES or an empty one. A frame inside that is itself a bundle is
+    not split again: the core finds type code 0 unknown."""
+    if len(frame) > peer_frame_limit(max_frame_bytes):
+        raise OversizedFrame(f"bundle of {len(frame)} bytes exceeds {max_frame_bytes}")
+    try:
+        _, frames = _BUNDLE_DECODER.decode(frame)
+    except msgspec.MsgspecError as e:
+        raise MalformedFrame(f"not a bundle of frames ({e})") from None
+    if not 0 < len(frames) <= BUNDLE_MAX_FRAMES or not all(frames):
+        raise MalformedFrame(
+            f"a bundle must carry 1..{BUNDLE_MAX_FRAMES} non-empty frames, got {len(frames)}"
+        )
+    return frames
 
 
 def decode(frame: object, max_frame_bytes: int) -> PeerMessage:

@@ -1,5 +1,5 @@
 """The wire format of the view-change messages (docs/protocol.md sections 3 and 5.12), for
-relay/core/codec.py: one msgpack array per message, fields in dataclass order.
+relay/core/codec.py: one msgpack array per message, its fields in their declared order.
 
     Interval     -> [member, incarnation, since, cut]
     ViewValue    -> [number, start, lo, [Interval...], [Entry...]]   (None -> nil)

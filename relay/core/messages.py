@@ -1,8 +1,11 @@
 """Messages between relays (docs/protocol.md section 3), and the values they carry.
 
-Peer messages are frozen dataclasses; the codec (`relay.core.codec`) turns each into one
-msgpack frame and back, validating every field where remote bytes enter. Every peer message
-starts with the same header: the sender's relay id, its incarnation (a number that grows
+Peer messages are frozen msgspec Structs: one is made for every frame a relay takes or
+sends, and a Struct is built in C, where a frozen dataclass runs its generated `__init__`
+interpreted (even in a module mypyc compiles). The module is never compiled
+(relay/core/structs.py says why). The codec (`relay.core.codec`) turns each message into
+one msgpack frame and back, validating every field where remote bytes enter. Every peer
+message starts with the same header: the sender's relay id, its incarnation (a number that grows
 with every start of the relay) and its floor (the sequence number it promises never to
 coordinate at or below).
 
@@ -17,7 +20,9 @@ What the core and its shell pass each other is in `relay.core.shell`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import get_args
+
+import msgspec
 
 # A transaction (a msgspec Struct, defined with the core's other Structs)
 from relay.core.structs import TX_OVERHEAD_BYTES as TX_OVERHEAD_BYTES
@@ -67,8 +72,7 @@ class ReadStatus(enum.Enum):
 # --- peer messages ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class TxBatch:
+class TxBatch(msgspec.Struct, frozen=True):
     """New transactions a coordinator issued for a stream (channel `in`)."""
 
     sender: int
@@ -79,8 +83,7 @@ class TxBatch:
     entries: tuple[Entry, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Reports:
+class Reports(msgspec.Struct, frozen=True):
     """Digest reports, in increasing point order, never repeated (channel `wr`); also
     announces the sender's highest committed (delivered) point and its digest."""
 
@@ -99,8 +102,7 @@ class Reports:
     lead: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class JoinRequest:
+class JoinRequest(msgspec.Struct, frozen=True):
     """A relay that starts without history asks the stream's members where the stream
     stands (channel `ae`). `need_point` is -1 on the first round; later rounds ask for a
     base at or above it."""
@@ -113,8 +115,7 @@ class JoinRequest:
     need_point: int
 
 
-@dataclass(frozen=True, slots=True)
-class StreamStatus:
+class StreamStatus(msgspec.Struct, frozen=True):
     stream: str
     last_link_seq: int  # link_seq of the last message the sender published for the stream
     committed_point: int
@@ -139,8 +140,7 @@ class StreamStatus:
     inherited_omitted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(msgspec.Struct, frozen=True):
     """Liveness and floor, sent on `hb` every heartbeat interval (and promptly when the
     floor moves while nothing else is being sent). `wall_ms` is the sender's wall clock
     when it sent it: members compare clocks (5.2)."""
@@ -157,8 +157,7 @@ class Heartbeat:
     settled: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Forward:
+class Forward(msgspec.Struct, frozen=True):
     """A produce received by a relay outside the stream's set, passed to a member."""
 
     sender: int
@@ -170,8 +169,7 @@ class Forward:
     tx: Transaction
 
 
-@dataclass(frozen=True, slots=True)
-class ForwardReply:
+class ForwardReply(msgspec.Struct, frozen=True):
     sender: int
     incarnation: int
     floor: int
@@ -183,8 +181,7 @@ class ForwardReply:
     redirect: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class JoinReply:
+class JoinReply(msgspec.Struct, frozen=True):
     sender: int
     incarnation: int
     floor: int
@@ -199,8 +196,7 @@ class JoinReply:
     view: ViewValue | None = None  # the sender's view of the stream (5.12)
 
 
-@dataclass(frozen=True, slots=True)
-class RepairRequest:
+class RepairRequest(msgspec.Struct, frozen=True):
     """Ask `target` for its entries with lo < seq <= hi. origin >= 0 asks only for
     transactions that relay coordinated (filling a gap on a link)."""
 
@@ -220,8 +216,7 @@ class RepairStatus(enum.Enum):
     TOO_OLD = "too_old"  # lo lies before the responder's buffer
 
 
-@dataclass(frozen=True, slots=True)
-class RepairReply:
+class RepairReply(msgspec.Struct, frozen=True):
     sender: int
     incarnation: int
     floor: int
@@ -236,8 +231,7 @@ class RepairReply:
     reports: tuple[Report, ...]  # the responder's own reports in (lo, hi]
 
 
-@dataclass(frozen=True, slots=True)
-class Interval:
+class Interval(msgspec.Struct, frozen=True):
     """One admission of a member to a stream's view: the transactions it coordinated in
     incarnation `incarnation` with since < seq (and seq <= cut, once cut) count; its
     floor holds the watermark while the interval is open (cut = -1)."""
@@ -248,8 +242,7 @@ class Interval:
     cut: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class ViewValue:
+class ViewValue(msgspec.Struct, frozen=True):
     """A stream's view as a view change decided it (5.12): every member's admissions,
     from `start` on; and `entries`, every transaction with lo < seq <= cut of the members
     whose interval this change cut, so that every member holds exactly those."""
@@ -268,8 +261,7 @@ class ViewPhase(enum.Enum):
     ACCEPTED = "accepted"  # acceptor -> proposer
 
 
-@dataclass(frozen=True, slots=True)
-class ViewRequest:
+class ViewRequest(msgspec.Struct, frozen=True):
     """A view change's proposer to one member (PREPARE or ACCEPT) for instance `view`.
     `excluding`: the members whose open intervals the proposer means to cut (the promise
     returns their transactions); `value` only with ACCEPT."""
@@ -286,8 +278,7 @@ class ViewRequest:
     value: ViewValue | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ViewReply:
+class ViewReply(msgspec.Struct, frozen=True):
     """A member's answer (PROMISE or ACCEPTED) to a ViewRequest. Not `ok`: it promised a
     higher ballot (`promised`), or its view is not `view` - 1. A promise carries the
     member's last reported point and committed point, what it accepted before in this
@@ -310,8 +301,7 @@ class ViewReply:
     entries: tuple[Entry, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ViewDecided:
+class ViewDecided(msgspec.Struct, frozen=True):
     """A decided view, sent to every member (and again to any member seen behind)."""
 
     sender: int
@@ -322,8 +312,7 @@ class ViewDecided:
     value: ViewValue
 
 
-@dataclass(frozen=True, slots=True)
-class Relayed:
+class Relayed(msgspec.Struct, frozen=True):
     """Another relay's frame passed on (5.13 transit): `frame` is that relay's message,
     bytes as it sent them, for relay `to`. The sender is the relay in between when `to` is
     the target; when they differ, the sender asks `target` to pass its own frame on to
@@ -352,3 +341,16 @@ PeerMessage = (
     | ViewDecided
     | Relayed
 )
+
+PEER_MESSAGE_TYPES: tuple[type[msgspec.Struct], ...] = get_args(PeerMessage)
+
+
+def _with_field(name: str) -> frozenset[type[msgspec.Struct]]:
+    return frozenset(
+        c for c in PEER_MESSAGE_TYPES if any(f.name == name for f in msgspec.structs.fields(c))
+    )
+
+
+# The messages for one relay (they name it in `target`), and those about one stream.
+DIRECTED_MESSAGES = _with_field("target")
+STREAM_MESSAGES = _with_field("stream")

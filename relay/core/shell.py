@@ -23,15 +23,20 @@ The core never does I/O. The shell feeds it inputs and acts on what it returns:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from relay.core.config import Topology
 from relay.core.messages import Entry, ReadStatus
 
-# A produce and its answer (msgspec Structs, defined with the core's other Structs)
+# What passes between the core and its shell once per transaction or frame: msgspec Structs,
+# defined with the core's other Structs (relay/core/structs.py says why); `Ready` says what
+# a shell must do with the core's output, in which order.
+from relay.core.structs import Delivery as Delivery
+from relay.core.structs import Outgoing as Outgoing
 from relay.core.structs import ProduceReply as ProduceReply
 from relay.core.structs import ProduceRequest as ProduceRequest
+from relay.core.structs import Ready as Ready
 
 # The longest a core that took input may wait for its tick. Ticking after every input cost
 # a busy relay most of its turns' time (a tick looks at every timer of every stream in
@@ -39,28 +44,6 @@ from relay.core.structs import ProduceRequest as ProduceRequest
 # view changes) then run at most this much later than they used to.
 FED_TICK_MS = 5
 NO_FED_TICK = 1 << 62  # a shell's mark: no input waits for a tick
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A frame to publish. Exactly one of `stream` (to the stream's other members),
-    `target` (to that relay) is set, or neither (to every other relay): see `recipients`.
-    Frames must reach each peer in the order the core returned them (one FIFO link per
-    ordered pair of relays); a lost frame is repaired by the protocol."""
-
-    frame: bytes
-    stream: str | None = None
-    target: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """Committed entries newly released to consumers of `stream`, in seq order, duplicates
-    removed. They follow the previous delivery of the stream with no gap, unless a rebase
-    of the stream came in between."""
-
-    stream: str
-    entries: tuple[Entry, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,32 +56,6 @@ class ReadResult:
     redirect: tuple[int, ...] = ()
     oldest: int = -1  # lowest position `after_seq` that can still be read
     committed: int = -1  # the relay's committed point for the stream
-
-
-@dataclass
-class Ready:
-    """What the shell must do after the inputs so far, in this order:
-
-    0. `acceptors`: for each (stream, record), keep the record durably as the relay's
-       acceptor memory of the stream (replacing the one before), before anything below is
-       sent: the relay's answers in a view change count on it (docs/protocol.md 5.12).
-       The sink gets them all at once, so that one flush to disk can cover them.
-       A shell that keeps no acceptor memory never gets any (see
-       `RelayCore.remember_acceptors`);
-    1. `outgoing`: publish every frame, in order (`recipients` says to whom);
-    2. `replies`: answer each produce's client;
-    3. `rebases`: for each (stream, point), the relay's delivered history of the stream now
-       starts after `point` (it took a base: it joined, or its gap was older than every
-       member's buffer). Entries between the last one delivered before and `point` are not
-       held here: readers positioned in that range must read them elsewhere (the store);
-    4. `deliveries`: hand the entries to the stream's consumers (wake parked reads).
-    """
-
-    acceptors: list[tuple[str, bytes]] = field(default_factory=list)
-    outgoing: list[Outgoing] = field(default_factory=list)
-    replies: list[ProduceReply] = field(default_factory=list)
-    deliveries: list[Delivery] = field(default_factory=list)
-    rebases: list[tuple[str, int]] = field(default_factory=list)
 
 
 def recipients(out: Outgoing, topology: Topology, sender: int) -> tuple[int, ...]:
