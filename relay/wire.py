@@ -554,6 +554,16 @@ _ProduceBatchRespShape = tuple[
     Literal[-1],
     Annotated[tuple[_BatchResultShape, ...], Meta(min_length=1, max_length=MAX_BATCH_ITEMS)],
 ]
+_ProduceReqShape = tuple[Literal[1], U63, str, ProducerId, U64, bytes | None, bytes, TxKind]
+_ProduceRespShape = tuple[Literal[2], U63, Outcome, U63OrNone, _Text, _Redirect]
+_ReadReqShape = tuple[
+    Literal[3],
+    U63,
+    str,
+    U63OrNone,
+    Annotated[int, Meta(ge=1, le=MAX_READ_ENTRIES)],
+    Annotated[int, Meta(ge=0, le=MAX_WAIT_MS)],
+]
 _ReadRespShape = tuple[
     Literal[4],
     U63,
@@ -574,7 +584,18 @@ def _build_produce_batch_req(a: Any) -> ProduceBatchReq:
     return ProduceBatchReq(a[1], a[2], items)
 
 
+def _build_produce_req(a: Any) -> ProduceReq:
+    return ProduceReq(a[1], _stream(a[2], "ProduceReq.stream"), a[3], a[4], a[5], a[6], a[7])
+
+
+def _build_read_req(a: Any) -> ReadReq:
+    return ReadReq(a[1], _stream(a[2], "ReadReq.stream"), a[3], a[4], a[5])
+
+
 _FAST_DECODERS: dict[int, codec.FastDecoder[Any]] = {
+    1: codec.FastDecoder(_ProduceReqShape, _build_produce_req),
+    2: codec.FastDecoder(_ProduceRespShape, lambda a: ProduceResp(*a[1:])),
+    3: codec.FastDecoder(_ReadReqShape, _build_read_req),
     4: codec.FastDecoder(_ReadRespShape, lambda a: ReadResp(*a[1:])),
     8: codec.FastDecoder(_ProduceBatchReqShape, _build_produce_batch_req),
     9: codec.FastDecoder(_ProduceBatchRespShape, lambda a: ProduceBatchResp(a[1], a[2])),

@@ -333,8 +333,9 @@ def test_wire_produce_batches() -> None:
 
 
 def test_wire_fast_path_agrees_with_the_validators() -> None:
-    """ReadResp and produce batches are decoded in C (msgspec) first: whatever the bytes, the
-    answer (message, or error type and text) is the validators' alone."""
+    """Produces, their answers, reads and read answers are decoded in C (msgspec) first:
+    whatever the bytes, the answer (message, or error type and text) is the validators'
+    alone."""
 
     def outcome(frame: bytes, decode: Any) -> object:
         try:
@@ -346,6 +347,12 @@ def test_wire_fast_path_agrees_with_the_validators() -> None:
         return codec.decode_with(frame, 1 << 20, wire._DECODERS, "client message")
 
     valid: list[wire.ClientMessage] = [
+        wire.ProduceReq(1, "orders", b"p", 0, None, b"v"),
+        wire.ProduceReq(2**63 - 1, "o.é", b"q" * 64, 2**64 - 1, b"k", b"", 255),
+        wire.ProduceResp(3, Outcome.COMMITTED, 2**63 - 1),
+        wire.ProduceResp(4, Outcome.FENCED, -1, "x" * 4096, (0, 1023)),
+        wire.ReadReq(5, "orders"),
+        wire.ReadReq(6, "o.é", 2**63 - 1, 65_536, 600_000),
         wire.ReadResp(
             6, ReadStatus.OK, ((7, None, b"v", b"p", 1, 0), (8, b"k", b"", b"q" * 64, 2, 255))
         ),

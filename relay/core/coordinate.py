@@ -84,7 +84,7 @@ def accept(
     can open here) is looked at once, and their entries join the timeline, the outgoing
     batch and the pending produces as one run."""
     limits = core.limits
-    members = core.topology.members(stream)
+    members = core.members(stream)
     if not members:
         for _, waiter in produces:
             answer(core, waiter, Outcome.REJECTED, reason=RejectReason.UNKNOWN_STREAM.value)

@@ -456,13 +456,15 @@ class RelayCore(RelayState):
         if stream is not None and not self.can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
         if stream is not None and not isinstance(msg, Forward):
-            if not self.topology.serves(self.id, stream):
+            members = self.members(stream)
+            if self.id not in members:
                 raise FieldError(f"relay {self.id} does not serve stream {stream!r}")
             # Replies are matched to our own requests; everything else, a view decided
             # included, is taken only from the stream's members.
-            if not isinstance(
-                msg, (ForwardReply, RepairReply, JoinReply)
-            ) and not self.topology.serves(msg.sender, stream):
+            if (
+                not isinstance(msg, (ForwardReply, RepairReply, JoinReply))
+                and msg.sender not in members
+            ):
                 raise FieldError(f"relay {msg.sender} does not serve stream {stream!r}")
         if isinstance(msg, TxBatch):
             # Once per transaction on every member: relay_of inline, and sizes looked at
@@ -489,7 +491,7 @@ class RelayCore(RelayState):
                 if seq <= previous or seq > msg.hi:
                     raise FieldError("repair entries out of order or outside their range")
                 previous = seq
-        elif isinstance(msg, Forward) and not self.topology.serves(self.id, msg.stream):
+        elif isinstance(msg, Forward) and self.id not in self.members(msg.stream):
             raise FieldError(f"forward of stream {msg.stream!r} to a relay that does not serve it")
 
     # === dispatch ========================================================================

@@ -668,6 +668,13 @@ class RelayState:
                 st.acceptor = self.acceptor_memory[stream]
         return st
 
+    def members(self, stream: str) -> tuple[int, ...]:
+        """R(S), as `Topology.members`; from the stream's state once it is open (the
+        topology is static), which spares the per-message path a call into the
+        configuration's interpreted module."""
+        st = self.streams.get(stream)
+        return st.members if st is not None else self.topology.members(stream)
+
     def can_open(self, stream: str) -> bool:
         """Bound the number of streams a relay tracks (patterns admit any name)."""
         return stream in self.streams or len(self.streams) < self.limits.max_streams
