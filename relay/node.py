@@ -50,8 +50,9 @@ before the next is taken), feeds peer frames to the core and client requests to 
 `ClientService` (relay/service.py: the client protocol without sockets) with the wall
 clock and the monotonic clock (ms), ticks the core when its deadline came or an input
 waited FED_TICK_MS for a tick, then drains the core's `Ready` (relay/core/shell.py):
-publishes every `Outgoing` in order, passes producers' answers and deliveries to the
-service, and hands new committed records to the spool. The turns are counted
+publishes every `Outgoing` in order (consecutive frames for one topic as one bundle,
+docs/protocol.md section 3), passes producers' answers and deliveries to the service, and
+hands new committed records to the spool. The turns are counted
 (`loop_turns`).
 Nothing a peer or client sends can stop the loop: frames are validated, errors are counted
 (`RelayNode.counters`, next to the core's own counters) and logged at a bounded rate. A
