@@ -120,7 +120,7 @@ MAX_CARRIED_FRAME_BYTES = 1 << 30
 # carried as one (`[0, [frame, ...]]`, docs/protocol.md section 3). Its receiver takes the
 # frames inside in order, each exactly as if it had come alone.
 BUNDLE_CODE = 0
-BUNDLE_PREFIX = b"\x92\x00"  # a 2-array whose first item is BUNDLE_CODE
+BUNDLE_PREFIX = bytes((0x92, BUNDLE_CODE))  # a 2-array (fixarray) starting with the code
 BUNDLE_MAX_FRAMES = 64  # frames in one bundle (a turn's output for one topic is a few)
 # What a bundle adds to its frames: its headers, and each frame's bin header.
 BUNDLE_OVERHEAD_BYTES = 8
