@@ -1002,7 +1002,7 @@ def produce(
     may duplicate it). Exit codes: 0 if every transaction committed, 1 if any did not, 2 for
     a usage or configuration error.
     """
-    import asyncio
+    from relay import loop
 
     config = _load_config(config_path)
     _check_stream_name(stream)
@@ -1011,7 +1011,7 @@ def produce(
     stdin = sys.stdin.buffer
     key_bytes = None if key is None else key.encode("utf-8", "surrogateescape")
     try:
-        total, failed = asyncio.run(_produce_stdin(stdin, config, relays, stream, key_bytes, curve))
+        total, failed = loop.run(_produce_stdin(stdin, config, relays, stream, key_bytes, curve))
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

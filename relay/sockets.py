@@ -154,7 +154,10 @@ class ReadableWaiter:
                 loop.add_reader(self._wake_fd, self._on_wake_fd)
 
     def _unwatch(self) -> None:
-        loop, self._loop = self._loop, None
+        # Any: compiled, a call typed as asyncio's remove_reader checks that a bool came
+        # back, and uvloop's returns None for a descriptor it had already dropped.
+        loop: Any = self._loop
+        self._loop = None
         if loop is not None and not loop.is_closed():
             for fd, _ in self._fds:
                 loop.remove_reader(fd)

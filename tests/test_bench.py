@@ -8,8 +8,10 @@ asserted here.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from click.testing import CliRunner
 
 from relay.cli import main
 from relay.tools.bench import parse_sizes
+from relay.tools.isolated import IsolatedRunFailed, run_isolated
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -191,3 +194,37 @@ def test_bad_options_are_refused_before_any_mesh_starts() -> None:
         result = runner.invoke(main, ["bench", *args])
         assert result.exit_code == 2, (args, result.output)
     assert parse_sizes("100, 1k,100") == (100, 1024)
+
+
+def gated_sum(gate: Callable[[], None], n: int) -> dict[str, Any]:
+    """A client for run_isolated: warms up, passes the gate, works."""
+    warm = sum(range(n))
+    gate()
+    return {"warm": warm, "sum": sum(range(2 * n))}
+
+
+def failing_after_gate(gate: Callable[[], None]) -> dict[str, Any]:
+    gate()
+    raise ValueError("the client broke here")
+
+
+def never_gated(gate: Callable[[], None]) -> dict[str, Any]:
+    return {}
+
+
+def test_an_isolated_client_runs_in_its_own_process_behind_its_gate() -> None:
+    events: list[str] = []
+
+    def at_gate() -> int:
+        events.append("gate")
+        return os.getpid()
+
+    result, token = run_isolated(gated_sum, (1_000,), at_gate=at_gate, duration_s=1.0)
+    assert events == ["gate"] and token == os.getpid()
+    assert result["warm"] == sum(range(1_000)) and result["sum"] == sum(range(2_000))
+    assert result["client_s"] >= 0
+
+    with pytest.raises(IsolatedRunFailed, match="the client broke here"):
+        run_isolated(failing_after_gate, (), at_gate=lambda: None, duration_s=1.0)
+    with pytest.raises(IsolatedRunFailed, match="never reached its gate"):
+        run_isolated(never_gated, (), at_gate=lambda: None, duration_s=1.0)

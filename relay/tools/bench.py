@@ -4,12 +4,14 @@ One run starts the mesh (a temporary topology on free 127.0.0.1 ports, relays as
 processes through `relay.launcher.Mesh`, always stopped) and measures, for each value size:
 
 * throughput: committed transactions per second of a pipelined `Producer` (window 128 and
-  1000) sending to relay 0 for `duration_s`; the clock stops when
-  the last transaction is settled;
+  1000) sending to relay 0 for `duration_s`, in a process of its own (relay/tools/
+  isolated.py says why); the clock stops when the last transaction is settled;
 * latency at one transaction in flight (`Producer.send` in a loop) and at a fixed rate
-  (1,000 tx/s, open loop: `AsyncProducer.send_async` at scheduled times): produce-to-commit
-  (the producer's answer) and produce-to-delivery (a `Consumer` of relay 1, in a thread of
-  this process, yields the record). Every timestamp is `time.perf_counter()` in this process.
+  (1,000 tx/s, open loop: `AsyncProducer.send_async` at scheduled times, on uvloop where
+  installed, relay/loop.py): produce-to-commit (the producer's answer) and
+  produce-to-delivery (a consumer of relay 1 yields the record: a `Consumer` in a thread
+  of this process at one in flight, an `AsyncConsumer` in the producer's event loop at a
+  rate). Every timestamp is `time.perf_counter()` in this process.
 
 The baseline sends the same payloads through one PUB and two SUBs (one thread, one poller,
 tcp on 127.0.0.1), measured the same way: fan-out msgs/s with the same windows (at most W
@@ -60,11 +62,12 @@ from typing import Any
 
 import zmq
 
-from relay import native
-from relay.client import MAX_WINDOW, AsyncProducer, Consumer, Producer
+from relay import loop, native
+from relay.client import MAX_WINDOW, AsyncConsumer, AsyncProducer, Consumer, Producer
 from relay.errors import ClientError, ConfigError
 from relay.launcher import Mesh, MeshError, write_loopback_topology
 from relay.security import ClientCurve
+from relay.tools.isolated import run_isolated
 
 __all__ = [
     "DEFAULT_DURATION_S",
@@ -90,6 +93,7 @@ WARMUP_TX = 200  # unmeasured transactions before each relay run
 WARMUP_S = 0.2  # and unmeasured baseline traffic
 ONE_IN_FLIGHT_MAX = 20_000  # bounds the samples kept per run
 QUICK_ONE_IN_FLIGHT_MAX = 200
+CONSUMER_START_S = 10.0  # a latency run's consumer must have its position by then
 DELIVERY_WAIT_S = 5.0  # after a latency run: how long to wait for the last deliveries
 START_TIMEOUT_S = 30.0
 BASELINE_STALL_S = 2.0  # no progress this long: the baseline run ends (messages lost)
@@ -281,12 +285,70 @@ class _Deliveries(threading.Thread):
             self.ready.set()
 
 
+class _LoopDeliveries:
+    """The consumer of an at-rate run as a task of the producer's event loop, as the NATS
+    side's subscriber is: a consumer thread would share the interpreter with the asyncio
+    producer and hold it up (the GIL). Reads relay 1 from "latest" and stamps the
+    arrival of every record of run `run_id` (`async with`; then `wait_for`)."""
+
+    def __init__(self, relays: dict[int, str], run_id: int, curve: ClientCurve | None) -> None:
+        self.run_id = run_id
+        self.arrivals: dict[int, float] = {}
+        self.error: BaseException | None = None
+        self._consumer = AsyncConsumer(relays=relays, timeout_s=0.05, wait_ms=1_000, curve=curve)
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _LoopDeliveries:
+        self._consumer.subscribe(STREAM, "latest")
+        self._task = asyncio.ensure_future(self._run())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), CONSUMER_START_S)
+        if not self._ready.is_set() or self.error is not None:
+            await self.__aexit__()
+            raise RuntimeError(f"the consumer of relay 1 did not start: {self.error!r}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._consumer.close()
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        try:
+            while True:
+                try:
+                    record = await consumer.__anext__()
+                except StopAsyncIteration:  # nothing within timeout_s
+                    if consumer.position is not None:
+                        self._ready.set()
+                    continue
+                now = time.perf_counter()
+                run_id, index = _unpack(record.value)
+                if run_id == self.run_id:
+                    self.arrivals.setdefault(index, now)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # reported with the run's figures
+            self.error = e
+            self._ready.set()
+
+    async def wait_for(self, want: set[int]) -> None:
+        deadline = time.monotonic() + DELIVERY_WAIT_S
+        while time.monotonic() < deadline and not want.issubset(self.arrivals):
+            if self.error is not None:
+                return
+            await asyncio.sleep(0.01)
+
+
 @contextlib.contextmanager
 def _consuming(ctx: _Context, run_id: int) -> Iterator[_Deliveries]:
     deliveries = _Deliveries(ctx.consumer_relays, run_id, ctx.curve)
     deliveries.start()
     try:
-        if not deliveries.ready.wait(10.0) or deliveries.error is not None:
+        if not deliveries.ready.wait(CONSUMER_START_S) or deliveries.error is not None:
             raise RuntimeError(f"the consumer of relay 1 did not start: {deliveries.error!r}")
         yield deliveries
     finally:
@@ -328,41 +390,89 @@ def _mesh_frames(ctx: _Context) -> int:
     return total
 
 
-def _relay_throughput(ctx: _Context, size: int, window: int, profile: bool) -> dict[str, Any]:
-    run_id = next(ctx.run_ids)
+def _produce_for(
+    producer: Producer,
+    gate: Callable[[], None],
+    run_id: int,
+    size: int,
+    window: int,
+    duration_s: float,
+) -> dict[str, Any]:
+    """Warm `producer` up, pass `gate`, then keep `window` transactions in flight for
+    `duration_s`: what was sent, committed and how long it took."""
     pad = os.urandom(size)
-    duration = ctx.options.duration_s
-    with Producer(relays=ctx.producer_relays, window=window, curve=ctx.curve) as producer:
-        warm = [_payload(0, i, size, pad) for i in range(max(WARMUP_TX, window))]
-        producer.send_many(STREAM, warm, return_exceptions=True)
-        deadline = 0.0
-        sent = 0
+    warm = [_payload(0, i, size, pad) for i in range(max(WARMUP_TX, window))]
+    producer.send_many(STREAM, warm, return_exceptions=True)
+    deadline = 0.0
+    sent = 0
 
-        def items() -> Iterator[bytes]:
-            nonlocal sent
-            while time.perf_counter() < deadline:
-                yield _payload(run_id, sent, size, pad)
-                sent += 1
+    def items() -> Iterator[bytes]:
+        nonlocal sent
+        while time.perf_counter() < deadline:
+            yield _payload(run_id, sent, size, pad)
+            sent += 1
 
-        frames_before = _mesh_frames(ctx)
-        cpu = _CpuMeter(ctx.pids)
-        profiler = cProfile.Profile() if profile else None
-        started = time.perf_counter()
-        deadline = started + duration
-        if profiler is not None:
-            profiler.enable()
-        try:
-            results = producer.send_many(STREAM, items(), return_exceptions=True)
-        finally:
-            if profiler is not None:
-                profiler.disable()
-        elapsed = time.perf_counter() - started
-        used = cpu.read()
-        stats = dict(producer.stats)
-        frames = _mesh_frames(ctx) - frames_before
-    if profiler is not None:
-        ctx.client_profile = profiler
+    gate()
+    started = time.perf_counter()
+    deadline = started + duration_s
+    results = producer.send_many(STREAM, items(), return_exceptions=True)
+    elapsed = time.perf_counter() - started
     committed = sum(1 for r in results if not isinstance(r, ClientError))
+    return {
+        "sent": len(results),
+        "committed": committed,
+        "elapsed_s": elapsed,
+        "retries": producer.stats.get("retries", 0),
+    }
+
+
+def _throughput_client(
+    gate: Callable[[], None],
+    relays: dict[int, str],
+    curve: ClientCurve | None,
+    run_id: int,
+    size: int,
+    window: int,
+    duration_s: float,
+) -> dict[str, Any]:
+    """The producer of a throughput run, in a process of its own (relay/tools/isolated.py)."""
+    with Producer(relays=relays, window=window, curve=curve) as producer:
+        return _produce_for(producer, gate, run_id, size, window, duration_s)
+
+
+def _relay_throughput(ctx: _Context, size: int, window: int, profile: bool) -> dict[str, Any]:
+    """Committed tx/s of a producer keeping `window` in flight. The producer runs in a
+    process of its own; with `profile`, in this one under cProfile (not a measurement)."""
+    run_id = next(ctx.run_ids)
+    duration = ctx.options.duration_s
+
+    def at_gate() -> tuple[int, _CpuMeter]:
+        return _mesh_frames(ctx), _CpuMeter(ctx.pids)
+
+    if profile:
+        profiler = cProfile.Profile()
+        meters: list[tuple[int, _CpuMeter]] = []
+
+        def gate() -> None:
+            meters.append(at_gate())
+            profiler.enable()
+
+        with Producer(relays=ctx.producer_relays, window=window, curve=ctx.curve) as producer:
+            try:
+                got = _produce_for(producer, gate, run_id, size, window, duration)
+            finally:
+                profiler.disable()
+            frames_before, cpu = meters[0]
+            used = cpu.read()
+        ctx.client_profile = profiler
+    else:
+        args = (ctx.producer_relays, ctx.curve, run_id, size, window, duration)
+        got, (frames_before, cpu) = run_isolated(
+            _throughput_client, args, at_gate=at_gate, duration_s=duration
+        )
+        used = {**cpu.read(), "client_s": got["client_s"]}
+    frames = _mesh_frames(ctx) - frames_before
+    committed, elapsed = got["committed"], got["elapsed_s"]
     per_tx = {
         k.replace("_s", "_us_per_tx"): (None if v is None or not committed else v * 1e6 / committed)
         for k, v in used.items()
@@ -370,12 +480,12 @@ def _relay_throughput(ctx: _Context, size: int, window: int, profile: bool) -> d
     return {
         "value_bytes": size,
         "window": window,
-        "sent": len(results),
+        "sent": got["sent"],
         "committed": committed,
-        "failed": len(results) - committed,
+        "failed": got["sent"] - committed,
         "elapsed_s": round(elapsed, 4),
         "tx_per_s": round(committed / elapsed, 1) if elapsed > 0 else 0.0,
-        "retries": stats.get("retries", 0),
+        "retries": got["retries"],
         "mesh_frames_per_tx": round(frames / committed, 3) if committed else None,
         "cpu_s": used,
         "cpu_us_per_tx": {k: None if v is None else round(v, 1) for k, v in per_tx.items()},
@@ -398,12 +508,14 @@ def _latency_result(
     committed_at: dict[int, float],
     failed: int,
     elapsed: float,
-    deliveries: _Deliveries,
+    deliveries: _Deliveries | _LoopDeliveries | None,
     frames: int,
     rate_tx_s: int | None = None,
 ) -> dict[str, Any]:
-    _wait_deliveries(deliveries, set(committed_at))
-    arrivals = deliveries.arrivals
+    """The figures of a latency run; `deliveries` has waited for the committed records
+    (None: a run without a consumer)."""
+    arrivals = {} if deliveries is None else deliveries.arrivals
+    error = None if deliveries is None else deliveries.error
     commit = [committed_at[i] - sent_at[i] for i in committed_at]
     delivery = [arrivals[i] - sent_at[i] for i in committed_at if i in arrivals]
     return {
@@ -418,19 +530,20 @@ def _latency_result(
         "mesh_frames_per_tx": round(frames / len(committed_at), 3) if committed_at else None,
         "commit_ms": _summary_ms(commit),
         "delivery_ms": _summary_ms(delivery),
-        "consumer_error": None if deliveries.error is None else repr(deliveries.error),
+        "consumer_error": repr(error) if error is not None else None,
     }
 
 
 @contextlib.contextmanager
 def one_at_a_time(
-    ctx: _Context, run_id: int, size: int
-) -> Iterator[tuple[_Deliveries, Producer, bytes]]:
-    """A consumer of relay 1 stamping run `run_id`'s records, and a warmed-up `Producer`
-    with one transaction in flight; the random padding of the values."""
+    ctx: _Context, run_id: int, size: int, consume: bool = True
+) -> Iterator[tuple[_Deliveries | None, Producer, bytes]]:
+    """A consumer of relay 1 stamping run `run_id`'s records (unless not `consume`), and
+    a warmed-up `Producer` with one transaction in flight; the random padding of the
+    values."""
     pad = os.urandom(size)
     with (
-        _consuming(ctx, run_id) as deliveries,
+        _consuming(ctx, run_id) if consume else contextlib.nullcontext() as deliveries,
         Producer(relays=ctx.producer_relays, window=1, curve=ctx.curve) as producer,
     ):
         for i in range(WARMUP_TX // 4):
@@ -439,13 +552,16 @@ def one_at_a_time(
         yield deliveries, producer, pad
 
 
-def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
+def _relay_one_in_flight(ctx: _Context, size: int, consume: bool = True) -> dict[str, Any]:
+    """One transaction in flight: produce-to-commit, and with `consume` produce-to-delivery
+    to a consumer of relay 1 (a thread of this process: it holds up the producer now and
+    then, so the side-by-side run with NATS, whose run has no consumer, goes without)."""
     run_id = next(ctx.run_ids)
     limit = QUICK_ONE_IN_FLIGHT_MAX if ctx.options.quick else ONE_IN_FLIGHT_MAX
     sent_at: dict[int, float] = {}
     committed_at: dict[int, float] = {}
     failed = 0
-    with one_at_a_time(ctx, run_id, size) as (deliveries, producer, pad):
+    with one_at_a_time(ctx, run_id, size, consume) as (deliveries, producer, pad):
         frames_before = _mesh_frames(ctx)
         started = time.perf_counter()
         deadline = started + ctx.options.duration_s
@@ -462,6 +578,8 @@ def _relay_one_in_flight(ctx: _Context, size: int) -> dict[str, Any]:
             i += 1
         elapsed = time.perf_counter() - started
         frames = _mesh_frames(ctx) - frames_before
+        if deliveries is not None:
+            _wait_deliveries(deliveries, set(committed_at))
         return _latency_result(
             ctx, size, "one_in_flight", sent_at, committed_at, failed, elapsed, deliveries, frames
         )
@@ -489,10 +607,11 @@ def _relay_at_rate(ctx: _Context, size: int, rate_tx_s: int | None = None) -> di
 
         return done
 
-    async def main() -> None:
+    async def main() -> _LoopDeliveries:
         # Open loop: the i-th transaction is sent at start + i / rate whatever came back.
         producer = AsyncProducer(relays=ctx.producer_relays, window=MAX_WINDOW, curve=ctx.curve)
-        async with producer:
+        deliveries = _LoopDeliveries(ctx.consumer_relays, run_id, ctx.curve)
+        async with producer, deliveries:
             warm = [_payload(0, i, size, pad) for i in range(WARMUP_TX)]
             await producer.send_many(STREAM, warm, return_exceptions=True)
             frames[0] = -_mesh_frames(ctx)
@@ -511,21 +630,22 @@ def _relay_at_rate(ctx: _Context, size: int, rate_tx_s: int | None = None) -> di
             await asyncio.sleep(0)  # let the last done callbacks run
             elapsed[0] = time.perf_counter() - started
             frames[0] += _mesh_frames(ctx)
+            await deliveries.wait_for(set(committed_at))
+        return deliveries
 
-    with _consuming(ctx, run_id) as deliveries:
-        asyncio.run(main())
-        return _latency_result(
-            ctx,
-            size,
-            "rate",
-            sent_at,
-            committed_at,
-            failures[0],
-            elapsed[0],
-            deliveries,
-            frames[0],
-            rate,
-        )
+    deliveries = loop.run(main())
+    return _latency_result(
+        ctx,
+        size,
+        "rate",
+        sent_at,
+        committed_at,
+        failures[0],
+        elapsed[0],
+        deliveries,
+        frames[0],
+        rate,
+    )
 
 
 # --- the baseline: raw PUB/SUB fan-out ---------------------------------------------------
@@ -852,6 +972,7 @@ def _config(options: BenchOptions) -> dict[str, Any]:
         "python": platform.python_version(),
         "pyzmq": zmq.pyzmq_version(),
         "libzmq": zmq.zmq_version(),
+        "event_loop": loop.name(),  # of the asyncio clients (both sides' in --peers)
         # relays started from here load what this process does (relay/native.py)
         "compiled": native.active(),
     }
@@ -1096,14 +1217,26 @@ def _with_cpu(
     return result
 
 
-def _nats_throughput(cluster: Any, size: int, window: int, duration_s: float) -> dict[str, Any]:
+def _nats_throughput_client(
+    gate: Callable[[], None], urls: list[str], value: bytes, window: int, duration_s: float
+) -> dict[str, Any]:
+    """nats-py's side of a throughput run, in a process of its own (as the relay's)."""
     from relay.tools import nats_peer
 
-    value = os.urandom(size)
-    nats_peer.throughput(cluster.urls, value, window, min(duration_s, WARMUP_S))
-    cpu = _CpuMeter(cluster.pids, label="server")
-    got = nats_peer.throughput(cluster.urls, value, window, duration_s)
-    used = cpu.read()
+    nats_peer.throughput(urls, value, window, min(duration_s, WARMUP_S))
+    gate()
+    return nats_peer.throughput(urls, value, window, duration_s)
+
+
+def _nats_throughput(cluster: Any, size: int, window: int, duration_s: float) -> dict[str, Any]:
+    args = (list(cluster.urls), os.urandom(size), window, duration_s)
+    got, cpu = run_isolated(
+        _nats_throughput_client,
+        args,
+        at_gate=lambda: _CpuMeter(cluster.pids, label="server"),
+        duration_s=duration_s,
+    )
+    used = {**cpu.read(), "client_s": got["client_s"]}
     elapsed = got["elapsed_s"]
     return {
         "value_bytes": size,
@@ -1179,8 +1312,11 @@ def _rates(report: dict[str, Any], side: str, size: int, quick: bool) -> list[in
 
 def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The relay mesh and a 3-server NATS JetStream cluster (R3 memory stream, nats-py),
-    both running, the same shapes through each, every pair of runs back to back. The
-    report (`relay bench --peers nats --json`): per side the runs, and the ratios."""
+    both running, the same shapes through each, every pair of runs back to back, the
+    clients alike: each throughput client in a process of its own, the asyncio ones on
+    the same loop (relay/loop.py), producer and consumer of a rate run in one loop, no
+    consumer at one in flight. The report (`relay bench --peers nats --json`): per side
+    the runs, and the ratios."""
     from relay.tools.nats_peer import NatsCluster
 
     say = log or (lambda text: None)
@@ -1212,7 +1348,7 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
                 )
             say(f"latency: {size} B, one in flight")
             report["relay"]["latency"].append(
-                _with_cpu(mesh.pids, "relay", partial(_relay_one_in_flight, ctx, size))
+                _with_cpu(mesh.pids, "relay", partial(_relay_one_in_flight, ctx, size, False))
             )
             report["nats"]["latency"].append(
                 _with_cpu(
@@ -1255,7 +1391,8 @@ def print_peers_report(report: dict[str, Any]) -> None:
     console.print(
         f"relay bench --peers nats: a 3-relay mesh and 3 nats-servers (JetStream, R3 memory "
         f"stream, nats-py) on 127.0.0.1, {cfg['cpus']} CPUs; {cfg['duration_s']:g} s per run; "
-        f"compiled modules: {_compiled(cfg)}"
+        f"compiled modules: {_compiled(cfg)}; each throughput client in a process of its own; "
+        f"asyncio clients on {cfg.get('event_loop', 'asyncio')}"
     )
     table = Table(title="throughput: committed (acknowledged) tx/s, CPU us per tx (all processes)")
     for name in ("value", "window", "relay tx/s", "nats tx/s", "relay/nats", "relay us", "nats us"):

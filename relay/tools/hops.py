@@ -288,6 +288,7 @@ def run_hops(options: BenchOptions, *, log: Callable[[str], None] | None = None)
         sent: list[tuple[int, int, int]] = []  # index, sent ns, reply ns
         say(f"one in flight, {size} B, {options.duration_s} s (at most {limit} tx)")
         with one_at_a_time(ctx, run_id, size) as (deliveries, producer, pad):
+            assert deliveries is not None  # (it consumes)
             deadline = time.perf_counter() + options.duration_s
             i = 0
             while i < limit and time.perf_counter() < deadline:

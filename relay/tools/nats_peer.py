@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from relay import loop
 from relay.launcher import free_ports
 
 SERVERS = 3
@@ -83,7 +84,7 @@ class NatsCluster:
             self.procs.append(
                 subprocess.Popen([self.binary, "-c", str(path)], stdout=log, stderr=log)
             )
-        asyncio.run(self._create_stream())
+        loop.run(self._create_stream())
 
     async def _create_stream(self) -> None:
         """Create the stream once the cluster has a JetStream leader (retrying until then)."""
@@ -139,7 +140,7 @@ def _nats() -> tuple[Any, Any]:
 
 def throughput(urls: Sequence[str], value: bytes, window: int, duration_s: float) -> dict[str, Any]:
     """Publish `value` for `duration_s` with `window` publishes awaiting their ack."""
-    return asyncio.run(_throughput(list(urls), value, window, duration_s))
+    return loop.run(_throughput(list(urls), value, window, duration_s))
 
 
 async def _throughput(
@@ -189,7 +190,7 @@ def at_rate(urls: Sequence[str], value: bytes, rate_tx_s: int, duration_s: float
     came back; a JetStream consumer (ordered, new messages only) on the second server.
     Per publish (its index in the value's first 8 bytes): the time to its ack and to its
     delivery, in seconds."""
-    return asyncio.run(_at_rate(list(urls), value, rate_tx_s, duration_s))
+    return loop.run(_at_rate(list(urls), value, rate_tx_s, duration_s))
 
 
 async def _at_rate(
@@ -256,7 +257,7 @@ def one_in_flight(
     urls: Sequence[str], value: bytes, duration_s: float, limit: int
 ) -> dict[str, Any]:
     """Publish one at a time; every publish's time to its ack, in seconds."""
-    return asyncio.run(_one_in_flight(list(urls), value, duration_s, limit))
+    return loop.run(_one_in_flight(list(urls), value, duration_s, limit))
 
 
 async def _one_in_flight(
