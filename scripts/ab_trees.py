@@ -14,7 +14,9 @@ Prints each round, then the medians and in how many rounds B's one-in-flight p50
 lower. A machine's speed drifts by more than most changes, so only rounds run side by
 side mean anything. The meshes are always stopped.
 
-Exit codes: 0; 2 usage error; 3 if a mesh could not start.
+Exit codes: 0; 2 usage error; 3 if a mesh could not start or a relay does not run its
+tree's compiled build (checked in /proc/PID/maps: from this checkout, `python -m relay`
+would import this tree first and run it interpreted, whatever PYTHONPATH says).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from relay import native
 from relay.client import Producer
 from relay.launcher import Mesh, MeshError, write_loopback_topology
 from relay.tools.bench import STREAM, _cpu_s
@@ -40,9 +43,26 @@ def _mesh(directory: Path, tree: Path | None) -> Mesh:
     config = write_loopback_topology(directory, {r: [STREAM] for r in range(3)}, [STREAM])
     wrappers = None
     if tree is not None:
-        run_as = ["env", f"PYTHONPATH={tree}", f"RELAY_NATIVE_DIR={tree}/.venv/relay-native"]
+        # In the other tree's directory: `python -m relay` puts the working directory
+        # first on the search path, before PYTHONPATH, so started from this checkout the
+        # relays would import this tree (interpreted: the other build does not match it).
+        run_as = [
+            "env",
+            f"--chdir={tree}",
+            f"PYTHONPATH={tree}",
+            f"RELAY_NATIVE_DIR={tree}/.venv/relay-native",
+        ]
         wrappers = {r: run_as for r in range(3)}
     return Mesh(config, log_dir=directory / "logs", log_level="warning", wrappers=wrappers)
+
+
+def _check_build(mesh: Mesh, builds: Path, side: str) -> None:
+    """Every relay of `mesh` runs compiled modules from `builds` (/proc/PID/maps): a relay
+    that imported another tree, or runs interpreted, would make the comparison a lie."""
+    for relay_id, pid in mesh.pids.items():
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        if str(builds.resolve()) not in maps:
+            raise MeshError(f"side {side}, relay {relay_id}: not running the build in {builds}")
 
 
 def _relay_cpu_s(mesh: Mesh) -> float:
@@ -114,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for mesh in meshes.values():
                 mesh.start(START_TIMEOUT_S)
+            _check_build(meshes["A"], tree / ".venv" / "relay-native", "A")
+            _check_build(meshes["B"], native.builds_dir(), "B")
             for round_no in range(args.rounds):
                 order = ("A", "B") if round_no % 2 == 0 else ("B", "A")
                 for side in order:

@@ -126,6 +126,26 @@ def _state(core: RelayCore) -> object:
     )
 
 
+def _together_as_alone(limits: Limits, requests: list[ProduceRequest]) -> None:
+    """`requests` as one batch and one by one, each on a copy of the tight mesh: the same
+    core state, within the bounds, then the same answers and commits."""
+    together, alone = copy.deepcopy(_tight_mesh(limits)), copy.deepcopy(_tight_mesh(limits))
+    now = together.now
+    together.running(0).produce_many(requests, START_UNIX_MS + now, now)
+    for request in requests:
+        alone.running(0).produce(request, START_UNIX_MS + now, now)
+    assert _state(together.running(0)) == _state(alone.running(0))
+    tl = together.running(0).streams["s"].timeline
+    assert len(tl) <= limits.buffer_max_entries
+    assert tl.memory_bytes <= limits.buffer_max_bytes
+    assert tl.budget.used_bytes <= limits.relay_buffer_max_bytes
+    for mesh in (together, alone):
+        for _ in range(100):
+            mesh.step_ms()
+    assert together.all_replies == alone.all_replies
+    assert together.committed == alone.committed
+
+
 produces = hs.lists(
     hs.tuples(
         hs.sampled_from(["s"] * 6 + ["t", "nope"]),
@@ -146,18 +166,19 @@ def test_any_batch_is_taken_like_its_produces_one_by_one_within_the_bounds(
         ProduceRequest(n, stream, Transaction(b"p", pseq, None, value))
         for n, (stream, pseq, value) in enumerate(items)
     ]
-    together, alone = copy.deepcopy(_tight_mesh(limits)), copy.deepcopy(_tight_mesh(limits))
-    now = together.now
-    together.running(0).produce_many(requests, START_UNIX_MS + now, now)
-    for request in requests:
-        alone.running(0).produce(request, START_UNIX_MS + now, now)
-    assert _state(together.running(0)) == _state(alone.running(0))
-    tl = together.running(0).streams["s"].timeline
-    assert len(tl) <= limits.buffer_max_entries
-    assert tl.memory_bytes <= limits.buffer_max_bytes
-    assert tl.budget.used_bytes <= limits.relay_buffer_max_bytes
-    for mesh in (together, alone):
-        for _ in range(100):
-            mesh.step_ms()
-    assert together.all_replies == alone.all_replies
-    assert together.committed == alone.committed
+    _together_as_alone(limits, requests)
+
+
+@settings(max_examples=300)
+@given(hs.sampled_from(TIGHT), hs.lists(hs.integers(0, 150), min_size=2, max_size=30))
+def test_a_plain_batch_at_the_bounds_evicts_what_its_produces_one_by_one_would(
+    limits: Limits, lengths: list[int]
+) -> None:
+    """The common batch (fresh produces of one stream) meeting a buffer its committed
+    entries fill: taken at once, it evicts what its produces would one by one, or, where
+    the relay's bound or the room runs out, goes one by one from there."""
+    requests = [
+        ProduceRequest(n, "s", Transaction(b"q", 100 + n, None, b"v" * length))
+        for n, length in enumerate(lengths)
+    ]
+    _together_as_alone(limits, requests)

@@ -208,7 +208,6 @@ class _Run:
         pending = st.pending
         if (
             st.lead > core.clock.floor
-            or self.room_entries < count
             or len(pending) + count > limits.max_pending_produces
             or not core.clock.has_next_seqs(core.wall_ms, count)
             or fences.reason(core, st, self.now_ms)
@@ -218,13 +217,17 @@ class _Run:
         sizes = [tx.size_bytes() for tx in txs]
         total_bytes = sum(sizes)
         cost = total_bytes + count * memory.HELD_ENTRY_OVERHEAD_BYTES
-        if max(sizes) > limits.max_tx_bytes or cost > self.room_bytes:
+        if max(sizes) > limits.max_tx_bytes:
             return False
         keys = [(tx.producer_id, tx.producer_seq) for tx in txs]
         if (
             len(set(keys)) < count
             or not pending.by_key.keys().isdisjoint(keys)
             or not st.timeline.dedupe.first_of.keys().isdisjoint(keys)
+        ):
+            return False
+        if (self.room_entries < count or cost > self.room_bytes) and not self._evict_for(
+            st, count, cost
         ):
             return False
         self.room_entries -= count
@@ -235,6 +238,27 @@ class _Run:
         self.entries_bytes += total_bytes
         pending.add_many(seqs, keys, txs, [waiter for _, waiter in produces])
         return True
+
+    def _evict_for(self, st: StreamState, count: int, cost: int) -> bool:
+        """Make room for `count` entries costing `cost` bytes in all by evicting what
+        taking them one by one would: each `take` evicts the oldest committed entries until
+        its own fits, so together they evict the shortest oldest prefix after which all
+        fit, or everything evictable. (A full buffer is the steady state of a busy stream:
+        after each commit eviction brings it back to its bounds, and the next batch would
+        otherwise go one by one.) Only while the stream's own bounds are what binds: if this
+        stream at its full bound beside the others as they are would not fit the relay's
+        bound, `_free` chooses among streams as entries come, and this returns False with
+        nothing evicted. Also False when the room cannot be made; then `take` goes on one
+        by one from what was evicted here, which it would have evicted too."""
+        limits = self.core.limits
+        tl = st.timeline
+        budget = tl.budget
+        if budget.used_bytes - tl.memory_bytes + limits.buffer_max_bytes > budget.max_bytes:
+            return False
+        self.flush()  # the run's entries so far count, as `take` flushes before make_room
+        tl.evict(limits.buffer_max_entries - count, limits.buffer_max_bytes - cost)
+        self._count_room(st)
+        return self.room_entries >= count and cost <= self.room_bytes
 
     def flush(self) -> None:
         """Put the collected entries into the timeline, the outgoing batch and the
