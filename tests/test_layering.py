@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
-    ("incarnation", "hoptrace"),
+    ("incarnation", "hoptrace", "loop"),
     ("service", "engines", "spool", "sockets", "acceptors", "security"),
     ("wire", "topology", "store"),
     ("segment", "access"),

@@ -30,7 +30,6 @@ STOP_TIMEOUT_S = 10.0
 GO = "go"
 
 T = TypeVar("T")
-Gate = Callable[[], None]
 
 
 class IsolatedRunFailed(RuntimeError):
