@@ -155,7 +155,7 @@ class ReadableWaiter:
 
     def _unwatch(self) -> None:
         # Any: compiled, a call typed as asyncio's remove_reader checks that a bool came
-        # back, and uvloop's returns None for a descriptor it had already dropped.
+        # back, and uvloop's always returns None.
         loop: Any = self._loop
         self._loop = None
         if loop is not None and not loop.is_closed():
