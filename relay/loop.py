@@ -14,22 +14,20 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+_uvloop: Any
+try:
+    import uvloop as _uvloop
+except ImportError:  # a platform without it
+    _uvloop = None
+
 T = TypeVar("T")
+
+NAME = "asyncio" if _uvloop is None else "uvloop"  # the loop `run` uses, for reports
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(main)` on uvloop's loop when it is available."""
-    try:
-        import uvloop
-    except ImportError:
+    if _uvloop is None:
         return asyncio.run(main)
-    return uvloop.run(main)
-
-
-def name() -> str:
-    """The loop `run` uses ("uvloop" or "asyncio"), for reports."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
+    result: T = _uvloop.run(main)
+    return result

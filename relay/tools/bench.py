@@ -972,7 +972,7 @@ def _config(options: BenchOptions) -> dict[str, Any]:
         "python": platform.python_version(),
         "pyzmq": zmq.pyzmq_version(),
         "libzmq": zmq.zmq_version(),
-        "event_loop": loop.name(),  # of the asyncio clients (both sides' in --peers)
+        "event_loop": loop.NAME,  # of the asyncio clients (both sides' in --peers)
         # relays started from here load what this process does (relay/native.py)
         "compiled": native.active(),
     }
