@@ -35,11 +35,11 @@ _FAULT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
     from typing import Literal
 
-    from relay.client import Record, Start
+    from relay.client import Consumer, Metadata, Record, Start
     from relay.launcher import Mesh, StatusReply
     from relay.security import ClientCurve
     from relay.store.reader import StoredSnapshot
@@ -826,6 +826,7 @@ def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | No
 READ_CHUNK_BYTES = 64 * 1024  # stdin is read in chunks of at most this many bytes
 READ_QUEUE_CHUNKS = 8  # chunks read ahead of the producer (bounds memory)
 UNREACHABLE_PROBE_S = 0.5  # after an idle consume: how long to ask the relays if they are up
+DEFAULT_COMMIT_INTERVAL_S = 1.0  # a durable `relay consume` commits its position this often
 SNAPSHOT_PRINT_ROWS = 10_000  # snapshot rows turned into Python objects at once
 
 
@@ -1144,6 +1145,35 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
     is_flag=True,
     help="Read the relays only, not the store under the topology's data_dir.",
 )
+@click.option(
+    "--durable",
+    "durable",
+    default=None,
+    metavar="NAME",
+    help=(
+        "A durable consumer: resume after NAME's committed mark on S (--from only when it "
+        "has none) and commit the position as it goes and when it stops."
+    ),
+)
+@click.option(
+    "--commit-interval-s",
+    "commit_interval_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_COMMIT_INTERVAL_S,
+    show_default=True,
+    metavar="T",
+    help="With --durable: commit the position at most every T seconds.",
+)
+@click.option(
+    "--lease-wait-s",
+    "lease_wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="T",
+    help="With --durable, when another instance of NAME reads S: wait up to T seconds for "
+    "it to stop (or for its lease to run out), then fail naming it.",
+)
 @_key_file_option
 def consume(
     config_path: str,
@@ -1154,6 +1184,9 @@ def consume(
     timeout_s: float | None,
     as_base64: bool,
     no_store: bool,
+    durable: str | None,
+    commit_interval_s: float,
+    lease_wait_s: float,
     key_file: str | None,
 ) -> None:
     """Read stream S and print one JSON line per transaction: {"stream", "seq", "key",
@@ -1165,9 +1198,14 @@ def consume(
     With --from snapshot, the latest snapshot's rows come first, one JSON line per key:
     {"stream", "snapshot": its seq, "entity", "key", "value", "seq": the last write}.
 
+    With --durable NAME the mesh remembers the position (docs/metadata.md): the next run
+    with the same NAME prints what follows the last record this one printed (at least
+    once: a record printed just before a crash may come again).
+
     Stops after --count records or --timeout-s seconds without one (Ctrl-C also stops it).
     Exit codes: 0 when it stops so, 1 if the stream is unknown, the position is no longer
-    held (the message names the oldest one) or no relay is reachable, 2 for a usage or
+    held (the message names the oldest one), no relay is reachable or a mark could not be
+    committed (another instance of NAME committed meanwhile), 2 for a usage or
     configuration error.
     """
     import json
@@ -1178,6 +1216,8 @@ def consume(
 
     config = _load_config(config_path)
     _check_stream_name(stream)
+    if durable is not None:
+        _check_durable(durable)
     relays = _client_endpoints(config, relay_id, stream)
     store: Path | Literal[False] = False if no_store else (ingested_store(config) or False)
     if start == "snapshot" and not store:
@@ -1185,6 +1225,10 @@ def consume(
         sys.exit(2)
     curve = _client_curve(config, key_file)
     options: dict[str, Any] = {"timeout_s": timeout_s, "count": count, "store": store}
+    if durable is not None:
+        options.update(
+            durable=durable, auto_commit_interval_s=commit_interval_s, lease_wait_s=lease_wait_s
+        )
     consumer = (
         Consumer(topology=config, curve=curve, **options)
         if relays is None
@@ -1192,14 +1236,17 @@ def consume(
     )
     seen = 0
     code = 0
+    printed_all = True  # every record yielded was printed: the position may be committed
     try:
-        with consumer.subscribe(stream, start):
-            if consumer.snapshot is not None:
-                for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
-                    _emit(line)
-            for record in consumer:
-                _emit(json.dumps(_record_doc(record, as_base64)))
-                seen += 1
+        consumer.subscribe(stream, start)
+        if consumer.snapshot is not None:
+            for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
+                _emit(line)
+        for record in consumer:
+            printed_all = False
+            _emit(json.dumps(_record_doc(record, as_base64)))
+            printed_all = True
+            seen += 1
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:  # e.g. `relay consume ... | head -3`
@@ -1228,7 +1275,267 @@ def consume(
                     err=True,
                 )
                 code = 1
+    finally:
+        code = _close_consumer(consumer, commit=printed_all) or code
     sys.exit(code)
+
+
+def _close_consumer(consumer: Consumer, commit: bool) -> int:
+    """Close (a durable consumer commits what was printed); 1 if the commit failed."""
+    from relay.errors import ClientError
+
+    try:
+        consumer.close(commit=commit)
+    except ClientError as e:
+        consumer.close(commit=False)
+        click.echo(f"error: the position of {consumer.durable!r} was not committed: {e}", err=True)
+        return 1
+    return 0
+
+
+def _check_durable(name: str) -> str:
+    from relay.meta import check_durable_name
+
+    try:
+        return check_durable_name(name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--durable") from None
+
+
+# --- durable consumers' marks ------------------------------------------------------------
+
+
+@main.group()
+def consumers() -> None:
+    """The marks of durable consumers (`relay consume --durable NAME`), kept by the mesh
+    (docs/metadata.md). Output: one JSON line per mark, {"durable", "stream", "seq": the
+    position (the next run reads the records after it), "version"}."""
+
+
+def _metadata(config_path: str, key_file: str | None) -> tuple[MeshConfig, Metadata]:
+    from relay.client import Metadata
+
+    config = _load_config(config_path)
+    return config, Metadata(topology=config, curve=_client_curve(config, key_file))
+
+
+def _marks(meta: Metadata, durable: str | None) -> list[dict[str, Any]]:
+    from relay.meta import MARKS_PREFIX, decode_mark, split_mark_key
+
+    prefix = MARKS_PREFIX if durable is None else f"{MARKS_PREFIX}{durable}/"
+    found = []
+    for item in meta.list(prefix):
+        named = split_mark_key(item.key)
+        if named is not None:
+            name, stream = named
+            mark = decode_mark(item.value)
+            found.append(
+                {
+                    "durable": name,
+                    "stream": stream,
+                    "seq": mark.seq,
+                    "holder": mark.holder or None,
+                    "version": item.version,
+                }
+            )
+    return found
+
+
+def _committed_point(config: MeshConfig, key_file: str | None, stream: str) -> int:
+    """The highest committed point of `stream` any relay reports (-1: none answered)."""
+    from relay.launcher import query_status
+
+    endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
+    replies = query_status(endpoints, UNREACHABLE_PROBE_S, _client_curve(config, key_file))
+    points = [
+        int(((reply.status or {}).get("streams") or {}).get(stream, {}).get("committed", -1))
+        for reply in replies.values()
+    ]
+    return max(points, default=-1)
+
+
+def _run_meta(action: Callable[[], int]) -> NoReturn:
+    """Run a metadata command: its exit code, or 1 with the error (BadVersion: another
+    writer got there first; MetadataUnavailable: no relay could answer)."""
+    from relay.errors import ClientError
+
+    try:
+        code = action()
+    except ClientError as e:
+        click.echo(f"error: {e}", err=True)
+        code = 1
+    sys.exit(code)
+
+
+@consumers.command("list")
+@_config_option
+@_key_file_option
+def consumers_list(config_path: str, key_file: str | None) -> None:
+    """Every durable consumer's mark on every stream. Exit codes: 0, 1 no relay could
+    answer, 2 a usage or configuration error."""
+    import json
+
+    def action() -> int:
+        _, meta = _metadata(config_path, key_file)
+        with meta:
+            for mark in _marks(meta, None):
+                _emit(json.dumps(mark))
+        return 0
+
+    _run_meta(action)
+
+
+@consumers.command("show")
+@_config_option
+@click.argument("durable")
+@_key_file_option
+def consumers_show(config_path: str, durable: str, key_file: str | None) -> None:
+    """DURABLE's marks, one per stream, with how far each stream's relays have committed
+    ("committed") and how far behind the mark is ("behind_ms": the milliseconds between the
+    two seqs' times). Exit codes: 0, 1 no such durable consumer or no relay could answer,
+    2 a usage or configuration error."""
+    import json
+
+    from relay.core.seq import ms_of
+
+    _check_durable(durable)
+
+    def action() -> int:
+        config, meta = _metadata(config_path, key_file)
+        with meta:
+            marks = _marks(meta, durable)
+        if not marks:
+            click.echo(f"error: no durable consumer {durable!r} has a mark", err=True)
+            return 1
+        for mark in marks:
+            committed = _committed_point(config, key_file, mark["stream"])
+            mark["committed"] = committed
+            if committed > 0 and mark["seq"] > 0:
+                mark["behind_ms"] = max(0, ms_of(committed) - ms_of(mark["seq"]))
+            _emit(json.dumps(mark))
+        return 0
+
+    _run_meta(action)
+
+
+_force_option = click.option(
+    "--force",
+    "force",
+    is_flag=True,
+    help="Also when an instance holds the lease (it then stops with LeaseLost at its next "
+    "renewal); without it, a held mark is refused naming the holder.",
+)
+
+
+def _refuse_held(durable: str, mark: dict[str, Any], force: bool) -> bool:
+    """Whether a mark is held by a running (or dead, not yet replaced) instance and may
+    not be changed without --force; says so."""
+    if mark["holder"] is None or force:
+        return False
+    click.echo(
+        f"error: {durable!r} on {mark['stream']!r} is held by {mark['holder']}: stop it first "
+        "(a dead holder's lease is taken over by the next instance), or use --force",
+        err=True,
+    )
+    return True
+
+
+@consumers.command("delete")
+@_config_option
+@click.argument("durable")
+@click.option("--stream", "stream", default=None, metavar="S", help="Only the mark on S.")
+@_force_option
+@_key_file_option
+def consumers_delete(
+    config_path: str, durable: str, stream: str | None, force: bool, key_file: str | None
+) -> None:
+    """Forget DURABLE's marks (its next run starts at --from again). Each mark is deleted
+    at the version just read: if the consumer commits meanwhile, that delete fails.
+    Exit codes: 0, 1 nothing to delete, a held mark, or a failure, 2 a usage error."""
+    from relay.meta import mark_key
+
+    _check_durable(durable)
+
+    def action() -> int:
+        _, meta = _metadata(config_path, key_file)
+        with meta:
+            marks = [m for m in _marks(meta, durable) if stream in (None, m["stream"])]
+            if not marks:
+                click.echo(f"error: {durable!r} has no mark to delete", err=True)
+                return 1
+            if any(_refuse_held(durable, mark, force) for mark in marks):
+                return 1
+            for mark in marks:
+                meta.delete(mark_key(durable, mark["stream"]), mark["version"])
+                click.echo(f"deleted {durable!r}'s mark on {mark['stream']!r}", err=True)
+        return 0
+
+    _run_meta(action)
+
+
+def _parse_reset_to(ctx: click.Context, param: click.Parameter, value: str) -> str | int:
+    text = value.strip().lower()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        position = int(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not earliest, latest or a seq") from None
+    if position < -1:
+        raise click.BadParameter(f"{position} is not a seq (-1 or more)")
+    return position
+
+
+@consumers.command("reset")
+@_config_option
+@click.argument("durable")
+@click.option("--stream", "stream", required=True, metavar="S", help="The stream.")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    callback=_parse_reset_to,
+    metavar="SEQ|earliest|latest",
+    help="The new position: the next run reads the records after SEQ, from the oldest "
+    "held (earliest), or what commits after now (latest).",
+)
+@_force_option
+@_key_file_option
+def consumers_reset(
+    config_path: str, durable: str, stream: str, to: str | int, force: bool, key_file: str | None
+) -> None:
+    """Move DURABLE's mark on S (at the version just read: fails if the consumer commits
+    meanwhile). Exit codes: 0, 1 a held mark or a failure, 2 a usage error."""
+    import json
+
+    from relay.meta import ABSENT, Mark, encode_mark, mark_key
+
+    _check_durable(durable)
+    _check_stream_name(stream)
+
+    def action() -> int:
+        config, meta = _metadata(config_path, key_file)
+        with meta:
+            if to == "latest":
+                position = _committed_point(config, key_file, stream)
+                if position < 0:
+                    click.echo(f"error: no relay told stream {stream!r}'s position", err=True)
+                    return 1
+            else:
+                position = -1 if to == "earliest" else int(to)
+            held = [m for m in _marks(meta, durable) if m["stream"] == stream]
+            if held and _refuse_held(durable, held[0], force):
+                return 1
+            version = meta.write(
+                mark_key(durable, stream),
+                encode_mark(Mark(position)),
+                held[0]["version"] if held else ABSENT,
+            )
+        mark = {"durable": durable, "stream": stream, "seq": position, "version": version}
+        _emit(json.dumps(mark))
+        return 0
+
+    _run_meta(action)
 
 
 # --- bench ------------------------------------------------------------------------------------

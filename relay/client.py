@@ -80,10 +80,12 @@ module drives them with ZeroMQ sockets, and the simulator drives the same engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import os
 import random
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
@@ -94,6 +96,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, Ty
 import zmq
 import zmq.asyncio
 
+from relay import wire
 from relay.access import producer_id_prefix
 from relay.core.config import Limits
 from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND, MAX_U64
@@ -110,7 +113,33 @@ from relay.engines import (
     check_stream,
 )
 from relay.errors import (
+    BadVersion,
+    Busy,
     ClientError,
+    FrameError,
+    LeaseLost,
+    MetadataUnavailable,
+    NotAuthorized,
+    Rejected,
+    Unknown,
+)
+from relay.meta import (
+    ABSENT,
+    ANY_VERSION,
+    KIND_META,
+    METADATA_STREAM,
+    OP_DELETE,
+    OP_READ,
+    OP_WRITE,
+    Mark,
+    MetaOp,
+    Versioned,
+    check_durable_name,
+    check_key,
+    decode_mark,
+    encode_mark,
+    encode_op,
+    mark_key,
 )
 from relay.security import ClientCurve, client_curve
 from relay.sockets import DisconnectMonitor, ReadableWaiter
@@ -135,6 +164,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "Consumer",
+    "Metadata",
     "Producer",
     "Record",
     "RelayEndpoints",
@@ -158,6 +188,13 @@ DEFAULT_CONNECT_GRACE_S = 0.25  # how long a new client waits for its first conn
 DEFAULT_MAX_BATCH = 1_000  # entries a consumer asks for at once
 DEFAULT_WAIT_MS = 1_000  # a consumer's long poll
 DRAIN_MAX = 10_000  # frames taken from one socket per wake
+DEFAULT_LEASE_TTL_S = 5.0  # a holder that stops renewing is replaced this long after
+MIN_LEASE_TTL_S = 0.1
+# A contender waits this much beyond a lease's TTL before taking it over: room for the two
+# processes' clocks running at slightly different rates, and for the holder's last check.
+LEASE_MARGIN_S = 0.25
+LEASE_RENEW_FRACTION = 3  # a holder renews after a third of its TTL
+LEASE_POLL_S = 0.5  # how often a waiting contender looks at the lease at most
 # ZMTP heartbeats on every relay connection: a relay whose process stopped (SIGSTOP, a
 # frozen VM) keeps its TCP connection open, so without them an attempt waits out
 # request_timeout_s. libzmq's I/O thread answers PINGs whatever the relay's own thread
@@ -902,8 +939,21 @@ class _ConsumerBase(Generic[_L]):
         store: StoreSource = None,
         key_file: KeyFile = None,
         curve: ClientCurve | None = None,
+        durable: str | None = None,
+        auto_commit_interval_s: float | None = None,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        lease_wait_s: float | None = 0.0,
     ) -> None:
         _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
+        _check_range("lease_ttl_s", lease_ttl_s, MIN_LEASE_TTL_S)
+        if lease_wait_s is not None:
+            _check_range("lease_wait_s", lease_wait_s, 0)
+        if durable is not None:
+            check_durable_name(durable)
+        if auto_commit_interval_s is not None:
+            if durable is None:
+                raise ValueError("auto_commit_interval_s needs durable=NAME (where to commit)")
+            _check_range("auto_commit_interval_s", auto_commit_interval_s, 0)
         _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
         _check_range("request_timeout_s", request_timeout_s, 0.001)
         _check_range("connect_grace_s", connect_grace_s, 0)
@@ -930,10 +980,99 @@ class _ConsumerBase(Generic[_L]):
             store_path=None if self._store is None else str(self._store.path),
         )
         self._links: _L = self._links_type(self._relays.endpoints, curve)
+        # A durable consumer's mark and lease on the stream it reads (docs/metadata.md),
+        # taken at subscribe; its Metadata client is made then.
+        self._durable = durable
+        self._auto_commit_s = auto_commit_interval_s
+        self._lease_ttl_s = lease_ttl_s
+        self._lease_wait_s = lease_wait_s
+        self._meta_source = (relays, topology, curve)
+        self._meta: Metadata | None = None
+        self._mark: DurableMark | None = None
+        self._committed_at = time.monotonic()
+
+    @property
+    def durable(self) -> str | None:
+        """The durable name whose mark this consumer resumes from and commits to."""
+        return self._durable
+
+    def _take_mark(self, stream: str, start: Start) -> Start:
+        """A durable consumer takes its lease on `stream` and starts after its mark (at
+        `start` if it has none yet)."""
+        if self._durable is None:
+            return start
+        self._release_mark(commit=False)
+        if self._meta is None:
+            relays, topology, curve = self._meta_source
+            self._meta = Metadata(relays, topology=topology, curve=curve)
+        mark = DurableMark(
+            self._meta, self._durable, check_stream(stream), self._lease_ttl_s, self._lease_wait_s
+        )
+        resume = mark.take()
+        self._mark = mark
+        self._committed_at = time.monotonic()
+        return start if resume is None else resume
+
+    def _commit(self) -> int | None:
+        """Store the position as the durable mark; the position stored (None: nothing
+        read yet)."""
+        mark = self._mark
+        if mark is None:
+            raise RuntimeError(
+                "commit() needs a durable consumer that subscribed: Consumer(..., durable=NAME)"
+            )
+        self._committed_at = time.monotonic()
+        position = self.position
+        mark.store(position if position is not None else mark.seq)
+        return position
+
+    def _lease_work_due(self) -> bool:
+        """Whether the lease needs renewing, or auto-commit is due, before the next record."""
+        mark = self._mark
+        if mark is None:
+            return False
+        now = time.monotonic()
+        if self._auto_commit_s is not None and now - self._committed_at >= self._auto_commit_s:
+            return True
+        return now >= mark.renew_at
+
+    def _tend_lease(self) -> None:
+        """Renew the lease (committing the position if auto-commit is on). LeaseLost if
+        another instance took over."""
+        mark = self._mark
+        assert mark is not None
+        if self._auto_commit_s is not None:
+            self._commit()  # what was yielded before this call is processed
+        else:
+            mark.store(mark.seq)
+
+    def _release_mark(self, commit: bool) -> None:
+        """Give the lease up (storing the position when auto-commit is on and `commit`),
+        so the next instance need not wait for it to run out."""
+        mark, self._mark = self._mark, None
+        if mark is None:
+            return
+        position = self.position if commit and self._auto_commit_s is not None else None
+        mark.release(mark.seq if position is None else position)
+
+    def _lease_due(self) -> float | None:
+        """When the lease (or auto-commit) next needs the consumer's attention."""
+        mark = self._mark
+        if mark is None:
+            return None
+        if self._auto_commit_s is None:
+            return mark.renew_at
+        return min(mark.renew_at, self._committed_at + self._auto_commit_s)
+
+    def _close_meta(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
 
     def _subscribe(self, stream: str, start: Start) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        start = self._take_mark(stream, start)
         snapshot = None
         if start == "snapshot":
             if self._store is None:
@@ -1033,12 +1172,20 @@ class Consumer(_ConsumerBase[_SyncLinks]):
     def __iter__(self) -> Consumer:
         return self
 
+    def commit(self) -> int | None:
+        """Store `position` as this durable consumer's mark (the next run with the same
+        name resumes after it); the position stored. Commit after processing: delivery is
+        at least once. LeaseLost if another instance took the stream over."""
+        return self._commit()
+
     def __next__(self) -> Record:
         if self._finished():
             raise StopIteration
         engine, links = self._engine, self._links
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
+            if self._lease_work_due():
+                self._tend_lease()
             record = self._take()
             if record is not None:
                 return record
@@ -1053,13 +1200,20 @@ class Consumer(_ConsumerBase[_SyncLinks]):
             if deadline is not None and now >= deadline:
                 raise StopIteration
             wake = engine.next_wakeup()
-            limits = [t - now for t in (wake, deadline) if t is not None]
+            limits = [t - now for t in (wake, deadline, self._lease_due()) if t is not None]
             links.wait(engine, max(0.0, min(limits)) if limits else None)
 
-    def close(self) -> None:
+    def close(self, commit: bool = True) -> None:
+        """Close; a durable consumer gives its lease up, with auto-commit on committing
+        the position first (unless `commit` is False, as on leaving a `with` block by an
+        exception)."""
         if not self._closed:
-            self._closed = True
-            self._links.close()
+            try:
+                self._release_mark(commit)
+            finally:
+                self._closed = True
+                self._close_meta()
+                self._links.close()
 
     def __enter__(self) -> Consumer:
         return self
@@ -1070,7 +1224,7 @@ class Consumer(_ConsumerBase[_SyncLinks]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(commit=exc is None)
 
 
 class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
@@ -1091,12 +1245,18 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
     def __aiter__(self) -> AsyncConsumer:
         return self
 
+    async def commit(self) -> int | None:
+        """Like Consumer.commit (the metadata call runs in a worker thread)."""
+        return await asyncio.to_thread(self._commit)
+
     async def __anext__(self) -> Record:
         if self._finished():
             raise StopAsyncIteration
         engine, links = self._engine, self._links
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
+            if self._lease_work_due():
+                await asyncio.to_thread(self._tend_lease)
             record = self._take()
             if record is not None:
                 return record
@@ -1111,7 +1271,7 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
             if deadline is not None and now >= deadline:
                 raise StopAsyncIteration
             wake = engine.next_wakeup()
-            limits = [t - now for t in (wake, deadline) if t is not None]
+            limits = [t - now for t in (wake, deadline, self._lease_due()) if t is not None]
             await links.wait(engine, max(0.0, min(limits)) if limits else None)
 
     async def _read_store_in_thread(self, request: StoreRead | None) -> None:
@@ -1127,10 +1287,15 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
                 self._store_read_under_way = None
         self._engine.on_store_batch(batch)  # a read begun before a new subscribe is dropped
 
-    async def close(self) -> None:
+    async def close(self, commit: bool = True) -> None:
+        """Like Consumer.close."""
         if not self._closed:
-            self._closed = True
-            self._links.close()
+            try:
+                await asyncio.to_thread(self._release_mark, commit)
+            finally:
+                self._closed = True
+                self._close_meta()
+                self._links.close()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self
@@ -1141,4 +1306,289 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.close(commit=exc is None)
+
+
+# --- metadata (docs/metadata.md) --------------------------------------------------------
+
+DEFAULT_META_TIMEOUT_S = 10.0  # one metadata call, every relay and retry included
+META_PENDING_RETRY_S = 0.002  # first wait before asking again for an outcome not folded yet
+META_PENDING_RETRY_MAX_S = 0.1
+READ_BARRIER_KEY = "reads"  # the key a linearizable read's barrier names (it changes nothing)
+
+
+class _MetaAnswers:
+    """Collects the MetaResp (or ErrorResp) answering one request id."""
+
+    def __init__(self, request_id: int, frame_limit: int) -> None:
+        self.request_id = request_id
+        self._frame_limit = frame_limit
+        self.answer: wire.MetaResp | wire.ErrorResp | None = None
+        self.lost = False  # the connection of the relay asked went away
+
+    def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
+        try:
+            msg = wire.decode(frame, self._frame_limit)
+        except FrameError:
+            return  # not ours to judge: the answer then times out, and another relay is asked
+        if isinstance(msg, wire.MetaResp | wire.ErrorResp) and msg.request_id == self.request_id:
+            self.answer = msg
+
+    def on_disconnect(self, endpoint: str, now: float) -> None:
+        self.lost = True
+
+
+class Metadata:
+    """The mesh's versioned key/value metadata (docs/metadata.md): compare-and-set over a
+    stream every relay serves, readable from every relay.
+
+        with Metadata(topology="config/topology.yaml") as meta:
+            version = meta.write("jobs/nightly", b"owner=a", ABSENT)   # create
+            current = meta.read("jobs/nightly")                        # Versioned | None
+            meta.write("jobs/nightly", b"owner=b", current.version)    # update
+            meta.delete("jobs/nightly", version)                       # BadVersion: stale
+
+    A write or delete names the version it expects (`ABSENT`: the key must not exist;
+    `ANY_VERSION`: whatever it holds) and returns once committed; if another writer changed
+    the key first it raises `BadVersion` carrying the version found. Reads are answered by
+    one relay from its fold of the committed operations (as of `applied`, which a read
+    following one's own write always covers). Errors: BadVersion (final for that
+    operation), MetadataUnavailable (retriable), NotAuthorized, and the producer's errors
+    for the write itself (Unknown: it may still have committed; read to find out)."""
+
+    def __init__(
+        self,
+        relays: RelayEndpoints | None = None,
+        *,
+        topology: TopologySource | None = None,
+        timeout_s: float = DEFAULT_META_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        key_file: KeyFile = None,
+        curve: ClientCurve | None = None,
+    ) -> None:
+        _check_range("timeout_s", timeout_s, 0.001)
+        _check_range("request_timeout_s", request_timeout_s, 0.001)
+        self._relays, config = _relays(relays, topology)
+        curve = _curve(config, key_file, curve)
+        self._timeout_s = timeout_s
+        self._request_timeout_s = request_timeout_s
+        self._links = _SyncLinks(self._relays.endpoints, curve)
+        try:
+            self._producer = Producer(
+                relays, topology=topology, window=1, curve=curve, send_timeout_s=timeout_s
+            )
+        except BaseException:
+            self._links.close()
+            raise
+        self._next_request_id = itertools.count(_random_request_id())
+        self._first = random.randrange(len(self._relays.endpoints))  # spread readers
+        self.applied = -1  # the highest metadata seq an answer reflected
+        self.last_seq = -1  # the seq the last operation (or read barrier) committed at
+
+    def read(self, key: str, *, linearizable: bool = False) -> Versioned | None:
+        """The key's value and version, or None if it does not exist. By default as of
+        what one relay folded, never before what this client saw (its own writes, earlier
+        reads); `linearizable`: as of this call or later (a read operation is committed
+        first, one round more)."""
+        answer = self._ask("get", check_key(key), self._reflect(linearizable))
+        return Versioned(*answer.items[0]) if answer.items else None
+
+    def list(self, prefix: str = "", *, linearizable: bool = False) -> list[Versioned]:
+        """The keys starting with `prefix`, in key order (at most META_LIST_MAX); as of
+        the same point as `read`."""
+        if prefix:
+            check_key(prefix)
+        answer = self._ask("list", prefix, self._reflect(linearizable))
+        return [Versioned(*item) for item in answer.items]
+
+    def _reflect(self, linearizable: bool) -> int:
+        """The lowest seq a read's answer must reflect."""
+        if not linearizable:
+            return self.applied
+        encoded = encode_op(MetaOp(OP_READ, READ_BARRIER_KEY, ANY_VERSION, None))
+        self.last_seq = self._producer.send(METADATA_STREAM, encoded, kind=KIND_META)
+        return self.last_seq
+
+    def write(self, key: str, value: bytes, expected_version: int) -> int:
+        """Set `key` to `value` if its version is `expected_version`; the new version."""
+        return self._apply(MetaOp(OP_WRITE, key, expected_version, value))
+
+    def delete(self, key: str, expected_version: int) -> None:
+        """Remove `key` if its version is `expected_version` (BadVersion if it does not
+        exist: current_version 0)."""
+        self._apply(MetaOp(OP_DELETE, key, expected_version, None))
+
+    def _apply(self, op: MetaOp) -> int:
+        encoded = encode_op(op)  # InvalidMetaOp (a FieldError) before anything is sent
+        seq = self.last_seq = self._producer.send(METADATA_STREAM, encoded, kind=KIND_META)
+        answer = self._ask("outcome", "", seq)
+        if answer.result == "applied":
+            return answer.version
+        if answer.result == "bad_version":
+            found = "does not exist" if answer.version == ABSENT else f"is at {answer.version}"
+            raise BadVersion(
+                f"{op.key!r}: expected version {op.expected_version}, but the key {found}",
+                key=op.key,
+                expected_version=op.expected_version,
+                current_version=answer.version,
+            )
+        raise Rejected(f"{op.key!r}: the metadata operation is invalid: {answer.detail}")
+
+    def _ask(self, op: str, key: str, seq: int = -1) -> wire.MetaResp:
+        """Ask relays in turn until one can answer; MetadataUnavailable if none can."""
+        endpoints = self._relays.endpoints
+        deadline = time.monotonic() + self._timeout_s
+        last: dict[str, str] = {}
+        pending_wait = META_PENDING_RETRY_S
+        turn = 0
+        while time.monotonic() < deadline:
+            endpoint = endpoints[(self._first + turn) % len(endpoints)]
+            answer = self._ask_one(endpoint, wire.MetaReq(0, op, key, seq), deadline)
+            if isinstance(answer, wire.ErrorResp):
+                if answer.error == "NotAuthorized":
+                    raise NotAuthorized(answer.message, right="consume", stream=METADATA_STREAM)
+                last[endpoint] = f"{answer.error}: {answer.message}"
+            elif answer is None:
+                last[endpoint] = "no answer"
+            elif answer.status == "ok":
+                self._first = (self._first + turn) % len(endpoints)  # stay with a good one
+                self.applied = max(self.applied, answer.applied)
+                return answer
+            elif answer.status == "pending":  # not folded that far there yet: ask again
+                time.sleep(pending_wait)
+                pending_wait = min(2 * pending_wait, META_PENDING_RETRY_MAX_S)
+                continue
+            elif answer.status == "forgotten":
+                raise Unknown(f"the outcome of metadata seq {seq} is forgotten: {answer.detail}")
+            else:
+                last[endpoint] = f"{answer.status}: {answer.detail}"
+            turn += 1
+            if turn % len(endpoints) == 0:  # every relay asked: pause before the next round
+                time.sleep(min(META_PENDING_RETRY_MAX_S, max(0.0, deadline - time.monotonic())))
+        said = "; ".join(f"{e}: {why}" for e, why in last.items()) or "no relay answered"
+        raise MetadataUnavailable(f"no relay could answer a metadata {op} in time ({said})")
+
+    def _ask_one(
+        self, endpoint: str, req: wire.MetaReq, deadline: float
+    ) -> wire.MetaResp | wire.ErrorResp | None:
+        answers = _MetaAnswers(next(self._next_request_id), self._relays.limits.max_frame_bytes)
+        frame = wire.encode(wire.MetaReq(answers.request_id, req.op, req.key, req.seq))
+        if not self._links.send(endpoint, frame):
+            return None
+        until = min(deadline, time.monotonic() + self._request_timeout_s)
+        while answers.answer is None and not answers.lost:
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            self._links.wait(answers, left)
+        return answers.answer
+
+    def close(self) -> None:
+        self._producer.close()
+        self._links.close()
+
+    def __enter__(self) -> Metadata:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# --- durable consumers: a mark with a lease (docs/metadata.md) -----------------------------
+
+
+class DurableMark:
+    """One durable consumer instance's lease on, and position in, one stream: the key
+    `consumers/<name>/<stream>`, whose value (relay.meta.Mark) holds both, so that every
+    commit renews the lease and every takeover fences the previous holder's commits (both
+    are compare-and-set on the same key's version).
+
+    `take` gets the lease: at once when nobody holds it (or this name's previous holder
+    released it), else after the holder let it run out: its version stayed unchanged for
+    its TTL (plus LEASE_MARGIN_S) as seen by this process's monotonic clock, which began
+    counting only after the holder's last write committed. The holder yields records only
+    within a third of its TTL after it sent its last write, renewing before it yields
+    more, so the two never read at once while their clocks run at about the same rate; a
+    renewal after a takeover fails (LeaseLost). `lease_wait_s` 0: a held lease raises
+    Busy at once; None: wait forever."""
+
+    def __init__(
+        self, meta: Metadata, name: str, stream: str, ttl_s: float, wait_s: float | None
+    ) -> None:
+        self._meta = meta
+        self.name = name
+        self.stream = stream
+        self.key = mark_key(name, stream)
+        self.holder = f"{socket.gethostname()}/{os.getpid()}/{os.urandom(4).hex()}"
+        self._ttl_ms = int(ttl_s * 1000)
+        self._wait_s = wait_s
+        self.version = ABSENT
+        self.seq: int | None = None
+        self.held = False  # this instance's last write of the mark succeeded
+        self.renew_at = 0.0  # monotonic: renew from then on
+
+    def take(self) -> int | None:
+        """Take the lease; the stored position (None: none yet). Busy if another instance
+        holds it beyond lease_wait_s."""
+        meta = self._meta
+        deadline = None if self._wait_s is None else time.monotonic() + self._wait_s
+        seen: tuple[int, float] | None = None  # (holder's version, when first seen here)
+        while True:
+            held = meta.read(self.key, linearizable=True)
+            mark = Mark(None) if held is None else decode_mark(held.value)
+            now = time.monotonic()
+            if held is not None and mark.holder not in ("", self.holder):
+                if seen is None or seen[0] != held.version:
+                    seen = (held.version, now)
+                expires = seen[1] + mark.ttl_ms / 1000 + LEASE_MARGIN_S
+                if now < expires:
+                    if deadline is not None and now >= deadline:
+                        raise Busy(
+                            f"durable consumer {self.name!r} on stream {self.stream!r} is "
+                            f"held by {mark.holder} (free within {expires - now:.1f} s if it "
+                            "stops renewing)",
+                            holder=mark.holder,
+                            free_in_s=expires - now,
+                        )
+                    until = expires if deadline is None else min(expires, deadline)
+                    time.sleep(max(0.0, min(until - now, LEASE_POLL_S)))
+                    continue
+            try:
+                self._write(mark.seq, self.holder, ABSENT if held is None else held.version)
+            except BadVersion:
+                seen = None  # renewed, released or taken meanwhile: look again
+                continue
+            return mark.seq
+
+    def store(self, seq: int | None) -> None:
+        """Store `seq` as the position and renew the lease. LeaseLost if another instance
+        took over: its takeover moved the mark's version. (A renewal after the TTL ran out
+        is still safe when it succeeds: a contender writes before it reads.)"""
+        try:
+            self._write(seq, self.holder, self.version)
+        except BadVersion as e:
+            self.held = False
+            raise LeaseLost(
+                f"durable consumer {self.name!r} lost its lease on stream {self.stream!r}: "
+                "another instance took over"
+            ) from e
+
+    def release(self, seq: int | None) -> None:
+        """Store `seq` and give the lease up, if this instance still holds it."""
+        if self.held:
+            with contextlib.suppress(BadVersion):  # taken over already: nothing to give up
+                self._write(seq, "", self.version)
+        self.held = False
+
+    def _write(self, seq: int | None, holder: str, expected_version: int) -> None:
+        started = time.monotonic()  # the lease counts from before the write is sent
+        encoded = encode_mark(Mark(seq, holder, self._ttl_ms))
+        self.version = self._meta.write(self.key, encoded, expected_version)
+        self.seq = seq
+        self.held = True
+        self.renew_at = started + self._ttl_ms / 1000 / LEASE_RENEW_FRACTION

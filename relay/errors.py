@@ -152,3 +152,45 @@ class TooManyStreams(ClientError):
 
 class OutOfRange(ClientError):
     """The requested position is older than what the relay still holds."""
+
+
+class BadVersion(ClientError):
+    """A metadata write or delete named a version the key no longer (or never) had:
+    another writer got there first (docs/metadata.md). `current_version` is the version
+    the operation found (0: the key does not exist). Final for this operation: read the
+    key again and decide."""
+
+    def __init__(self, message: str, *, key: str, expected_version: int, current_version: int):
+        super().__init__(message)
+        self.key = key
+        self.expected_version = expected_version
+        self.current_version = current_version
+
+
+class MetadataUnavailable(ClientError):
+    """No relay could answer a metadata request in time (each relay's last answer is in the
+    message: unreachable, still joining, or its history of the metadata stream does not
+    reach back far enough to know the state)."""
+
+    retriable = True
+
+
+class Busy(ClientError):
+    """Another instance of this durable consumer holds the stream's lease
+    (docs/metadata.md): `holder` names it; the lease is free within `free_in_s` seconds if
+    the holder stops renewing. Retry later, or wait for it (`lease_wait_s`)."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, holder: str, free_in_s: float) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.free_in_s = free_in_s
+
+
+class LeaseLost(ClientError):
+    """This durable consumer instance no longer holds its stream's lease: it could not
+    renew it in time, or another instance took it over. Records yielded after its last
+    commit may be delivered again to the new holder. Subscribe again to compete for it."""
+
+    retriable = True

@@ -101,6 +101,8 @@ from relay.core.shell import NO_FED_TICK
 from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
+from relay.meta import METADATA_STREAM
+from relay.metasync import META_SYNC_MARK, MetaSync
 from relay.security import (
     CLIENT_DOMAIN,
     MESH_DOMAIN,
@@ -436,6 +438,13 @@ class RelayNode:
             access=self.config.access if self._identity is not None else None,
             unread=self._unread_bytes,
         )
+        # The metadata view's transfer from a peer when this relay joined above its
+        # genesis (relay/metasync.py, docs/metadata.md 3).
+        self._metasync = MetaSync(
+            self.id,
+            tuple(r for r in self.config.members(METADATA_STREAM) if r != self.id),
+            self._send_meta_sync,
+        )
         self._unread = _UnreadReplies()
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
@@ -521,6 +530,14 @@ class RelayNode:
         if self._spool is not None:
             spooled = self._spool.status()
             status["spool"] = {name: getattr(spooled, name) for name in type(spooled).__slots__}
+        view = self.clients.meta
+        status["metadata"] = {
+            "complete": view.complete,
+            "gap": view.gap,
+            "applied": view.state.applied,
+            "keys": len(view.state.items),
+            "sync": dict(self._metasync.counters),
+        }
         return status
 
     def _handshakes_refused(self) -> int:
@@ -910,6 +927,13 @@ class RelayNode:
                 self._trim_heap(mono)
             if self._spool is not None:
                 self._spool.tick(mono)
+            self._metasync.tend(self.clients.meta, self.core, mono)
+
+    def _send_meta_sync(self, peer: int, frame: bytes) -> None:
+        socks = self._sockets
+        if socks is not None:
+            self._publish(socks, Outgoing(frame, target=peer))
+            self._send_held(socks)
 
     def _received(
         self, sock: zmq.Socket[Any], side: str, *, with_user: bool = False
@@ -980,6 +1004,9 @@ class RelayNode:
     def _take_peer_frame(self, frame: bytes, relay: int, now: int, mono: int) -> None:
         if self._trace is not None:
             self._trace.record(PEER_IN, relay, frame)
+        if frame.startswith(META_SYNC_MARK):  # the node's, not the core's (metasync.py)
+            self._metasync.on_frame(frame, relay, self.clients.meta, self.core, mono)
+            return
         try:
             self.core.receive(frame, now, mono, relay)
         except Exception:  # the core promises not to raise; never let a frame kill us

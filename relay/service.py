@@ -61,6 +61,7 @@ from relay.core import (
     Transaction,
 )
 from relay.errors import FrameError, MalformedFrame
+from relay.meta import KIND_META, METADATA_STREAM, InvalidMetaOp, MetaView, decode_op
 
 log = logging.getLogger("relay.node")
 
@@ -137,6 +138,7 @@ class ClientService:
         self._parked_count = 0
         self._parked_deadlines: list[tuple[int, int, str]] = []  # (deadline, id, stream)
         self._next_parked = itertools.count(1)
+        self.meta = MetaView()  # this relay's fold of the metadata stream
 
     @property
     def pending_produces(self) -> int:
@@ -184,6 +186,13 @@ class ClientService:
                 self._respond(envelope, wire.ErrorResp(msg.request_id, "TooManyStreams", crowded))
                 return
             self._on_read(envelope, msg, mono_ms)
+        elif isinstance(msg, wire.MetaReq):
+            denied = self._denied(client, Right.CONSUME, METADATA_STREAM)
+            if denied:
+                self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
+                return
+            self.counters["meta_requests"] += 1
+            self._respond(envelope, self._answer_meta(msg))
         elif isinstance(msg, wire.StatusReq):
             denied = self._denied(client, Right.ADMIN)
             if denied:
@@ -281,6 +290,8 @@ class ClientService:
         client: str | None,
     ) -> None:
         refused = self._produce_refusal(envelope, client, req.stream, req.producer_id)
+        if not refused and req.stream == METADATA_STREAM:
+            refused = _meta_refusal(req.kind, req.value)
         if refused:
             self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, refused)
             return
@@ -313,8 +324,9 @@ class ClientService:
                 denied = self._produce_refusal(envelope, client, stream, producer_id)
                 if not denied and not self._members(stream):
                     self.counters["client_unknown_stream"] += 1
-            if denied:
-                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, denied)
+            if denied or (stream == METADATA_STREAM and _meta_refusal(kind, value)):
+                why = denied or _meta_refusal(kind, value)
+                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, why)
                 continue
             core_id = self._register(envelope, item_id, stream, True)
             if core_id >= 0:
@@ -511,8 +523,48 @@ class ClientService:
         )
         self._respond(envelope, resp)
 
+    # --- metadata (docs/metadata.md) -------------------------------------------------------
+
+    def _answer_meta(self, req: wire.MetaReq) -> wire.MetaResp:
+        view = self.meta
+        view.feed(self.core)
+        state = view.state
+        if not view.complete:
+            why = view.gap or "this relay has not joined the metadata stream yet"
+            return wire.MetaResp(req.request_id, "not_ready", state.applied, detail=why)
+        if req.seq > state.applied:  # the client has seen later operations: not yet here
+            return wire.MetaResp(req.request_id, "pending", state.applied)
+        if req.op == "get":
+            held = state.get(req.key)
+            items = () if held is None else ((held.key, held.version, held.value),)
+            return wire.MetaResp(req.request_id, "ok", state.applied, items)
+        if req.op == "list":
+            found = tuple((v.key, v.version, v.value) for v in state.list(req.key))
+            return wire.MetaResp(req.request_id, "ok", state.applied, found)
+        outcome = state.outcome(req.seq)
+        if outcome is None and req.seq <= state.outcomes_from:
+            why = f"this relay's metadata was copied from a peer as of seq {state.outcomes_from}"
+            return wire.MetaResp(req.request_id, "not_ready", state.applied, detail=why)
+        if outcome is None:
+            why = (
+                f"seq {req.seq} is older than the oldest outcome remembered "
+                f"({state.oldest_outcome}), or was not a metadata operation"
+            )
+            return wire.MetaResp(req.request_id, "forgotten", state.applied, detail=why)
+        return wire.MetaResp(
+            req.request_id,
+            "ok",
+            state.applied,
+            (),
+            outcome.result.value,
+            outcome.version,
+            outcome.detail[: wire.MAX_TEXT_CHARS],
+        )
+
     def wake(self, stream: str) -> None:
         """Answer the parked reads of `stream` that can now get entries or a new status."""
+        if stream == METADATA_STREAM:
+            self.meta.feed(self.core)
         parked = self._parked.get(stream)
         if not parked:
             return
@@ -563,3 +615,15 @@ class ClientService:
     def _respond(self, envelope: Envelope, msg: wire.ClientMessage) -> None:
         if not self._send(envelope, wire.encode(msg)):
             self.counters["client_reply_dropped"] += 1
+
+
+def _meta_refusal(kind: int, value: bytes) -> str:
+    """Why a produce to the metadata stream is refused ("" if it is an operation): only
+    metadata operations go there, so that every committed record of it means something."""
+    if kind != KIND_META:
+        return f"invalid: the metadata stream takes kind {KIND_META} operations, not kind {kind}"
+    try:
+        decode_op(value)
+    except InvalidMetaOp as e:
+        return f"invalid: {e}"
+    return ""

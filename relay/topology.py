@@ -70,6 +70,7 @@ from relay.access import AccessPolicy, ClientGrant
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
+from relay.meta import METADATA_STREAM
 
 __all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
 
@@ -503,7 +504,9 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             host=r.host,
             mesh_port=r.mesh_port,
             client_port=r.client_port,
-            streams=tuple(r.streams),
+            # Every relay also serves the metadata stream (docs/metadata.md): durable
+            # consumers' marks and other metadata are committed by, and readable from, all.
+            streams=tuple(dict.fromkeys((*r.streams, METADATA_STREAM))),
             public_key=r.public_key,
         )
         for r in sorted(model.relays, key=lambda r: r.id)

@@ -59,6 +59,20 @@ Requests (client -> relay) and their answers:
     StatusResp  [6, request_id, status_json]
         status_json: bin, UTF-8 JSON of the relay's status (core status and node counters).
 
+    MetaReq     [10, request_id, op, key, seq]
+        Ask the relay's fold of the metadata stream (docs/metadata.md). op: "get" (the key
+        `key`), "list" (the keys starting with `key`, at most META_LIST_MAX) or "outcome"
+        (what the metadata operation committed at `seq` did; key ""). seq: for "get" and
+        "list" the lowest seq the answer must reflect (-1: any), for "outcome" the seq.
+    MetaResp    [11, request_id, status, applied, items, result, version, detail]
+        status: "ok"; "not_ready" (this relay cannot know the state: still joining, or
+        its history of the metadata stream does not reach back to the genesis; detail says
+        which: ask another relay); "pending" (`seq` is above what this relay folded so far:
+        ask again); "forgotten" (the outcome is older than the outcomes it
+        remembers). applied: the last seq folded (-1 if none). items: array of [key,
+        version, value]. For "outcome": result "applied", "bad_version" (version: the
+        version found) or "invalid" (detail says why), else "".
+
     ErrorResp   [7, request_id, error, message]
         The relay could not accept a frame: error is the name of the relay.errors class
         ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"; for a read
@@ -120,6 +134,8 @@ __all__ = [
     "BatchResult",
     "ClientMessage",
     "ErrorResp",
+    "MetaReq",
+    "MetaResp",
     "ProduceBatchReq",
     "ProduceBatchResp",
     "ProduceReq",
@@ -249,6 +265,34 @@ class ProduceBatchResp:
     results: tuple[BatchResult, ...]
 
 
+META_OPS = ("get", "list", "outcome")
+META_STATUSES = ("ok", "not_ready", "pending", "forgotten")
+META_RESULTS = ("", "applied", "bad_version", "invalid")
+MAX_META_ITEMS = 10_000  # items in one MetaResp (relay.meta.META_LIST_MAX)
+MAX_META_KEY_CHARS = 512  # a key or prefix (relay.meta.MAX_META_KEY_BYTES bytes at most)
+# (key, version, value)
+MetaItem = tuple[str, int, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class MetaReq:
+    request_id: int
+    op: str  # one of META_OPS
+    key: str = ""
+    seq: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class MetaResp:
+    request_id: int
+    status: str  # one of META_STATUSES
+    applied: int = -1
+    items: tuple[MetaItem, ...] = ()
+    result: str = ""  # one of META_RESULTS
+    version: int = 0
+    detail: str = ""
+
+
 ClientMessage = (
     ProduceReq
     | ProduceResp
@@ -259,6 +303,8 @@ ClientMessage = (
     | ErrorResp
     | ProduceBatchReq
     | ProduceBatchResp
+    | MetaReq
+    | MetaResp
 )
 
 TYPE_CODES: dict[type, int] = {
@@ -271,6 +317,8 @@ TYPE_CODES: dict[type, int] = {
     ErrorResp: 7,
     ProduceBatchReq: 8,
     ProduceBatchResp: 9,
+    MetaReq: 10,
+    MetaResp: 11,
 }
 
 
@@ -317,6 +365,19 @@ def encode(msg: ClientMessage) -> bytes:
         body = (6, msg.request_id, msg.status_json)
     elif isinstance(msg, ErrorResp):
         body = (7, msg.request_id, msg.error, msg.message)
+    elif isinstance(msg, MetaReq):
+        body = (10, msg.request_id, msg.op, msg.key, msg.seq)
+    elif isinstance(msg, MetaResp):
+        body = (
+            11,
+            msg.request_id,
+            msg.status,
+            msg.applied,
+            msg.items,
+            msg.result,
+            msg.version,
+            msg.detail,
+        )
     else:
         raise TypeError(f"not a client message: {type(msg).__name__}")
     return codec.ENCODER.encode(body)
@@ -537,6 +598,51 @@ def _dec_error_resp(a: list[Any]) -> ErrorResp:
     )
 
 
+def _choice(v: Any, choices: tuple[str, ...], name: str) -> str:
+    if type(v) is not str or v not in choices:
+        _bad(name, " or ".join(repr(c) for c in choices), v)
+    return v
+
+
+def _meta_key(v: Any, name: str) -> str:
+    if type(v) is not str or len(v) > MAX_META_KEY_CHARS:
+        _bad(name, f"str of at most {MAX_META_KEY_CHARS} characters", v)
+    return v
+
+
+def _dec_meta_req(a: list[Any]) -> MetaReq:
+    return MetaReq(
+        u63(a[1], "MetaReq.request_id"),
+        _choice(a[2], META_OPS, "MetaReq.op"),
+        _meta_key(a[3], "MetaReq.key"),
+        u63_or_none(a[4], "MetaReq.seq"),
+    )
+
+
+def _meta_items(v: Any, name: str) -> tuple[MetaItem, ...]:
+    raw_items = _array(v, name)
+    if len(raw_items) > MAX_META_ITEMS:
+        _bad(name, f"at most {MAX_META_ITEMS} items", f"{len(raw_items)} items")
+    out: list[MetaItem] = []
+    for i, raw in enumerate(raw_items):
+        at = f"{name}[{i}]"
+        key, version, value = _array(raw, at, 3)
+        out.append((_meta_key(key, at + ".key"), u63(version, at + ".version"), _bytes(value, at)))
+    return tuple(out)
+
+
+def _dec_meta_resp(a: list[Any]) -> MetaResp:
+    return MetaResp(
+        u63(a[1], "MetaResp.request_id"),
+        _choice(a[2], META_STATUSES, "MetaResp.status"),
+        u63_or_none(a[3], "MetaResp.applied"),
+        _meta_items(a[4], "MetaResp.items"),
+        _choice(a[5], META_RESULTS, "MetaResp.result"),
+        u63(a[6], "MetaResp.version"),
+        _text(a[7], "MetaResp.detail"),
+    )
+
+
 # --- the hot frames, decoded in C (codec.decode_with) --------------------------------------
 
 _Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
@@ -612,6 +718,8 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
     7: ("ErrorResp", 4, _dec_error_resp),
     8: ("ProduceBatchReq", 4, _dec_produce_batch_req),
     9: ("ProduceBatchResp", 3, _dec_produce_batch_resp),
+    10: ("MetaReq", 5, _dec_meta_req),
+    11: ("MetaResp", 8, _dec_meta_resp),
 }
 
 

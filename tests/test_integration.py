@@ -35,6 +35,7 @@ from relay.client import Consumer, Producer, Record
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import ClientError, Fenced
 from relay.launcher import Mesh, not_ready_reason, startup_streams, write_loopback_topology
+from relay.meta import METADATA_STREAM
 from relay.topology import load
 from waiting import wait_until
 
@@ -816,14 +817,18 @@ def test_a_relay_is_ready_once_the_streams_it_opens_at_start_joined(tmp_path: Pa
         tmp_path, {0: ["chaos.*"], 1: ["chaos.*", "audit"], 2: ["other.*"]}, ["chaos.a"]
     )
     config = load(path)
-    assert startup_streams(config, 0) == ("chaos.a",)
-    assert startup_streams(config, 1) == ("audit", "chaos.a")
-    assert startup_streams(config, 2) == ()
+    meta = METADATA_STREAM  # every relay serves it (docs/metadata.md)
+    assert startup_streams(config, 0) == (meta, "chaos.a")
+    assert startup_streams(config, 1) == ("audit", meta, "chaos.a")
+    assert startup_streams(config, 2) == (meta,)
     joined = {"joined": True, "fenced": False}
     joining = {"joined": False, "fenced": True}
-    assert not_ready_reason(config, 0, {"streams": {"chaos.a": joining}}) == (
+    assert not_ready_reason(config, 0, {"streams": {meta: joined, "chaos.a": joining}}) == (
         "stream 'chaos.a' has not joined"
     )
-    assert not_ready_reason(config, 0, {"streams": {}}) == "stream 'chaos.a' is not open"
-    assert not_ready_reason(config, 0, {"streams": {"chaos.a": joined}}) is None
-    assert not_ready_reason(config, 2, {"streams": {}}) is None
+    assert not_ready_reason(config, 0, {"streams": {meta: joined}}) == (
+        "stream 'chaos.a' is not open"
+    )
+    assert not_ready_reason(config, 0, {"streams": {meta: joined, "chaos.a": joined}}) is None
+    assert not_ready_reason(config, 2, {"streams": {}}) == f"stream {meta!r} is not open"
+    assert not_ready_reason(config, 2, {"streams": {meta: joined}}) is None

@@ -63,6 +63,8 @@ from relay.core.messages import (
 )
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
+from relay.meta import METADATA_STREAM
+from relay.metasync import META_SYNC_MARK
 from relay.node import TOPIC_MAX_BYTES
 from relay.security import ClientCurve, KeyRing, curve_server
 from waiting import wait_until
@@ -362,7 +364,7 @@ def hostile_variants(draw: st.DrawFn, valid: st.SearchStrategy[bytes]) -> bytes:
 
 
 # client frames
-client_streams = st.sampled_from([*STREAMS, "nosuch.stream", "hostile"])
+client_streams = st.sampled_from([*STREAMS, "nosuch.stream", "hostile", METADATA_STREAM])
 valid_client_frames = st.one_of(
     st.builds(
         wire.ProduceReq,
@@ -382,6 +384,14 @@ valid_client_frames = st.one_of(
         st.integers(min_value=0, max_value=50),
     ),
     st.builds(wire.StatusReq, u63),
+    st.builds(
+        wire.MetaReq,
+        u63,
+        st.sampled_from(wire.META_OPS),
+        st.text(max_size=16),
+        st.integers(min_value=-1, max_value=MAX_U63),
+    ),
+    st.builds(wire.MetaResp, u63, st.sampled_from(wire.META_STATUSES)),  # not a request
     st.builds(wire.ProduceResp, u63, st.sampled_from(list(Outcome))),  # not requests
     st.builds(wire.ErrorResp, u63, st.text(max_size=8), st.text(max_size=8)),
 ).map(wire.encode)
@@ -474,6 +484,15 @@ valid_peer_frames = st.one_of(
     ),
     st.builds(ViewDecided, st.just(HOSTILE), u63, floors, targets, peer_streams, hostile_views),
 ).map(codec.encode)
+# The node's own frames beside the protocol's: the metadata transfer (relay/metasync.py).
+sync_frames = st.one_of(
+    st.builds(lambda body: META_SYNC_MARK + b"Q" + msgpack.packb(body), st.lists(u63, max_size=3)),
+    st.builds(
+        lambda body: META_SYNC_MARK + b"A" + msgpack.packb(body),
+        st.lists(msgpack_values, max_size=7),
+    ),
+    st.binary(max_size=16).map(lambda tail: META_SYNC_MARK + tail),
+)
 
 
 def not_forged(frame: bytes) -> bool:
@@ -491,7 +510,7 @@ topics = st.one_of(
 )
 peer_message = st.tuples(
     topics,
-    hostile_variants(valid_peer_frames).filter(not_forged),
+    hostile_variants(valid_peer_frames).filter(not_forged) | sync_frames,
     st.sampled_from([1, 1, 1, 1, 2, 3]),  # parts; 2 or 3 are dropped by the node
 )
 peer_messages = st.lists(peer_message, min_size=1, max_size=6)

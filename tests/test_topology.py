@@ -11,6 +11,7 @@ import pytest
 from relay import topology
 from relay.core.config import CoreConfig, Limits
 from relay.errors import ConfigError
+from relay.meta import METADATA_STREAM
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
@@ -82,7 +83,8 @@ def test_example_three_relays() -> None:
         assert spec.host == "127.0.0.1"
         assert spec.mesh_endpoint == f"tcp://127.0.0.1:{7100 + i}"
         assert spec.client_endpoint == f"tcp://127.0.0.1:{7200 + i}"
-        assert spec.streams == ("orders.*", "audit")
+        assert spec.streams == ("orders.*", "audit", METADATA_STREAM)  # every relay serves it
+    assert cfg.members(METADATA_STREAM) == (0, 1, 2)
     for stream in cfg.streams:
         assert cfg.members(stream) == (0, 1, 2)
     assert cfg.members("orders.asia") == (0, 1, 2)

@@ -1,0 +1,289 @@
+"""Metadata and durable consumers on real relay processes (docs/metadata.md): versioned
+compare-and-set from several processes checked for linearizability, durable consumers
+that resume after a kill -9 with no gap, and leases that never let two instances read."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.client import Consumer, Metadata, Producer
+from relay.errors import BadVersion, Busy, LeaseLost, Rejected
+from relay.launcher import Mesh, write_loopback_topology
+from relay.meta import ABSENT, ANY_VERSION, METADATA_STREAM, decode_mark, mark_key
+from relay.tools.metacheck import cas_worker, check_linearizable
+from relay.topology import MeshConfig
+from waiting import wait_until
+
+STREAM = "orders"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    folder = tmp_path_factory.mktemp("meta")
+    config = write_loopback_topology(folder, {r: [STREAM] for r in range(3)}, [STREAM])
+    with Mesh(config, log_dir=folder / "logs", log_level="warning") as running:
+        yield running
+
+
+def config_of(mesh: Mesh) -> MeshConfig:
+    return mesh.config
+
+
+def test_compare_and_set_through_the_mesh(mesh: Mesh) -> None:
+    with Metadata(topology=config_of(mesh)) as meta:
+        first = meta.write("jobs/a", b"1", ABSENT)
+        assert meta.read("jobs/a") == meta.read("jobs/a", linearizable=True)
+        found = meta.read("jobs/a")
+        assert found is not None and (found.version, found.value) == (first, b"1")
+        with pytest.raises(BadVersion) as stale:
+            meta.write("jobs/a", b"2", ABSENT)
+        assert stale.value.current_version == first and not stale.value.retriable
+        second = meta.write("jobs/a", b"2", first)
+        assert second > first
+        meta.write("jobs/b", b"3", ANY_VERSION)
+        assert [v.key for v in meta.list("jobs/")] == ["jobs/a", "jobs/b"]
+        with pytest.raises(BadVersion):
+            meta.delete("jobs/a", first)
+        meta.delete("jobs/a", second)
+        assert meta.read("jobs/a") is None
+        with pytest.raises(BadVersion, match="does not exist") as gone:
+            meta.delete("jobs/a", second)
+        assert gone.value.current_version == ABSENT
+
+
+def test_the_metadata_stream_takes_only_metadata_operations(mesh: Mesh) -> None:
+    with Producer(topology=config_of(mesh)) as producer:
+        with pytest.raises(Rejected, match="metadata stream takes kind 2"):
+            producer.send(METADATA_STREAM, b"not an operation")
+        with pytest.raises(Rejected, match="invalid: not msgpack"):
+            producer.send(METADATA_STREAM, b"\xc1", kind=2)
+
+
+# --- linearizability of compare-and-set from several processes ---------------------------
+
+
+PROCESSES = 3
+script = st.lists(
+    st.tuples(st.sampled_from(("write", "write", "delete", "read")), st.integers(0, 1)),
+    min_size=8,
+    max_size=25,
+)
+
+
+@settings(max_examples=4, deadline=None, database=None)
+@given(st.lists(script, min_size=PROCESSES, max_size=PROCESSES))
+def test_concurrent_compare_and_set_is_linearizable(mesh: Mesh, scripts: list[Any]) -> None:
+    keys = [f"cas/{os.urandom(4).hex()}/{i}" for i in range(2)]  # fresh keys per example
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(scripts), mp_context=spawn) as pool:
+        runs = [pool.submit(cas_worker, str(mesh.config_path), keys, s) for s in scripts]
+        histories = [run.result(timeout=300) for run in runs]
+    assert check_linearizable(histories) == sum(len(s) for s in scripts)
+
+
+# --- durable consumers ------------------------------------------------------------------------
+
+
+def _consume_durable(topology: str, name: str, out: str, ttl_s: float) -> None:
+    """A durable consumer that commits after every record it appends to `out`."""
+    with (
+        open(out, "a") as log,
+        Consumer(
+            topology=topology,
+            durable=name,
+            auto_commit_interval_s=0,
+            lease_ttl_s=ttl_s,
+            lease_wait_s=None,
+        ) as consumer,
+    ):
+        consumer.subscribe(STREAM, "earliest")
+        for record in consumer:
+            log.write(f"{record.seq} {time.monotonic()} {consumer.endpoint}\n")
+            log.flush()
+
+
+def consumer_process(mesh: Mesh, name: str, out: Path, ttl_s: float) -> subprocess.Popen[bytes]:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import test_metadata as t; "
+        "t._consume_durable(*sys.argv[2:5], float(sys.argv[5]))"
+    )
+    args = [str(ROOT / "tests"), str(mesh.config_path), name, str(out), str(ttl_s)]
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT)
+
+
+def lines(path: Path) -> list[tuple[int, float, str]]:
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        seq, at, endpoint = line.split()
+        found.append((int(seq), float(at), endpoint))
+    return found
+
+
+def test_a_durable_consumer_killed_mid_stream_resumes_elsewhere_with_no_gap(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    config = config_of(mesh)
+    with Producer(topology=config) as producer:
+        sent = sorted(producer.send_many(STREAM, [b"%d" % i for i in range(300)]))
+    first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
+    first = consumer_process(mesh, "killed", first_out, 1.0)
+    try:
+        wait_until(lambda: len(lines(first_out)) >= 50, "the first instance to read 50")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+        read_first = [seq for seq, _, _ in lines(first_out)]
+        endpoint = lines(first_out)[-1][2]
+        relay_id = next(r for r, e in mesh.endpoints.items() if e.client == endpoint)
+        mesh.kill(relay_id)  # and the relay it read from goes too
+        second = consumer_process(mesh, "killed", second_out, 1.0)
+        try:
+            wait_until(
+                lambda: sent[-1] in {seq for seq, _, _ in lines(second_out)},
+                "the second instance to read to the end",
+                timeout_s=120,
+            )
+        finally:
+            second.kill()
+            second.wait(30)
+    finally:
+        first.kill()
+        first.wait(30)
+        mesh.restart(relay_id, 60)
+    read_second = [seq for seq, _, _ in lines(second_out)]
+    assert read_second[0] <= read_first[-1] + 1 and read_second[0] in read_first + sent
+    assert sorted(set(read_first) | set(read_second)) == [s for s in sent if s >= sent[0]]
+    assert read_second == sorted(read_second)
+    assert all(endpoint != e for _, _, e in lines(second_out))
+
+
+def test_two_instances_never_read_at_once(mesh: Mesh, tmp_path: Path) -> None:
+    config = config_of(mesh)
+    with Producer(topology=config) as producer:
+        producer.send_many(STREAM, [b"x"] * 50)
+    with Consumer(topology=config, durable="solo", lease_ttl_s=1.0, timeout_s=30) as holder:
+        holder.subscribe(STREAM, "earliest")
+        next(holder)
+        second = Consumer(topology=config, durable="solo")
+        with second, pytest.raises(Busy) as busy:
+            second.subscribe(STREAM)
+        assert busy.value.holder.endswith(holder._mark.holder.split("/")[-1])  # type: ignore[union-attr]
+        outs = [tmp_path / "a.txt", tmp_path / "b.txt"]
+        waiting = consumer_process(mesh, "solo", outs[1], 1.0)
+        try:
+            for _ in range(5):  # the holder keeps reading and renewing past its TTL
+                time.sleep(0.4)
+                next(holder)
+            assert not lines(outs[1])  # the waiting instance got nothing meanwhile
+            holder.commit()
+            done_at = time.monotonic()
+        finally:
+            pass
+        # leaving the block releases the lease: the waiting instance takes it at once
+    try:
+        wait_until(lambda: lines(outs[1]), "the waiting instance to take over")
+        assert lines(outs[1])[0][1] > done_at
+    finally:
+        waiting.kill()
+        waiting.wait(30)
+    # an instance that was taken over from cannot commit any more
+    with Consumer(topology=config, durable="taken", lease_ttl_s=0.5, timeout_s=30) as old:
+        old.subscribe(STREAM, "earliest")
+        next(old)
+        with Consumer(topology=config, durable="taken", lease_ttl_s=0.5, lease_wait_s=None) as new:
+            new.subscribe(STREAM)  # takes over once the old one's lease ran out unrenewed
+            with pytest.raises(LeaseLost, match="another instance took over"):
+                old.commit()
+
+
+def test_marks_survive_a_minority_of_relays_killed(mesh: Mesh) -> None:
+    config = config_of(mesh)
+    with Producer(topology=config) as producer:
+        producer.send_many(STREAM, [b"y"] * 10)
+    with Consumer(topology=config, durable="sturdy", timeout_s=30) as consumer:
+        consumer.subscribe(STREAM, "earliest")
+        for _ in range(5):
+            next(consumer)
+        position = consumer.commit()
+    mesh.kill(0)
+    try:
+        with Metadata(topology=config) as meta:
+            found = meta.read(mark_key("sturdy", STREAM), linearizable=True)
+            assert found is not None
+            mark = decode_mark(found.value)
+            assert (mark.seq, mark.holder) == (position, "")  # stored, and released
+        mesh.restart(0, 60)
+        # The restarted relay joined above the genesis: it copies a peer's fold, and then
+        # answers like the others.
+        wait_until(
+            lambda: ((mesh.status(0) or {}).get("metadata") or {}).get("complete"),
+            lambda: f"relay 0's metadata view to be complete: {mesh.status(0)}",
+        )
+        synced = (mesh.status(0) or {})["metadata"]
+        assert synced["sync"]["installed"] == 1 and synced["gap"] == ""
+        with Metadata(relays=[mesh.endpoints[0].client], timeout_s=30) as restarted_only:
+            found = restarted_only.read(mark_key("sturdy", STREAM))
+            assert found is not None and decode_mark(found.value).seq == position
+            restarted_only.write("after/restart", b"1", ANY_VERSION)  # its own outcome: known
+        with Consumer(topology=config, durable="sturdy", timeout_s=30) as again:
+            again.subscribe(STREAM, "earliest")
+            assert again.position == position
+    finally:
+        if not mesh.alive(0):
+            mesh.restart(0, 60)
+
+
+def test_the_cli_keeps_a_durable_position(mesh: Mesh) -> None:
+    config = config_of(mesh)
+    with Producer(topology=config) as producer:
+        sent = sorted(producer.send_many(STREAM, [b"z%d" % i for i in range(6)]))
+
+    def relay(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "relay", *args, "--config", str(mesh.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+
+    first = relay("consume", "--stream", STREAM, "--durable", "cli", "--count", "3")
+    assert first.returncode == 0, first.stderr
+    printed = [json.loads(line)["seq"] for line in first.stdout.splitlines()]
+    second = relay("consume", "--stream", STREAM, "--durable", "cli", "--count", "2")
+    assert second.returncode == 0, second.stderr
+    after = [json.loads(line)["seq"] for line in second.stdout.splitlines()]
+    everything = printed + after
+    assert everything == sorted(everything) and len(set(everything)) == 5
+    shown = relay("consumers", "show", "cli")
+    assert shown.returncode == 0, shown.stderr
+    mark = json.loads(shown.stdout)
+    assert (mark["durable"], mark["stream"], mark["seq"]) == ("cli", STREAM, after[-1])
+    assert mark["holder"] is None and mark["committed"] >= sent[-1]
+    reset = relay("consumers", "reset", "cli", "--stream", STREAM, "--to", str(printed[0]))
+    assert reset.returncode == 0, reset.stderr
+    again = relay("consume", "--stream", STREAM, "--durable", "cli", "--count", "1")
+    assert [json.loads(line)["seq"] for line in again.stdout.splitlines()] == [printed[1]]
+    listed = relay("consumers", "list")
+    assert any(json.loads(line)["durable"] == "cli" for line in listed.stdout.splitlines())
+    assert relay("consumers", "delete", "cli").returncode == 0
+    missing = relay("consumers", "show", "cli")
+    assert missing.returncode == 1 and "no durable consumer 'cli'" in missing.stderr
+    bad = relay("consume", "--stream", STREAM, "--durable", "no/slash", "--count", "1")
+    assert bad.returncode == 2 and "durable consumer's name" in bad.stderr
