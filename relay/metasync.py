@@ -20,15 +20,19 @@ Otherwise it asks again later (or another peer).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgpack
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from relay.core import RelayCore
+from relay.core import RelayCore, Transaction
+from relay.core.digest import chain, genesis, tx_hash
+from relay.core.state import GENESIS_POINT
 from relay.errors import FieldError, MalformedFrame
-from relay.meta import METADATA_STREAM, MetaView, Versioned
+from relay.meta import METADATA_STREAM, MetaState, MetaView, Versioned
 
 META_SYNC_MARK = b"\xc1M"
 _REQUEST = META_SYNC_MARK + b"Q"
@@ -80,7 +84,15 @@ class MetaSync:
         self._next_request_id = 1
         self._turn = 0  # which peer is asked next
         self._wait_until_ms = 0
-        self.counters: dict[str, int] = {"installed": 0, "refused": 0, "bad_frames": 0}
+        # The state folded from durable history at start (fold_durable_history), tried
+        # before asking peers: after a restart of the whole mesh no peer has it.
+        self.durable: DurableFold | None = None
+        self.counters: dict[str, int] = {
+            "installed": 0,
+            "installed_from_history": 0,
+            "refused": 0,
+            "bad_frames": 0,
+        }
 
     @staticmethod
     def is_sync_frame(frame: bytes) -> bool:
@@ -135,9 +147,20 @@ class MetaSync:
     # --- asking ---------------------------------------------------------------------------
 
     def tend(self, view: MetaView, core: RelayCore, mono: int) -> None:
-        """While the view has a gap: ask a peer, or the next one after a timeout."""
-        if view.complete or not core.joined(METADATA_STREAM) or not self._peers:
-            self._asking = None
+        """While the view has a gap: install the fold of durable history if it reaches
+        the view's base, else ask a peer (the next one after a timeout)."""
+        if not view.started:
+            view.feed(core)  # a stream joined at its genesis starts complete
+        if view.complete:
+            self._asking = self.durable = None
+            return
+        if not core.joined(METADATA_STREAM):
+            return
+        durable, self.durable = self.durable, None
+        if durable is not None and view.install(durable.items, durable.as_of, core):
+            self.counters["installed_from_history"] += 1
+            return
+        if not self._peers:
             return
         asking = self._asking
         if asking is not None and mono - asking.sent_ms < META_SYNC_TIMEOUT_MS:
@@ -182,3 +205,72 @@ class MetaSync:
     def _give_up(self, mono: int) -> None:
         self._asking = None
         self._wait_until_ms = mono + META_SYNC_RETRY_MS
+
+
+# --- durable history: after the whole mesh restarted --------------------------------------
+
+
+@dataclass(frozen=True)
+class DurableFold:
+    """The metadata state folded from durable history, as of `as_of` (the last point of
+    an unbroken chain from the genesis through the store and this relay's spool)."""
+
+    items: list[Versioned]
+    as_of: int
+
+
+def fold_durable_history(
+    store_dir: Path, spool_dir: Path | None, relay_id: int
+) -> DurableFold | None:
+    """Fold the metadata stream's stored records, then this relay's spooled ones after
+    them while each continues the digest chain (a spool with a gap stops there). None
+    when neither holds any. Raises StoreError if the store is unreadable, OSError or a
+    pyarrow error if a segment is. (pyarrow, the store's: imported only when called.)"""
+    from relay.store.manifest import MANIFEST_DIR
+    from relay.store.reader import StoreReader
+
+    state = MetaState()
+    state.applied = GENESIS_POINT
+    point, digest = GENESIS_POINT, genesis(METADATA_STREAM)
+    if (store_dir / MANIFEST_DIR).is_dir():
+        reader = StoreReader(store_dir)
+        stored = reader.last_points().get(METADATA_STREAM)
+        if stored is not None:
+            for record in reader.records_after(METADATA_STREAM):
+                state.apply(record.seq, record.kind, record.value, False)
+            point, digest = stored.seq, stored.digest
+            state.applied = max(state.applied, point)
+    for seq, record_digest, tx, duplicate in _spooled(spool_dir, relay_id, point):
+        if chain(digest, seq, tx_hash(tx)) != record_digest:
+            break  # a gap in this relay's spool: what follows is not ours to fold
+        state.apply(seq, tx.kind, tx.value, duplicate)
+        point, digest = seq, record_digest
+    if point == GENESIS_POINT:
+        return None
+    return DurableFold(state.list("", META_SYNC_ITEMS_MAX), point)
+
+
+def _spooled(
+    spool_dir: Path | None, relay_id: int, after_seq: int
+) -> Iterator[tuple[int, bytes, Transaction, bool]]:
+    """This relay's spooled metadata records after `after_seq`, in seq order."""
+    if spool_dir is None:
+        return
+
+    from relay.segment import find_segments, to_unsigned64
+
+    for segment in find_segments(spool_dir):
+        if segment.relay != relay_id or segment.stream != METADATA_STREAM:
+            continue
+        if segment.last_seq <= after_seq:
+            continue
+        for row in pq.read_table(segment.path).to_pylist():
+            if row["seq"] > after_seq:
+                tx = Transaction(
+                    row["producer_id"],
+                    to_unsigned64(row["producer_seq"]),
+                    row["key"],
+                    row["value"],
+                    row["kind"],
+                )
+                yield row["seq"], row["digest"], tx, row["duplicate"]

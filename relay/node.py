@@ -102,7 +102,7 @@ from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.meta import METADATA_STREAM
-from relay.metasync import META_SYNC_MARK, MetaSync
+from relay.metasync import META_SYNC_MARK, MetaSync, fold_durable_history
 from relay.security import (
     CLIENT_DOMAIN,
     MESH_DOMAIN,
@@ -628,6 +628,26 @@ class RelayNode:
             if seeded:
                 self.counters["seeded_streams"] += 1
                 log.info("relay=%d stream=%s history ends at seq %d", self.id, stream, seq)
+        if METADATA_STREAM in points:
+            self._fold_metadata_history()
+
+    def _fold_metadata_history(self) -> None:
+        """Fold the metadata stream's durable history, for when no peer has the state
+        either (the whole mesh restarted): docs/metadata.md 3."""
+        spool = self.config.spool_dir if self.config.spool.enabled else None
+        try:
+            durable = fold_durable_history(self.config.store_dir, spool, self.id)
+        except Exception as error:  # unreadable history must not stop the relay: peers may help
+            log.error("relay=%d metadata history unreadable, not folded: %s", self.id, error)
+            return
+        if durable is not None:
+            self._metasync.durable = durable
+            log.info(
+                "relay=%d metadata folded from durable history: %d keys as of seq %d",
+                self.id,
+                len(durable.items),
+                durable.as_of,
+            )
 
     def _open_spool(self) -> None:
         settings = self.config.spool

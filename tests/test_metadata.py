@@ -21,9 +21,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay.client import Consumer, Metadata, Producer
+from relay.core.digest import chain, genesis, tx_hash
+from relay.core.messages import Transaction
 from relay.errors import BadVersion, Busy, LeaseLost, Rejected
 from relay.launcher import Mesh, write_loopback_topology
-from relay.meta import ABSENT, ANY_VERSION, METADATA_STREAM, decode_mark, mark_key
+from relay.meta import (
+    ABSENT,
+    ANY_VERSION,
+    KIND_META,
+    METADATA_STREAM,
+    OP_WRITE,
+    MetaOp,
+    decode_mark,
+    encode_op,
+    mark_key,
+)
+from relay.metasync import fold_durable_history
+from relay.segment import segment_name, segment_table, stream_dir_name, write_segment_file
 from relay.tools.metacheck import cas_worker, check_linearizable
 from relay.topology import MeshConfig
 from waiting import wait_until
@@ -287,3 +301,84 @@ def test_the_cli_keeps_a_durable_position(mesh: Mesh) -> None:
     assert missing.returncode == 1 and "no durable consumer 'cli'" in missing.stderr
     bad = relay("consume", "--stream", STREAM, "--durable", "no/slash", "--count", "1")
     assert bad.returncode == 2 and "durable consumer's name" in bad.stderr
+
+
+def test_marks_survive_a_restart_of_the_whole_mesh_with_spool(tmp_path: Path) -> None:
+    """Every relay restarts empty: each folds the metadata stream's spooled history, the
+    one whose spool reaches the point the mesh carries on from installs it, and the
+    others copy it from that one."""
+    config_path = write_loopback_topology(
+        tmp_path, {r: [STREAM] for r in range(3)}, [STREAM], spool={"enabled": True}
+    )
+    with Mesh(config_path, log_dir=tmp_path / "logs", log_level="warning") as first:
+        config = first.config
+        with Producer(topology=config) as producer:
+            producer.send_many(STREAM, [b"w%d" % i for i in range(20)])
+        with Consumer(topology=config, durable="keeper", timeout_s=30) as consumer:
+            consumer.subscribe(STREAM, "earliest")
+            for _ in range(7):
+                next(consumer)
+            position = consumer.commit()
+        with Metadata(topology=config) as meta:
+            version = meta.write("settings/limit", b"10", ABSENT)
+    # stopped (SIGTERM): each relay wrote its open spool segments
+    with Mesh(config_path, log_dir=tmp_path / "logs2", log_level="warning") as second:
+        wait_until(
+            lambda: all(
+                ((second.status(r) or {}).get("metadata") or {}).get("complete") for r in range(3)
+            ),
+            lambda: f"every relay's metadata view complete: {second.statuses()}",
+        )
+        for relay_id in range(3):
+            only = Metadata(relays=[second.endpoints[relay_id].client], timeout_s=30)
+            with only:
+                setting = only.read("settings/limit")
+                assert setting is not None and (setting.version, setting.value) == (version, b"10")
+        with Consumer(topology=second.config, durable="keeper", timeout_s=30) as again:
+            again.subscribe(STREAM, "earliest")
+            assert again.position == position
+        synced = [(second.status(r) or {})["metadata"]["sync"] for r in range(3)]
+        assert sum(s["installed_from_history"] + s["installed"] for s in synced) == 3
+
+
+def write_meta_spool(spool: Path, ops: list[MetaOp], skip: int | None = None) -> list[int]:
+    """Relay 0's spool of the metadata stream holding `ops` with a correct chain (the
+    record at index `skip` is left out, leaving a gap); their seqs."""
+    folder = spool / "relay=0" / stream_dir_name(METADATA_STREAM)
+    folder.mkdir(parents=True)
+    digest, seq = genesis(METADATA_STREAM), 1 << 40
+    rows: list[tuple[int, bytes, bytes]] = []
+    for index, op in enumerate(ops):
+        seq += 3
+        value = encode_op(op)
+        digest = chain(digest, seq, tx_hash(Transaction(b"p", index, None, value, KIND_META)))
+        if index != skip:
+            rows.append((seq, digest, value))
+    count = len(rows)
+    table = segment_table(
+        METADATA_STREAM,
+        0,
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [b"p"] * count,
+        [i for i in range(len(ops)) if i != skip],
+        [None] * count,
+        [r[2] for r in rows],
+        [KIND_META] * count,
+        [False] * count,
+    )
+    write_segment_file(table, folder / segment_name(rows[0][0], rows[-1][0]))
+    return [r[0] for r in rows]
+
+
+def test_durable_history_folds_up_to_a_gap(tmp_path: Path) -> None:
+    ops = [MetaOp(OP_WRITE, f"k{i % 3}", ANY_VERSION, b"%d" % i) for i in range(10)]
+    seqs = write_meta_spool(tmp_path / "whole", ops)
+    fold = fold_durable_history(tmp_path / "store", tmp_path / "whole", 0)
+    assert fold is not None and fold.as_of == seqs[-1]
+    assert {v.key: v.value for v in fold.items} == {"k0": b"9", "k1": b"7", "k2": b"8"}
+    seqs = write_meta_spool(tmp_path / "gap", ops, skip=6)
+    fold = fold_durable_history(tmp_path / "store", tmp_path / "gap", 0)
+    assert fold is not None and fold.as_of == seqs[5]  # the chain breaks after index 5
+    assert {v.key: v.value for v in fold.items} == {"k0": b"3", "k1": b"4", "k2": b"5"}
+    assert fold_durable_history(tmp_path / "store", tmp_path / "none", 0) is None
