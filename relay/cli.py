@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import re
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from relay import __version__
 
@@ -1038,6 +1040,30 @@ def _parse_start(ctx: click.Context, param: click.Parameter, value: str) -> Star
     return seq
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_DURATION_UNIT_S = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+
+def _parse_since(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+    """A moment: a duration back from now (90s, 10m, 2h, 1d) or an ISO 8601 timestamp
+    (UTC unless it names its zone)."""
+    if value is None:
+        return None
+    text = value.strip()
+    found = _DURATION.fullmatch(text)
+    if found:
+        back_s = float(found.group(1)) * _DURATION_UNIT_S[found.group(2)]
+        return datetime.now(UTC) - timedelta(seconds=back_s)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (90s, 10m, 2h, 1d) nor an ISO 8601 timestamp "
+            "(2026-11-23T10:00Z)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _text(data: bytes | None, as_base64: bool) -> str | None:
     import base64
 
@@ -1121,6 +1147,18 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
     ),
 )
 @click.option(
+    "--since",
+    "since",
+    default=None,
+    callback=_parse_since,
+    metavar="DURATION|TIME",
+    help=(
+        "Instead of --from: the records committed since then, a duration back from now "
+        "(90s, 10m, 2h, 1d) or an ISO 8601 time (2026-11-23T10:00Z; UTC unless it names "
+        "its zone), as the relays' clocks stamped them."
+    ),
+)
+@click.option(
     "--count",
     "count",
     type=click.IntRange(min=0),
@@ -1180,6 +1218,7 @@ def consume(
     stream: str,
     relay_id: int | None,
     start: Start,
+    since: datetime | None,
     count: int | None,
     timeout_s: float | None,
     as_base64: bool,
@@ -1214,6 +1253,9 @@ def consume(
     from relay.errors import ClientError, OutOfRange, UnknownStream
     from relay.launcher import query_status
 
+    context = click.get_current_context()
+    if since is not None and context.get_parameter_source("start") is not ParameterSource.DEFAULT:
+        raise click.UsageError("give --from or --since, not both")
     config = _load_config(config_path)
     _check_stream_name(stream)
     if durable is not None:
@@ -1238,7 +1280,7 @@ def consume(
     code = 0
     printed_all = True  # every record yielded was printed: the position may be committed
     try:
-        consumer.subscribe(stream, start)
+        consumer.subscribe(stream, start if since is None else since)
         if consumer.snapshot is not None:
             for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
                 _emit(line)
@@ -1474,13 +1516,23 @@ def consumers_delete(
 
 
 def _parse_reset_to(ctx: click.Context, param: click.Parameter, value: str) -> str | int:
+    from relay.engines import position_at
+
     text = value.strip().lower()
     if text in ("earliest", "latest"):
         return text
     try:
         position = int(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not earliest, latest or a seq") from None
+        try:
+            moment = _parse_since(ctx, param, value)
+        except click.BadParameter:
+            raise click.BadParameter(
+                f"{value!r} is not earliest, latest, a seq, a duration (10m) or a time "
+                "(2026-11-23T10:00Z)"
+            ) from None
+        assert moment is not None
+        return position_at(moment)
     if position < -1:
         raise click.BadParameter(f"{position} is not a seq (-1 or more)")
     return position
@@ -1495,9 +1547,10 @@ def _parse_reset_to(ctx: click.Context, param: click.Parameter, value: str) -> s
     "to",
     required=True,
     callback=_parse_reset_to,
-    metavar="SEQ|earliest|latest",
+    metavar="SEQ|earliest|latest|TIME",
     help="The new position: the next run reads the records after SEQ, from the oldest "
-    "held (earliest), or what commits after now (latest).",
+    "held (earliest), what commits after now (latest), or what committed since TIME (a "
+    "duration back from now, 10m, or an ISO 8601 time).",
 )
 @_force_option
 @_key_file_option

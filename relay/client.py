@@ -89,6 +89,7 @@ import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
@@ -110,7 +111,9 @@ from relay.engines import (
     Start,
     StoreBatch,
     StoreRead,
+    check_produce_target,
     check_stream,
+    position_at,
 )
 from relay.errors import (
     BadVersion,
@@ -547,7 +550,7 @@ class Producer(_ProducerBase[_SyncLinks]):
         Rejected, UnknownStream, Unknown or Fenced (relay.errors). `kind` says how the
         value is read (0: a plain value, one change; see `send_changes`)."""
         self._check_open()
-        check_stream(stream)
+        check_produce_target(stream)
         key, value = _check_tx(key, value)
         op = self._engine.submit(stream, key, value, _check_kind(kind))
         self._run(lambda: op.done)
@@ -580,7 +583,7 @@ class Producer(_ProducerBase[_SyncLinks]):
         settled before this returns; then the first failure is raised, unless
         `return_exceptions` puts the errors in the list instead."""
         self._check_open()
-        check_stream(stream)
+        check_produce_target(stream)
         items = iter(values)
         # Results by position, and only the unsettled transactions by op: a settled one
         # is let go at once (a long send_many would otherwise keep every op alive, and
@@ -725,7 +728,7 @@ class AsyncProducer(_ProducerBase[_AsyncLinks]):
         """Wait for room in the window, start producing, and return a future of the
         committed sequence number (or of the error)."""
         self._check_open()
-        check_stream(stream)
+        check_produce_target(stream)
         key, value = _check_tx(key, value)
         _check_kind(kind)
         await self._slots.take()
@@ -1069,9 +1072,11 @@ class _ConsumerBase(Generic[_L]):
             self._meta.close()
             self._meta = None
 
-    def _subscribe(self, stream: str, start: Start) -> None:
+    def _subscribe(self, stream: str, start: Start | datetime) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        if isinstance(start, datetime):
+            start = position_at(start)
         start = self._take_mark(stream, start)
         snapshot = None
         if start == "snapshot":
@@ -1161,11 +1166,13 @@ class Consumer(_ConsumerBase[_SyncLinks]):
 
     _links_type = _SyncLinks
 
-    def subscribe(self, stream: str, start: Start = "earliest") -> Consumer:
+    def subscribe(self, stream: str, start: Start | datetime = "earliest") -> Consumer:
         """Read `stream` from `start`: "earliest" (the whole history, the store's first),
-        "latest" (what commits from now on), a position (a seq: records after it), or
-        "snapshot" (the latest stored snapshot, see `snapshot`, then the records after
-        it; ValueError without a store)."""
+        "latest" (what commits from now on), a position (a seq: records after it), a
+        moment (a timezone-aware datetime: the records committed from then on, by the seqs'
+        milliseconds), or "snapshot" (the latest stored snapshot, see `snapshot`, then the
+        records after it; ValueError without a store). A durable consumer starts there
+        only when it has no mark yet."""
         self._subscribe(stream, start)
         return self
 
@@ -1237,7 +1244,7 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
     # read by two threads at once.
     _store_read_under_way: asyncio.Future[StoreBatch] | None = None
 
-    def subscribe(self, stream: str, start: Start = "earliest") -> AsyncConsumer:
+    def subscribe(self, stream: str, start: Start | datetime = "earliest") -> AsyncConsumer:
         """Like Consumer.subscribe (reading a snapshot blocks while it loads)."""
         self._subscribe(stream, start)
         return self

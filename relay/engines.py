@@ -17,6 +17,7 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -24,6 +25,7 @@ import msgspec
 from relay import wire
 from relay.core import Limits, Outcome, ReadStatus, RejectReason
 from relay.core.fields import MAX_STREAM_NAME_BYTES, MAX_U63, MAX_U64
+from relay.core.seq import EPOCH_MS, MAX_MS, compose
 from relay.core.structs import IdentityStruct
 from relay.errors import (
     ClientError,
@@ -38,6 +40,7 @@ from relay.errors import (
     UnknownStream,
 )
 from relay.store.changes import KIND_PLAIN, Change, changes_of
+from relay.topology import pattern_refusal
 
 BACKOFF_BASE_S = 0.05  # pause after every relay failed once; doubles per round
 BACKOFF_MAX_S = 1.0
@@ -72,6 +75,27 @@ _READ_REFUSALS: dict[str, type[ClientError]] = {
     SlowConsumer.__name__: SlowConsumer,
     TooManyStreams.__name__: TooManyStreams,
 }
+
+
+def position_at(moment: datetime) -> int:
+    """The position (a seq: the records after it are read) at which the records committed
+    at or after `moment` (timezone-aware) begin: a seq carries the millisecond of its
+    coordinator's clock, so this is as exact as the relays' clocks agree."""
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment.isoformat()} has no timezone: give one (e.g. UTC)")
+    ms = int(moment.timestamp() * 1000) - EPOCH_MS
+    if ms <= 0:
+        return -1  # before the first possible seq: the whole history
+    return compose(min(ms, MAX_MS), 0, 0) - 1
+
+
+def check_produce_target(stream: object) -> str:
+    """A stream a producer may write to: a name (check_stream) that is not a pattern."""
+    name = check_stream(stream)
+    refused = pattern_refusal(name)
+    if refused:
+        raise ValueError(f"{refused}: produce to one stream")
+    return name
 
 
 def check_stream(stream: object) -> str:

@@ -43,7 +43,7 @@ import zmq
 from relay import wire
 from relay.errors import RelayError
 from relay.security import ClientCurve, KeyRing, client_curve
-from relay.topology import MeshConfig, RelaySpec, load
+from relay.topology import MeshConfig, RelaySpec, is_pattern, load
 
 __all__ = [
     "Mesh",
@@ -63,7 +63,6 @@ POLL_S = 0.05  # how often start() looks at the children
 PROBE_TIMEOUT_S = 0.25  # one StatusReq round while waiting for relays to come up
 MAX_STATUS_BYTES = 64 * 1024 * 1024
 ADMIN_GRANT = {"produce": ["*"], "consume": ["*"], "admin": True}  # a client with every right
-_PATTERN_CHARS = "*?["
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -178,7 +177,7 @@ def _status_reply(
 
 def named_streams(spec: RelaySpec) -> tuple[str, ...]:
     """The exact stream names of a relay's subscriptions (they join at start)."""
-    return tuple(s for s in spec.streams if not any(c in s for c in _PATTERN_CHARS))
+    return tuple(s for s in spec.streams if not is_pattern(s))
 
 
 def startup_streams(config: MeshConfig, relay_id: int) -> tuple[str, ...]:

@@ -62,6 +62,7 @@ from relay.core import (
 )
 from relay.errors import FrameError, MalformedFrame
 from relay.meta import KIND_META, METADATA_STREAM, InvalidMetaOp, MetaView, decode_op
+from relay.topology import pattern_refusal
 
 log = logging.getLogger("relay.node")
 
@@ -273,6 +274,9 @@ class ClientService:
         self, envelope: Envelope, client: str | None, stream: str, producer_id: bytes
     ) -> str:
         """The reject reason of a produce its client may not make here ("" if it may)."""
+        pattern = pattern_refusal(stream)
+        if pattern:
+            return f"{wire.INVALID}: {pattern}"
         denied = self._denied(client, Right.PRODUCE, stream, producer_id)
         if denied:
             return f"{wire.NOT_AUTHORIZED} ({denied})"
@@ -621,9 +625,10 @@ def _meta_refusal(kind: int, value: bytes) -> str:
     """Why a produce to the metadata stream is refused ("" if it is an operation): only
     metadata operations go there, so that every committed record of it means something."""
     if kind != KIND_META:
-        return f"invalid: the metadata stream takes kind {KIND_META} operations, not kind {kind}"
+        why = f"the metadata stream takes kind {KIND_META} operations, not kind {kind}"
+        return f"{wire.INVALID}: {why}"
     try:
         decode_op(value)
     except InvalidMetaOp as e:
-        return f"invalid: {e}"
+        return f"{wire.INVALID}: {e}"
     return ""

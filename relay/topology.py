@@ -87,6 +87,18 @@ _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
 _PATTERN_CHARS = "*?["
 
 
+def is_pattern(stream: str) -> bool:
+    """Whether a name is an fnmatch pattern (it names many streams), not one stream."""
+    return "*" in stream or "?" in stream or "[" in stream
+
+
+def pattern_refusal(stream: str) -> str:
+    """Why `stream` may not be produced to ("" if it may): a pattern names many streams."""
+    if is_pattern(stream):
+        return f"{stream!r} is a pattern (it has one of {_PATTERN_CHARS}), not one stream"
+    return ""
+
+
 # --- the result ------------------------------------------------------------------------
 
 
@@ -198,7 +210,7 @@ def _check_name(name: str) -> str:
 
 def _check_declared_name(name: str) -> str:
     _check_name(name)
-    if any(c in name for c in _PATTERN_CHARS):
+    if is_pattern(name):
         raise ValueError(
             f"{name!r} is a pattern; declared streams are exact names "
             "(patterns belong in a relay's streams)"

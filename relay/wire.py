@@ -17,7 +17,8 @@ Requests (client -> relay) and their answers:
         docs/store.md; part of the transaction's hash).
     ProduceResp [2, request_id, outcome, seq, reason, redirect]
         outcome: "committed" (seq is the committed sequence number), "rejected" (reason:
-        "late", "unknown_stream", "too_large", "buffer_full", "invalid",
+        "late", "unknown_stream", "too_large", "buffer_full", "invalid" (followed by why:
+        e.g. the stream is a pattern, or a metadata stream's value is not an operation),
         "duplicate_mismatch": another transaction holds this producer_id and producer_seq,
         "not_authorized": the client's identity may not produce to the stream, or under this
         producer_id; the reason goes on to say which, docs/security.md; "too_many_streams":
@@ -155,6 +156,7 @@ MAX_READ_ENTRIES = 65_536
 MAX_WAIT_MS = 600_000
 MAX_TEXT_CHARS = 4_096  # reason, error, message
 NOT_AUTHORIZED = "not_authorized"  # the reject reason of a produce the client may not make
+INVALID = "invalid"  # the reject reason of a produce that names a pattern or breaks a rule
 # Room for everything in a ProduceReq besides the transaction's own bytes (stream name,
 # producer id, ints, msgpack headers), so a frame carrying a max_tx_bytes transaction fits.
 REQUEST_OVERHEAD_BYTES = 1_024

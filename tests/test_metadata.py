@@ -13,16 +13,20 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relay import wire
 from relay.client import Consumer, Metadata, Producer
 from relay.core.digest import chain, genesis, tx_hash
-from relay.core.messages import Transaction
+from relay.core.messages import Outcome, Transaction
+from relay.core.seq import EPOCH_MS, ms_of
 from relay.errors import BadVersion, Busy, LeaseLost, Rejected
 from relay.launcher import Mesh, write_loopback_topology
 from relay.meta import (
@@ -49,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     folder = tmp_path_factory.mktemp("meta")
-    config = write_loopback_topology(folder, {r: [STREAM] for r in range(3)}, [STREAM])
+    config = write_loopback_topology(folder, {r: [STREAM, "orders.*"] for r in range(3)}, [STREAM])
     with Mesh(config, log_dir=folder / "logs", log_level="warning") as running:
         yield running
 
@@ -382,3 +386,58 @@ def test_durable_history_folds_up_to_a_gap(tmp_path: Path) -> None:
     assert fold is not None and fold.as_of == seqs[5]  # the chain breaks after index 5
     assert {v.key: v.value for v in fold.items} == {"k0": b"3", "k1": b"4", "k2": b"5"}
     assert fold_durable_history(tmp_path / "store", tmp_path / "none", 0) is None
+
+
+def test_a_consumer_starts_at_a_time(mesh: Mesh) -> None:
+    config = config_of(mesh)
+    stream = "orders.since"
+    with Producer(topology=config) as producer:
+        before = sorted(producer.send_many(stream, [b"old"] * 5))
+        wait_until(lambda: time.time() * 1000 > ms_of(before[-1]) + EPOCH_MS + 2, "a new ms")
+        moment = datetime.now(UTC)
+        after = sorted(producer.send_many(stream, [b"new"] * 5))
+    with Consumer(topology=config, timeout_s=5) as consumer:
+        consumer.subscribe(stream, moment)
+        assert [record.seq for record in consumer] == after
+    with pytest.raises(ValueError, match="no timezone"):
+        Consumer(topology=config).subscribe(stream, datetime.now())
+
+    def consume(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *(sys.executable, "-m", "relay", "consume", "--config", str(mesh.config_path)),
+                *("--stream", stream, "--timeout-s", "2", *args),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+
+    since = consume("--since", moment.isoformat())
+    assert [json.loads(line)["seq"] for line in since.stdout.splitlines()] == after
+    everything = consume("--since", "1d")
+    assert [json.loads(line)["seq"] for line in everything.stdout.splitlines()] == before + after
+    both = consume("--since", "1m", "--from", "earliest")
+    assert both.returncode == 2 and "--from or --since" in both.stderr
+    bad = consume("--since", "yesterday")
+    assert bad.returncode == 2 and "neither a duration" in bad.stderr
+
+
+def test_a_pattern_is_not_a_produce_target(mesh: Mesh) -> None:
+    producer = Producer(topology=config_of(mesh))
+    with producer, pytest.raises(ValueError, match="is a pattern"):
+        producer.send("orders.*", b"x")
+    # A client that sends one anyway (not this library) is refused by the relay.
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(mesh.endpoints[0].client)
+        sock.send(wire.encode(wire.ProduceReq(1, "orders.*", b"raw", 0, None, b"x")))
+        assert sock.poll(30_000), "no answer to a produce to a pattern"
+        answer = wire.decode(sock.recv(), 1 << 20)
+        assert isinstance(answer, wire.ProduceResp) and answer.outcome is Outcome.REJECTED
+        assert answer.reason.startswith("invalid: 'orders.*' is a pattern")
+    finally:
+        ctx.destroy(linger=0)
