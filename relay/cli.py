@@ -1285,6 +1285,8 @@ def consume(
             for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
                 _emit(line)
         for record in consumer:
+            if seen == 0:
+                _warn_history_gone(stream, consumer)
             printed_all = False
             _emit(json.dumps(_record_doc(record, as_base64)))
             printed_all = True
@@ -1320,6 +1322,16 @@ def consume(
     finally:
         code = _close_consumer(consumer, commit=printed_all) or code
     sys.exit(code)
+
+
+def _warn_history_gone(stream: str, consumer: Consumer) -> None:
+    gone = consumer.history_gone_before
+    if gone is not None:
+        click.echo(
+            f"warning: the history of {stream!r} up to seq {gone} is gone (no relay holds "
+            "it and no store has it); reading from there",
+            err=True,
+        )
 
 
 def _close_consumer(consumer: Consumer, commit: bool) -> int:

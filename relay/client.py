@@ -37,7 +37,10 @@ request id, answer, retries and error. Should a relay refuse a whole batch (Erro
 changed nothing), its transactions are sent again one per frame.
 
 Consuming: `subscribe(stream, start)` with start "earliest" (the whole history: the
-store's records, then the relays'; without a store the oldest entry a relay holds),
+store's records, then the relays'; a relay whose history starts after a base, e.g. one
+restarted empty, hands over to the store or another relay; when none holds the beginning,
+reading starts at the oldest history held and `history_gone_before` says up to where it
+is gone), a moment (a timezone-aware datetime),
 "latest" (the relay's committed point, learnt by the first read, i.e. at the first
 `next()`), a position: a seq, meaning "the records after it" (resume with the last seq
 processed, `Consumer.position`), or "snapshot" (the stream's latest stored snapshot, loaded
@@ -1125,6 +1128,14 @@ class _ConsumerBase(Generic[_L]):
         pyarrow Table of entity, key, value, seq); the records yielded are those after its
         seq. None for other starts, or when the stream had no snapshot yet."""
         return self._snapshot
+
+    @property
+    def history_gone_before(self) -> int | None:
+        """Read from the beginning: None while the records yielded start at the stream's
+        genesis (or the store's first record); else the seq up to which history is gone
+        (evicted from every relay asked and not in the store), the records yielded being
+        those after it. Known from the first record on."""
+        return self._engine.history_gone_before
 
     @property
     def oldest_available(self) -> int | None:

@@ -768,6 +768,9 @@ class ReadEngine:
         self.oldest_available: int | None = None
         self.source: Source = "relays"
         self.store_end: int | None = None  # the store's last seq of the stream, as last read
+        # Reading from the beginning found every relay's history starting after this seq
+        # and no store holding what came before: it is gone; reading went on from there.
+        self.history_gone_before: int | None = None
         self._rid_source = RequestIds(first_request_id)
         self._rid: int | None = None
         self._sent_at = 0.0
@@ -809,6 +812,7 @@ class ReadEngine:
         self.oldest_available = None
         self.source = "relays"
         self.store_end = None
+        self.history_gone_before = None
         self._rid = None
         self._timer = None
         self._candidates = deque(self.relays.order(stream))
@@ -897,11 +901,11 @@ class ReadEngine:
             return
         status = msg.status
         if status is ReadStatus.OK:
-            if self.last == -1 and msg.oldest > GENESIS_POINT and self.store_path is not None:
-                # From the beginning, a relay serves what it holds after its base (after a
-                # restart from the store's last point, or a rebase): the history before it
-                # must come from the store or another relay. (Without a store "earliest"
-                # means the oldest entry held, as it always did.)
+            if self.last == -1 and msg.oldest > GENESIS_POINT:
+                # From the beginning, a relay serves what it holds after its base (a relay
+                # restarted empty, a restart from the store's last point, an eviction): the
+                # history before it must come from the store or another relay. If none
+                # has it, `_pick` says it is gone and reads on from the oldest held.
                 self._cannot_serve(
                     endpoint,
                     msg.oldest,
@@ -1022,6 +1026,8 @@ class ReadEngine:
             or self._rounds >= OUT_OF_RANGE_ROUNDS
         ):
             oldest = min(self._oldest.values())
+            if self.last == -1:  # from the beginning: what no one holds any more is gone
+                return self._read_on_after_gone(oldest)
             self.oldest_available = oldest
             self.error = OutOfRange(
                 f"stream {self.stream!r}: no relay still holds the entries after seq "
@@ -1037,6 +1043,21 @@ class ReadEngine:
         self._store_asked_at = None
         self._timer = now + _backoff(self._rounds)
         return None
+
+    def _read_on_after_gone(self, oldest: int) -> str:
+        """Every relay's history starts after `oldest` (the lowest) and the store does not
+        hold what came before: say so, and read from the relay that holds the most."""
+        self.history_gone_before = oldest
+        self.stats["history_gone"] += 1
+        self.last = oldest
+        assert self.stream is not None
+        first = min(self._oldest, key=self._oldest.__getitem__)
+        self._candidates = deque(e for e in self.relays.order(self.stream) if e != first)
+        self._tried = {first}
+        self._round.clear()
+        self._oldest.clear()
+        self._rounds = 0
+        return first
 
     def _store_text(self) -> str:
         """For OutOfRange: where the store ends, if there is one."""

@@ -441,3 +441,49 @@ def test_a_pattern_is_not_a_produce_target(mesh: Mesh) -> None:
         assert answer.reason.startswith("invalid: 'orders.*' is a pattern")
     finally:
         ctx.destroy(linger=0)
+
+
+def test_earliest_reads_the_oldest_history_any_relay_holds(tmp_path: Path) -> None:
+    """A relay restarted empty holds only what committed since: read from the beginning,
+    a consumer that asks it first goes on to a relay that holds more; asked alone, it says
+    the history before its base is gone instead of starting later in silence."""
+    config_path = write_loopback_topology(tmp_path, {r: [STREAM] for r in range(3)}, [STREAM])
+    with Mesh(config_path, log_dir=tmp_path / "logs", log_level="warning") as mesh:
+        with Producer(topology=mesh.config) as producer:
+            early = sorted(producer.send_many(STREAM, [b"e"] * 20))
+            mesh.kill(0)
+            mesh.restart(0, 60)
+            late = sorted(producer.send_many(STREAM, [b"l"] * 10))
+        endpoints = [mesh.endpoints[r].client for r in (0, 1, 2)]
+        consumer = Consumer(relays=endpoints, timeout_s=5, store=False)
+        with consumer.subscribe(STREAM, "earliest"):
+            assert [r.seq for r in consumer] == early + late
+            assert consumer.history_gone_before is None
+        alone = Consumer(relays=endpoints[:1], timeout_s=5, store=False)
+        with alone.subscribe(STREAM, "earliest"):
+            read = [r.seq for r in alone]
+            gone = alone.history_gone_before
+        assert gone is not None and gone >= early[-1] and read == [s for s in late if s > gone]
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relay",
+                "consume",
+                "--config",
+                str(config_path),
+                "--stream",
+                STREAM,
+                "--relay",
+                "0",
+                "--timeout-s",
+                "2",
+                "--no-store",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert len(cli.stdout.splitlines()) == len(early + late)  # --relay 0 is only first
