@@ -197,7 +197,7 @@ DRAIN_MAX = 10_000  # frames taken from one socket per wake
 DEFAULT_LEASE_TTL_S = 5.0  # a holder that stops renewing is replaced this long after
 MIN_LEASE_TTL_S = 0.1
 # A contender waits this much beyond a lease's TTL before taking it over: room for the two
-# processes' clocks running at slightly different rates, and for the holder's last check.
+# processes' clocks running at slightly different rates.
 LEASE_MARGIN_S = 0.25
 LEASE_RENEW_FRACTION = 3  # a holder renews after a third of its TTL
 LEASE_POLL_S = 0.5  # how often a waiting contender looks at the lease at most
