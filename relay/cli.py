@@ -1395,17 +1395,17 @@ def _marks(meta: Metadata, durable: str | None) -> list[dict[str, Any]]:
     return found
 
 
-def _committed_point(config: MeshConfig, key_file: str | None, stream: str) -> int:
-    """The highest committed point of `stream` any relay reports (-1: none answered)."""
+def _committed_points(config: MeshConfig, key_file: str | None) -> dict[str, int]:
+    """Per stream, the highest committed point any relay reports (one status round)."""
     from relay.launcher import query_status
 
     endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
     replies = query_status(endpoints, UNREACHABLE_PROBE_S, _client_curve(config, key_file))
-    points = [
-        int(((reply.status or {}).get("streams") or {}).get(stream, {}).get("committed", -1))
-        for reply in replies.values()
-    ]
-    return max(points, default=-1)
+    points: dict[str, int] = {}
+    for reply in replies.values():
+        for stream, state in ((reply.status or {}).get("streams") or {}).items():
+            points[stream] = max(points.get(stream, -1), int(state.get("committed", -1)))
+    return points
 
 
 def _run_meta(action: Callable[[], int]) -> NoReturn:
@@ -1461,8 +1461,9 @@ def consumers_show(config_path: str, durable: str, key_file: str | None) -> None
         if not marks:
             click.echo(f"error: no durable consumer {durable!r} has a mark", err=True)
             return 1
+        points = _committed_points(config, key_file)
         for mark in marks:
-            committed = _committed_point(config, key_file, mark["stream"])
+            committed = points.get(mark["stream"], -1)
             mark["committed"] = committed
             if committed > 0 and mark["seq"] > 0:
                 mark["behind_ms"] = max(0, ms_of(committed) - ms_of(mark["seq"]))
@@ -1582,7 +1583,7 @@ def consumers_reset(
         config, meta = _metadata(config_path, key_file)
         with meta:
             if to == "latest":
-                position = _committed_point(config, key_file, stream)
+                position = _committed_points(config, key_file).get(stream, -1)
                 if position < 0:
                     click.echo(f"error: no relay told stream {stream!r}'s position", err=True)
                     return 1

@@ -328,8 +328,8 @@ class ClientService:
                 denied = self._produce_refusal(envelope, client, stream, producer_id)
                 if not denied and not self._members(stream):
                     self.counters["client_unknown_stream"] += 1
-            if denied or (stream == METADATA_STREAM and _meta_refusal(kind, value)):
-                why = denied or _meta_refusal(kind, value)
+            why = denied or (_meta_refusal(kind, value) if stream == METADATA_STREAM else "")
+            if why:
                 self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, why)
                 continue
             core_id = self._register(envelope, item_id, stream, True)

@@ -421,6 +421,9 @@ def _redirect(v: Any, name: str) -> tuple[int, ...]:
 
 _OUTCOMES = {o.value: o for o in Outcome}
 _READ_STATUSES = {s.value: s for s in ReadStatus}
+_META_OPS = {op: op for op in META_OPS}
+_META_STATUSES = {status: status for status in META_STATUSES}
+_META_RESULTS = {result: result for result in META_RESULTS}
 
 
 def _kind(v: Any, name: str) -> int:
@@ -600,12 +603,6 @@ def _dec_error_resp(a: list[Any]) -> ErrorResp:
     )
 
 
-def _choice(v: Any, choices: tuple[str, ...], name: str) -> str:
-    if type(v) is not str or v not in choices:
-        _bad(name, " or ".join(repr(c) for c in choices), v)
-    return v
-
-
 def _meta_key(v: Any, name: str) -> str:
     if type(v) is not str or len(v) > MAX_META_KEY_CHARS:
         _bad(name, f"str of at most {MAX_META_KEY_CHARS} characters", v)
@@ -615,7 +612,7 @@ def _meta_key(v: Any, name: str) -> str:
 def _dec_meta_req(a: list[Any]) -> MetaReq:
     return MetaReq(
         u63(a[1], "MetaReq.request_id"),
-        _choice(a[2], META_OPS, "MetaReq.op"),
+        _enum(a[2], _META_OPS, "MetaReq.op"),
         _meta_key(a[3], "MetaReq.key"),
         u63_or_none(a[4], "MetaReq.seq"),
     )
@@ -636,10 +633,10 @@ def _meta_items(v: Any, name: str) -> tuple[MetaItem, ...]:
 def _dec_meta_resp(a: list[Any]) -> MetaResp:
     return MetaResp(
         u63(a[1], "MetaResp.request_id"),
-        _choice(a[2], META_STATUSES, "MetaResp.status"),
+        _enum(a[2], _META_STATUSES, "MetaResp.status"),
         u63_or_none(a[3], "MetaResp.applied"),
         _meta_items(a[4], "MetaResp.items"),
-        _choice(a[5], META_RESULTS, "MetaResp.result"),
+        _enum(a[5], _META_RESULTS, "MetaResp.result"),
         u63(a[6], "MetaResp.version"),
         _text(a[7], "MetaResp.detail"),
     )

@@ -47,7 +47,7 @@ def percentile(values: list[float], p: float) -> float:
 def cas_latency(config: Path) -> dict[str, float]:
     times = []
     with Metadata(topology=config) as meta:
-        version = meta.write("bench/cas", b"0", ABSENT) if meta.read("bench/cas") is None else 0
+        version = meta.write("bench/cas", b"0", ABSENT)  # a fresh mesh: the key is new
         for i in range(CAS_WRITES):
             began = time.perf_counter()
             version = meta.write("bench/cas", b"%d" % i, version)
