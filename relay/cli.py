@@ -1124,7 +1124,13 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
 
 @main.command()
 @_config_option
-@click.option("--stream", "stream", required=True, metavar="S", help="The stream to read.")
+@click.option(
+    "--stream",
+    "stream",
+    required=True,
+    metavar="S",
+    help="The stream to read, or a pattern (quoted: 'orders.*') for every stream it names.",
+)
 @click.option(
     "--relay",
     "relay_id",
@@ -1232,6 +1238,11 @@ def consume(
     "value"} (bytes decoded as UTF-8 with replacement characters, or base64 with --base64;
     a missing key is null; a change list adds "kind" and "changes").
 
+    S may be a pattern ('orders.*'; fnmatch `*`, `?`, `[...]`): every stream it names is
+    read, each in its own order, those that appear while it runs included (from their
+    first record); "stream" says whose each line is. --from SEQ and --since apply to every
+    stream; --from snapshot is for one stream only.
+
     History older than the relays' buffers comes from the store (the topology's
     data_dir/store, built by `relay store ingest`), then the relays carry on with no gap.
     With --from snapshot, the latest snapshot's rows come first, one JSON line per key:
@@ -1252,6 +1263,7 @@ def consume(
     from relay.client import Consumer, ingested_store
     from relay.errors import ClientError, OutOfRange, UnknownStream
     from relay.launcher import query_status
+    from relay.topology import is_pattern
 
     context = click.get_current_context()
     if since is not None and context.get_parameter_source("start") is not ParameterSource.DEFAULT:
@@ -1262,6 +1274,11 @@ def consume(
         _check_durable(durable)
     relays = _client_endpoints(config, relay_id, stream)
     store: Path | Literal[False] = False if no_store else (ingested_store(config) or False)
+    if start == "snapshot" and is_pattern(stream):
+        raise click.BadParameter(
+            f"{stream!r} is a pattern; --from snapshot reads one stream's snapshot",
+            param_hint="--from",
+        )
     if start == "snapshot" and not store:
         click.echo(f"error: --from snapshot needs a store; {config.store_dir} has none", err=True)
         sys.exit(2)
@@ -1279,14 +1296,16 @@ def consume(
     seen = 0
     code = 0
     printed_all = True  # every record yielded was printed: the position may be committed
+    started: set[str] = set()  # the streams a record was printed of
     try:
         consumer.subscribe(stream, start if since is None else since)
         if consumer.snapshot is not None:
             for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
                 _emit(line)
         for record in consumer:
-            if seen == 0:
-                _warn_history_gone(stream, consumer)
+            if record.stream not in started:
+                started.add(record.stream)
+                _warn_history_gone(record.stream, consumer)
             printed_all = False
             _emit(json.dumps(_record_doc(record, as_base64)))
             printed_all = True

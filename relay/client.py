@@ -51,6 +51,12 @@ consumed, so a slow consumer costs a relay nothing. It resumes after the last se
 number it yielded (never yielding a seq at or below it) on another relay when its relay
 redirects, is fenced, is not ready, does not answer or goes away.
 
+A pattern (`subscribe("orders.*")`, fnmatch) reads every stream it names, each by the rules
+above with its own position (`positions`): the relays are asked which of their streams
+match (StreamsReq, every `pattern_refresh_s`, so streams that appear later are read too,
+from their beginning), and the next record yielded is the oldest one buffered of any of
+them; all share one connection per relay.
+
 The store (docs/store.md 5; `store=` a path, or by default the topology's `store_dir` once
 a store was ingested there; `store=False` never) holds every stream's history from its
 genesis up to its last ingested point, so it covers what the relays' bounded buffers no
@@ -103,7 +109,7 @@ import zmq.asyncio
 from relay import wire
 from relay.access import producer_id_prefix
 from relay.core.config import Limits
-from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND, MAX_U64
+from relay.core.fields import MAX_PRODUCER_ID_BYTES, MAX_TX_KIND, MAX_U63, MAX_U64
 from relay.engines import (
     Op,
     ProduceEngine,
@@ -114,6 +120,7 @@ from relay.engines import (
     Start,
     StoreBatch,
     StoreRead,
+    StreamWatch,
     check_produce_target,
     check_stream,
     position_at,
@@ -152,7 +159,7 @@ from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
 from relay.store.manifest import MANIFEST_DIR
-from relay.topology import MeshConfig, load
+from relay.topology import MeshConfig, is_pattern, load
 from relay.wire import MAX_READ_ENTRIES, MAX_WAIT_MS
 
 if TYPE_CHECKING:  # pyarrow (the store extra) is imported only when a store is used
@@ -192,6 +199,11 @@ DEFAULT_REQUEST_TIMEOUT_S = 5.0  # one attempt without an answer (a relay answer
 #                                   produce_timeout_ms, 2 s by default, with `unknown`)
 DEFAULT_CONNECT_GRACE_S = 0.25  # how long a new client waits for its first connections
 DEFAULT_MAX_BATCH = 1_000  # entries a consumer asks for at once
+# How often a consumer of a pattern asks the relays for streams that appeared since (a
+# relay's pattern opens a stream on its first produce); each round is one small request
+# per relay.
+DEFAULT_PATTERN_REFRESH_S = 5.0
+MIN_PATTERN_REFRESH_S = 0.01
 DEFAULT_WAIT_MS = 1_000  # a consumer's long poll
 DRAIN_MAX = 10_000  # frames taken from one socket per wake
 DEFAULT_LEASE_TTL_S = 5.0  # a holder that stops renewing is replaced this long after
@@ -216,6 +228,10 @@ RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
 TopologySource: TypeAlias = str | Path | MeshConfig
 StoreSource: TypeAlias = str | os.PathLike[str] | Literal[False] | None
 KeyFile: TypeAlias = str | os.PathLike[str] | None
+# Where a subscription starts: for one stream, or for each stream of a pattern (a mapping:
+# per stream, None meaning "latest", as in Consumer.positions; the others from their
+# beginning).
+PatternStart: TypeAlias = Start | datetime | Mapping[str, Start | datetime | None]
 PRODUCER_ID_RANDOM_BYTES = 16  # after the client's name and "/" (with CurveZMQ)
 Item: TypeAlias = bytes | tuple[bytes | None, bytes]
 
@@ -928,6 +944,51 @@ def _open_store(store: StoreSource, config: MeshConfig | None) -> _StoreFeed | N
     return _StoreFeed(Path(store))
 
 
+class _Lane:
+    """One stream a consumer reads: its reading rules (engine), its durable mark, and the
+    snapshot it started from."""
+
+    __slots__ = ("engine", "mark", "snapshot")
+
+    def __init__(
+        self, engine: ReadEngine, mark: DurableMark | None, snapshot: StoredSnapshot | None
+    ) -> None:
+        self.engine = engine
+        self.mark = mark
+        self.snapshot = snapshot
+
+    @property
+    def position(self) -> int | None:
+        engine = self.engine
+        return engine.last if not engine.records else engine.records[0].seq - 1
+
+
+class _Router:
+    """Hands each answer frame, decoded once, to the engine whose request it answers (the
+    streams of a pattern share one connection per relay)."""
+
+    def __init__(self, frame_limit: int) -> None:
+        self.frame_limit = frame_limit
+        self.engines: list[ReadEngine | StreamWatch] = []
+        self.stats: Counter[str] = Counter()
+
+    def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
+        try:
+            msg = wire.decode(frame, self.frame_limit)
+        except FrameError:
+            self.stats["bad_frames"] += 1
+            return
+        for engine in self.engines:
+            if engine.asked(msg.request_id):
+                engine.on_answer(endpoint, msg, now)
+                return
+        self.stats["stale_answers"] += 1
+
+    def on_disconnect(self, endpoint: str, now: float) -> None:
+        for engine in self.engines:
+            engine.on_disconnect(endpoint, now)
+
+
 class _ConsumerBase(Generic[_L]):
     _links_type: type[_L]  # the sync or the asyncio way of talking to relays
 
@@ -949,9 +1010,11 @@ class _ConsumerBase(Generic[_L]):
         auto_commit_interval_s: float | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         lease_wait_s: float | None = 0.0,
+        pattern_refresh_s: float = DEFAULT_PATTERN_REFRESH_S,
     ) -> None:
         _check_range("max_batch", max_batch, 1, MAX_READ_ENTRIES)
         _check_range("lease_ttl_s", lease_ttl_s, MIN_LEASE_TTL_S)
+        _check_range("pattern_refresh_s", pattern_refresh_s, MIN_PATTERN_REFRESH_S)
         if lease_wait_s is not None:
             _check_range("lease_wait_s", lease_wait_s, 0)
         if durable is not None:
@@ -970,117 +1033,110 @@ class _ConsumerBase(Generic[_L]):
         self._relays, config = _relays(relays, topology)
         curve = _curve(config, key_file, curve)
         self._store = _open_store(store, config)
-        self._snapshot: StoredSnapshot | None = None
         self._timeout_s = timeout_s
         self._count = count
         self._yielded = 0
         self._closed = False
-        self._engine = ReadEngine(
-            self._relays,
-            max_batch=int(max_batch),
-            wait_ms=int(wait_ms),
-            request_timeout_s=request_timeout_s,
-            connect_grace_s=connect_grace_s,
-            now=time.monotonic(),
-            first_request_id=_random_request_id(),
-            store_path=None if self._store is None else str(self._store.path),
-        )
+        self._max_batch = int(max_batch)
+        self._wait_ms = int(wait_ms)
+        self._request_timeout_s = request_timeout_s
+        self._connect_grace_s = connect_grace_s
+        self._pattern_refresh_s = pattern_refresh_s
+        self._router = _Router(self._relays.limits.max_frame_bytes)
         self._links: _L = self._links_type(self._relays.endpoints, curve)
-        # A durable consumer's mark and lease on the stream it reads (docs/metadata.md),
-        # taken at subscribe; its Metadata client is made then.
+        # What subscribe named (a stream, or a pattern read through a StreamWatch), and
+        # each stream read: one lane per stream, in the order opened.
+        self._subscribed: str | None = None
+        self._watch: StreamWatch | None = None
+        self._pattern_start: PatternStart = "earliest"
+        self._lanes: dict[str, _Lane] = {}
+        self._unopened: deque[tuple[str, Start | datetime]] = deque()  # found, to open
+        self._current: _Lane | None = None  # the lane of the last record yielded
+        # A durable consumer's marks and leases, one per stream read (docs/metadata.md),
+        # taken as each stream's lane opens; its Metadata client is made then.
         self._durable = durable
         self._auto_commit_s = auto_commit_interval_s
         self._lease_ttl_s = lease_ttl_s
         self._lease_wait_s = lease_wait_s
         self._meta_source = (relays, topology, curve)
         self._meta: Metadata | None = None
-        self._mark: DurableMark | None = None
         self._committed_at = time.monotonic()
 
     @property
     def durable(self) -> str | None:
-        """The durable name whose mark this consumer resumes from and commits to."""
+        """The durable name whose marks this consumer resumes from and commits to."""
         return self._durable
 
-    def _take_mark(self, stream: str, start: Start) -> Start:
+    # --- subscribing ------------------------------------------------------------------
+
+    def _subscribe(self, stream: str, start: PatternStart) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        check_stream(stream)
+        pattern = is_pattern(stream)
+        _check_start(stream, start, pattern)
+        self._release_marks(commit=False)
+        self._lanes.clear()
+        self._unopened.clear()
+        self._router.engines.clear()
+        self._current = None
+        self._watch = None
+        self._yielded = 0
+        self._subscribed = stream
+        self._committed_at = time.monotonic()
+        if not pattern:
+            assert not isinstance(start, Mapping)
+            self._open_lane(stream, start)
+            return
+        self._pattern_start = start
+        self._watch = StreamWatch(
+            self._relays,
+            stream,
+            refresh_s=self._pattern_refresh_s,
+            request_timeout_s=self._request_timeout_s,
+            connect_grace_s=self._connect_grace_s,
+            now=time.monotonic(),
+            first_request_id=_random_request_id(),
+        )
+        self._router.engines.append(self._watch)
+
+    def _take_found(self) -> None:
+        """Queue the streams a pattern's watch found since last asked, with where each
+        starts: the subscription's start; for "latest", a stream that appeared after the
+        first round of asking starts at its beginning (all of it came after the
+        subscription); with a mapping, the stream's entry, else its beginning."""
+        watch = self._watch
+        if watch is None:
+            return
+        start = self._pattern_start
+        for name, in_first_round in watch.take_new():
+            if isinstance(start, Mapping):
+                each = start.get(name, "earliest")
+                self._unopened.append((name, "latest" if each is None else each))
+            elif start == "latest" and not in_first_round:
+                self._unopened.append((name, "earliest"))
+            else:
+                self._unopened.append((name, start))
+
+    def _take_mark(self, stream: str, start: Start | datetime) -> tuple[DurableMark | None, Start]:
         """A durable consumer takes its lease on `stream` and starts after its mark (at
-        `start` if it has none yet)."""
+        `start` if it has none yet). Blocks (lease_wait_s); Busy if held."""
+        if isinstance(start, datetime):
+            start = position_at(start)
         if self._durable is None:
-            return start
-        self._release_mark(commit=False)
+            return None, start
         if self._meta is None:
             relays, topology, curve = self._meta_source
             self._meta = Metadata(relays, topology=topology, curve=curve)
-        mark = DurableMark(
-            self._meta, self._durable, check_stream(stream), self._lease_ttl_s, self._lease_wait_s
-        )
+        mark = DurableMark(self._meta, self._durable, stream, self._lease_ttl_s, self._lease_wait_s)
         resume = mark.take()
-        self._mark = mark
-        self._committed_at = time.monotonic()
-        return start if resume is None else resume
+        return mark, start if resume is None else resume
 
-    def _commit(self) -> int | None:
-        """Store the position as the durable mark; the position stored (None: nothing
-        read yet)."""
-        mark = self._mark
-        if mark is None:
-            raise RuntimeError(
-                "commit() needs a durable consumer that subscribed: Consumer(..., durable=NAME)"
-            )
-        self._committed_at = time.monotonic()
-        position = self.position
-        mark.store(position if position is not None else mark.seq)
-        return position
+    def _open_lane(self, stream: str, start: Start | datetime) -> None:
+        mark, resolved = self._take_mark(stream, start)
+        self._add_lane(stream, resolved, mark)
 
-    def _lease_work_due(self) -> bool:
-        """Whether the lease needs renewing, or auto-commit is due, before the next record."""
-        mark = self._mark
-        if mark is None:
-            return False
-        now = time.monotonic()
-        if self._auto_commit_s is not None and now - self._committed_at >= self._auto_commit_s:
-            return True
-        return now >= mark.renew_at
-
-    def _tend_lease(self) -> None:
-        """Renew the lease (committing the position if auto-commit is on). LeaseLost if
-        another instance took over."""
-        mark = self._mark
-        assert mark is not None
-        if self._auto_commit_s is not None:
-            self._commit()  # what was yielded before this call is processed
-        else:
-            mark.store(mark.seq)
-
-    def _release_mark(self, commit: bool) -> None:
-        """Give the lease up (storing the position when auto-commit is on and `commit`),
-        so the next instance need not wait for it to run out."""
-        mark, self._mark = self._mark, None
-        if mark is None:
-            return
-        position = self.position if commit and self._auto_commit_s is not None else None
-        mark.release(mark.seq if position is None else position)
-
-    def _lease_due(self) -> float | None:
-        """When the lease (or auto-commit) next needs the consumer's attention."""
-        mark = self._mark
-        if mark is None:
-            return None
-        if self._auto_commit_s is None:
-            return mark.renew_at
-        return min(mark.renew_at, self._committed_at + self._auto_commit_s)
-
-    def _close_meta(self) -> None:
-        if self._meta is not None:
-            self._meta.close()
-            self._meta = None
-
-    def _subscribe(self, stream: str, start: Start | datetime) -> None:
-        if self._closed:
-            raise RuntimeError("the consumer is closed")
-        if isinstance(start, datetime):
-            start = position_at(start)
-        start = self._take_mark(stream, start)
+    def _add_lane(self, stream: str, start: Start, mark: DurableMark | None) -> None:
         snapshot = None
         if start == "snapshot":
             if self._store is None:
@@ -1088,84 +1144,271 @@ class _ConsumerBase(Generic[_L]):
                     "start='snapshot' needs a store: pass store=path, or a topology whose "
                     "store_dir holds one (relay store ingest)"
                 )
-            snapshot = self._store.snapshot(check_stream(stream))
+            snapshot = self._store.snapshot(stream)
+        engine = ReadEngine(
+            self._relays,
+            max_batch=self._max_batch,
+            wait_ms=self._wait_ms,
+            request_timeout_s=self._request_timeout_s,
+            connect_grace_s=self._connect_grace_s,
+            now=time.monotonic(),
+            first_request_id=_random_request_id(),
+            store_path=None if self._store is None else str(self._store.path),
+        )
         if snapshot is None:
-            self._engine.subscribe(stream, start)
+            engine.subscribe(stream, start)
         else:  # the records after the snapshot: the store's first, then the relays'
-            self._engine.subscribe(stream, snapshot.seq, from_store=True)
-        self._snapshot = snapshot
-        self._yielded = 0
+            engine.subscribe(stream, snapshot.seq, from_store=True)
+        lane = _Lane(engine, mark, snapshot)
+        self._lanes[stream] = lane
+        self._router.engines.append(engine)
+        if self._current is None:
+            self._current = lane
 
-    def _store_reading(self, request: StoreRead) -> Callable[[], StoreBatch]:
-        """The store read the engine asked for, to run (it blocks) here or in a thread."""
-        stream = self._engine.stream
+    # --- durable marks ----------------------------------------------------------------
+
+    def _commit(self) -> None:
+        """Store every stream's position as its durable mark (a stream whose mark holds
+        its position already and whose lease needs no renewal is left alone)."""
+        if self._durable is None or self._subscribed is None:
+            raise RuntimeError(
+                "commit() needs a durable consumer that subscribed: Consumer(..., durable=NAME)"
+            )
+        now = self._committed_at = time.monotonic()
+        for lane in self._lanes.values():
+            mark = lane.mark
+            if mark is None:
+                continue
+            position = lane.position
+            stored = position if position is not None else mark.seq
+            if stored != mark.seq or now >= mark.renew_at or not self._is_pattern:
+                mark.store(stored)
+
+    def _lease_work_due(self) -> bool:
+        """Whether a lease needs renewing, or auto-commit is due, before the next record."""
+        if self._durable is None:
+            return False
+        due = self._lease_due()
+        return due is not None and time.monotonic() >= due
+
+    def _tend_lease(self) -> None:
+        """Renew the leases due (committing the positions if auto-commit is on). LeaseLost
+        if another instance took over."""
+        if self._auto_commit_s is not None:
+            self._commit()  # what was yielded before this call is processed
+            return
+        now = time.monotonic()
+        for lane in self._lanes.values():
+            mark = lane.mark
+            if mark is not None and now >= mark.renew_at:
+                mark.store(mark.seq)
+
+    def _release_marks(self, commit: bool) -> None:
+        """Give the leases up (storing the positions when auto-commit is on and `commit`),
+        so the next instance need not wait for them to run out."""
+        for lane in self._lanes.values():
+            mark, lane.mark = lane.mark, None
+            if mark is None:
+                continue
+            position = lane.position if commit and self._auto_commit_s is not None else None
+            mark.release(mark.seq if position is None else position)
+
+    def _lease_due(self) -> float | None:
+        """When a lease (or auto-commit) next needs the consumer's attention."""
+        due = [lane.mark.renew_at for lane in self._lanes.values() if lane.mark is not None]
+        if not due:
+            return None
+        if self._auto_commit_s is not None:
+            due.append(self._committed_at + self._auto_commit_s)
+        return min(due)
+
+    def _close_meta(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
+
+    # --- reading ----------------------------------------------------------------------
+
+    @property
+    def _is_pattern(self) -> bool:
+        return self._watch is not None
+
+    def _take(self) -> Record | None:
+        """The next record if one is buffered (of the stream whose next record is the
+        oldest); raises a stream's error once its records are yielded."""
+        if self._subscribed is None:
+            raise RuntimeError("subscribe(stream) first")
+        best: _Lane | None = None
+        head = 0
+        for lane in self._lanes.values():
+            records = lane.engine.records
+            if records and (best is None or records[0].seq < head):
+                best, head = lane, records[0].seq
+        if best is not None:
+            self._yielded += 1
+            self._current = best
+            return best.engine.records.popleft()
+        for lane in self._lanes.values():
+            if lane.engine.error is not None:
+                self._current = lane
+                raise lane.engine.error
+        if self._watch is not None and self._watch.error is not None:
+            raise self._watch.error
+        return None
+
+    def _step(self, now: float) -> bool:
+        """Let every engine send what it needs; whether a record or an error came of it."""
+        send = self._links.send
+        if self._watch is not None:
+            self._watch.step(now, send)
+        ready = False
+        for lane in self._lanes.values():
+            engine = lane.engine
+            engine.step(now, send)
+            ready = ready or bool(engine.records) or engine.error is not None
+        return ready
+
+    def _wait_s(self, now: float, deadline: float | None) -> float | None:
+        """How long to wait for a frame before something is due (None: until one comes)."""
+        times = [lane.engine.next_wakeup() for lane in self._lanes.values()]
+        if self._watch is not None:
+            times.append(self._watch.next_wakeup())
+        times += [deadline, self._lease_due()]
+        limits = [t - now for t in times if t is not None]
+        return max(0.0, min(limits)) if limits else None
+
+    def _store_request(self) -> tuple[_Lane, StoreRead] | None:
+        """A store read one of the engines asks for."""
+        for lane in self._lanes.values():
+            request = lane.engine.store_request
+            if request is not None:
+                return lane, request
+        return None
+
+    def _store_reading(self, lane: _Lane, request: StoreRead) -> Callable[[], StoreBatch]:
+        """The store read an engine asked for, to run (it blocks) here or in a thread."""
+        stream = lane.engine.stream
         assert self._store is not None and stream is not None  # asked only with a store
-        return functools.partial(self._store.read, stream, request, self._engine.max_batch)
+        return functools.partial(self._store.read, stream, request, self._max_batch)
+
+    # --- what it reads ----------------------------------------------------------------
 
     @property
     def stream(self) -> str | None:
-        return self._engine.stream
+        """The stream, or the pattern, subscribed."""
+        return self._subscribed
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The streams being read: the one subscribed, or those of the pattern found so far
+        (relays are asked for new ones every `pattern_refresh_s`)."""
+        return tuple(self._lanes)
+
+    @property
+    def positions(self) -> dict[str, int | None]:
+        """Each stream's position (see `position`); resume a pattern with
+        subscribe(pattern, positions)."""
+        return {stream: lane.position for stream, lane in self._lanes.items()}
 
     @property
     def position(self) -> int | None:
         """The last seq yielded (or the start position); resume with start=position.
-        None while a "latest" start is not resolved yet."""
-        return self._engine.last if not self._engine.records else self._engine.records[0].seq - 1
+        None while a "latest" start is not resolved yet. One stream only: a pattern's
+        streams have a position each (`positions`)."""
+        if self._is_pattern:
+            raise RuntimeError(
+                f"{self._subscribed!r} is a pattern: each of its streams has its own position "
+                "(Consumer.positions)"
+            )
+        lane = self._current
+        return None if lane is None else lane.position
 
     @property
     def endpoint(self) -> str | None:
-        """The relay being read from (None between relays, and while reading the store)."""
-        return self._engine.endpoint
+        """The relay being read from (None between relays, and while reading the store);
+        with a pattern, for the stream of the last record yielded."""
+        lane = self._current
+        return None if lane is None else lane.engine.endpoint
 
     @property
     def source(self) -> Source:
-        """Where the records come from now: "store" or "relays"."""
-        return self._engine.source
+        """Where the records come from now: "store" or "relays" (with a pattern, for the
+        stream of the last record yielded)."""
+        lane = self._current
+        return "relays" if lane is None else lane.engine.source
 
     @property
     def snapshot(self) -> StoredSnapshot | None:
         """After subscribe(stream, "snapshot"): the snapshot loaded (seq, digest, rows: a
         pyarrow Table of entity, key, value, seq); the records yielded are those after its
         seq. None for other starts, or when the stream had no snapshot yet."""
-        return self._snapshot
+        lane = self._current
+        return None if lane is None else lane.snapshot
 
     @property
     def history_gone_before(self) -> int | None:
         """Read from the beginning: None while the records yielded start at the stream's
         genesis (or the store's first record); else the seq up to which history is gone
         (evicted from every relay asked and not in the store), the records yielded being
-        those after it. Known from the first record on."""
-        return self._engine.history_gone_before
+        those after it. Known from the stream's first record on; with a pattern, for the
+        stream of the last record yielded."""
+        lane = self._current
+        return None if lane is None else lane.engine.history_gone_before
 
     @property
     def oldest_available(self) -> int | None:
-        """After OutOfRange: the oldest position any relay can still serve."""
-        return self._engine.oldest_available
+        """After OutOfRange: the oldest position any relay can still serve (of the stream
+        the error names)."""
+        lane = self._current
+        return None if lane is None else lane.engine.oldest_available
 
     @property
     def stats(self) -> Counter[str]:
         """Counters: reads, failovers, timeouts, unreachable, fenced, redirect,
-        out_of_range, store_reads, stored_records (yielded from the store), ..."""
-        return self._engine.stats
-
-    def _take(self) -> Record | None:
-        """The next record if one is buffered; raises the engine's error if any."""
-        engine = self._engine
-        if engine.stream is None:
-            raise RuntimeError("subscribe(stream) first")
-        if engine.records:
-            self._yielded += 1
-            return engine.records.popleft()
-        if engine.error is not None:
-            raise engine.error
-        return None
+        out_of_range, store_reads, stored_records (yielded from the store), ..., over
+        every stream read."""
+        total = Counter(self._router.stats)
+        if self._watch is not None:
+            total.update(self._watch.stats)
+        for lane in self._lanes.values():
+            total.update(lane.engine.stats)
+        return total
 
     def _finished(self) -> bool:
         return self._closed or (self._count is not None and self._yielded >= self._count)
 
 
+def _check_start(stream: str, start: object, pattern: bool) -> None:
+    """ValueError/TypeError unless `start` can start reading `stream` (or a pattern)."""
+    if isinstance(start, Mapping):
+        if not pattern:
+            raise TypeError(
+                f"{stream!r} is one stream: a start per stream (a mapping) is for a pattern"
+            )
+        for name, each in start.items():
+            check_stream(name)
+            if each is not None:  # a position not resolved yet: "latest"
+                _check_start(name, each, False)
+        return
+    if pattern and start == "snapshot":
+        raise ValueError(
+            f"start='snapshot' reads one stream's snapshot; {stream!r} is a pattern "
+            "(subscribe to each stream, or start at 'earliest')"
+        )
+    if isinstance(start, datetime):
+        position_at(start)  # ValueError for a naive or out-of-range moment
+    elif start not in ("earliest", "latest", "snapshot") and (
+        not isinstance(start, int) or isinstance(start, bool) or not -1 <= start <= MAX_U63
+    ):
+        raise ValueError(
+            "start must be 'earliest', 'latest', 'snapshot', a seq (-1..2**63-1) or a "
+            f"timezone-aware datetime, got {start!r}"
+        )
+
+
 class Consumer(_ConsumerBase[_SyncLinks]):
-    """A synchronous consumer of one stream: `subscribe`, then iterate over `Record`s.
+    """A synchronous consumer of one stream, or of every stream a pattern names:
+    `subscribe`, then iterate over `Record`s (`record.stream` says whose).
 
     `store`: the persistent store that serves the history the relays no longer hold (a
     path; by default the topology's store_dir if a store was ingested there; False:
@@ -1177,13 +1420,23 @@ class Consumer(_ConsumerBase[_SyncLinks]):
 
     _links_type = _SyncLinks
 
-    def subscribe(self, stream: str, start: Start | datetime = "earliest") -> Consumer:
+    def subscribe(self, stream: str, start: PatternStart = "earliest") -> Consumer:
         """Read `stream` from `start`: "earliest" (the whole history, the store's first),
         "latest" (what commits from now on), a position (a seq: records after it), a
         moment (a timezone-aware datetime: the records committed from then on, by the seqs'
         milliseconds), or "snapshot" (the latest stored snapshot, see `snapshot`, then the
         records after it; ValueError without a store). A durable consumer starts there
-        only when it has no mark yet."""
+        only when it has no mark yet.
+
+        `stream` may be a pattern (`orders.*`; fnmatch `*`, `?`, `[...]`): then every
+        stream it names is read, each in its own order (the next record yielded is the
+        oldest one buffered), those that appear later included (the relays are asked for
+        new ones every `pattern_refresh_s`; such a stream is read from its beginning even
+        with "latest", all of it being newer than the subscription). `start` then applies
+        to each stream, or is a mapping of starts per stream (`positions`: None there
+        means "latest"; a stream not in it starts at its beginning); "snapshot" is for
+        one stream only. A durable consumer keeps a mark and a lease per stream, taken as
+        each is found."""
         self._subscribe(stream, start)
         return self
 
@@ -1191,43 +1444,47 @@ class Consumer(_ConsumerBase[_SyncLinks]):
         return self
 
     def commit(self) -> int | None:
-        """Store `position` as this durable consumer's mark (the next run with the same
-        name resumes after it); the position stored. Commit after processing: delivery is
-        at least once. LeaseLost if another instance took the stream over."""
-        return self._commit()
+        """Store `position` (every stream's, with a pattern) as this durable consumer's
+        mark: the next run with the same name resumes after it. Commit after processing:
+        delivery is at least once. LeaseLost if another instance took a stream over.
+        Returns the position stored (None with a pattern: see `positions`)."""
+        self._commit()
+        return None if self._is_pattern else self.position
 
     def __next__(self) -> Record:
         if self._finished():
             raise StopIteration
-        engine, links = self._engine, self._links
+        links = self._links
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
+            self._take_found()
+            while self._unopened:  # a stream stays queued until its lane opened
+                self._open_lane(*self._unopened[0])
+                self._unopened.popleft()
             if self._lease_work_due():
                 self._tend_lease()
             record = self._take()
             if record is not None:
                 return record
-            request = engine.store_request
-            if request is not None:
-                engine.on_store_batch(self._store_reading(request)())
+            asked = self._store_request()
+            if asked is not None:
+                lane, request = asked
+                lane.engine.on_store_batch(self._store_reading(lane, request)())
                 continue
             now = time.monotonic()
-            engine.step(now, links.send)
-            if engine.records or engine.error is not None:
+            if self._step(now):
                 continue
             if deadline is not None and now >= deadline:
                 raise StopIteration
-            wake = engine.next_wakeup()
-            limits = [t - now for t in (wake, deadline, self._lease_due()) if t is not None]
-            links.wait(engine, max(0.0, min(limits)) if limits else None)
+            links.wait(self._router, self._wait_s(now, deadline))
 
     def close(self, commit: bool = True) -> None:
-        """Close; a durable consumer gives its lease up, with auto-commit on committing
-        the position first (unless `commit` is False, as on leaving a `with` block by an
+        """Close; a durable consumer gives its leases up, with auto-commit on committing
+        the positions first (unless `commit` is False, as on leaving a `with` block by an
         exception)."""
         if not self._closed:
             try:
-                self._release_mark(commit)
+                self._release_marks(commit)
             finally:
                 self._closed = True
                 self._close_meta()
@@ -1247,16 +1504,18 @@ class Consumer(_ConsumerBase[_SyncLinks]):
 
 class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
     """The asyncio consumer: `subscribe`, then `async for record in consumer`. Store reads
-    run in a worker thread, so they do not hold up the event loop."""
+    and durable marks' metadata calls run in worker threads, so they do not hold up the
+    event loop."""
 
     _links_type = _AsyncLinks
-    # A store read under way in its thread (it cannot be cancelled): awaited again by the
-    # next __anext__ when the one that started it was cancelled, so the store is never
-    # read by two threads at once.
-    _store_read_under_way: asyncio.Future[StoreBatch] | None = None
+    # A store read under way in its thread (it cannot be cancelled), and the lane that
+    # asked: awaited again by the next __anext__ when the one that started it was
+    # cancelled, so the store is never read by two threads at once.
+    _store_read_under_way: tuple[_Lane, asyncio.Future[StoreBatch]] | None = None
 
-    def subscribe(self, stream: str, start: Start | datetime = "earliest") -> AsyncConsumer:
-        """Like Consumer.subscribe (reading a snapshot blocks while it loads)."""
+    def subscribe(self, stream: str, start: PatternStart = "earliest") -> AsyncConsumer:
+        """Like Consumer.subscribe (reading a snapshot, and a durable consumer's mark of
+        one stream, block while they load)."""
         self._subscribe(stream, start)
         return self
 
@@ -1264,52 +1523,63 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
         return self
 
     async def commit(self) -> int | None:
-        """Like Consumer.commit (the metadata call runs in a worker thread)."""
-        return await asyncio.to_thread(self._commit)
+        """Like Consumer.commit (the metadata calls run in a worker thread)."""
+        await asyncio.to_thread(self._commit)
+        return None if self._is_pattern else self.position
 
     async def __anext__(self) -> Record:
         if self._finished():
             raise StopAsyncIteration
-        engine, links = self._engine, self._links
+        links = self._links
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
+            self._take_found()
+            while self._unopened:  # a stream stays queued until its lane opened
+                stream, start = self._unopened[0]
+                mark, resolved = await asyncio.to_thread(self._take_mark, stream, start)
+                self._add_lane(stream, resolved, mark)
+                self._unopened.popleft()
             if self._lease_work_due():
                 await asyncio.to_thread(self._tend_lease)
             record = self._take()
             if record is not None:
                 return record
-            request = engine.store_request
-            if request is not None or self._store_read_under_way is not None:
-                await self._read_store_in_thread(request)
+            if self._store_read_under_way is not None:
+                await self._read_store_in_thread(None)
+                continue
+            asked = self._store_request()
+            if asked is not None:
+                await self._read_store_in_thread(asked)
                 continue
             now = time.monotonic()
-            engine.step(now, links.send)
-            if engine.records or engine.error is not None:
+            if self._step(now):
                 continue
             if deadline is not None and now >= deadline:
                 raise StopAsyncIteration
-            wake = engine.next_wakeup()
-            limits = [t - now for t in (wake, deadline, self._lease_due()) if t is not None]
-            await links.wait(engine, max(0.0, min(limits)) if limits else None)
+            await links.wait(self._router, self._wait_s(now, deadline))
 
-    async def _read_store_in_thread(self, request: StoreRead | None) -> None:
-        reading = self._store_read_under_way
-        if reading is None:
-            assert request is not None
-            reading = asyncio.ensure_future(asyncio.to_thread(self._store_reading(request)))
-            self._store_read_under_way = reading
+    async def _read_store_in_thread(self, asked: tuple[_Lane, StoreRead] | None) -> None:
+        under_way = self._store_read_under_way
+        if under_way is None:
+            assert asked is not None
+            lane, request = asked
+            started: asyncio.Future[StoreBatch] = asyncio.ensure_future(
+                asyncio.to_thread(self._store_reading(lane, request))
+            )
+            under_way = self._store_read_under_way = (lane, started)
+        lane, reading = under_way
         try:
             batch = await asyncio.shield(reading)
         finally:
             if reading.done():
                 self._store_read_under_way = None
-        self._engine.on_store_batch(batch)  # a read begun before a new subscribe is dropped
+        lane.engine.on_store_batch(batch)  # a read begun before a new subscribe is dropped
 
     async def close(self, commit: bool = True) -> None:
         """Like Consumer.close."""
         if not self._closed:
             try:
-                await asyncio.to_thread(self._release_mark, commit)
+                await asyncio.to_thread(self._release_marks, commit)
             finally:
                 self._closed = True
                 self._close_meta()

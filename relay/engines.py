@@ -40,7 +40,7 @@ from relay.errors import (
     UnknownStream,
 )
 from relay.store.changes import KIND_PLAIN, Change, changes_of
-from relay.topology import pattern_refusal
+from relay.topology import pattern_matches, pattern_refusal
 
 BACKOFF_BASE_S = 0.05  # pause after every relay failed once; doubles per round
 BACKOFF_MAX_S = 1.0
@@ -883,7 +883,18 @@ class ReadEngine:
         except FrameError:
             self.stats["bad_frames"] += 1
             return
-        if self._rid is None or msg.request_id != self._rid or endpoint != self.endpoint:
+        if not self.asked(msg.request_id):
+            self.stats["stale_answers"] += 1
+            return
+        self.on_answer(endpoint, msg, now)
+
+    def asked(self, request_id: int) -> bool:
+        """Whether `request_id` is the read this engine waits for."""
+        return self._rid is not None and request_id == self._rid
+
+    def on_answer(self, endpoint: str, msg: wire.ClientMessage, now: float) -> None:
+        """The decoded answer to the request `asked` recognised."""
+        if endpoint != self.endpoint:
             self.stats["stale_answers"] += 1
             return
         self._rid = None
@@ -1066,3 +1077,109 @@ class ReadEngine:
         if self.store_end is None:
             return f", and the store at {self.store_path} holds no records of the stream"
         return f", and the store at {self.store_path} ends at seq {self.store_end}"
+
+
+class StreamWatch:
+    """Which streams a consumer's pattern names, without I/O: every relay is asked
+    (StreamsReq) which of the streams it serves match, at once and then every
+    `refresh_s`; the names not seen before are `take_new`'s. A pattern's streams can
+    appear at any time (a relay's pattern opens a stream on its first produce), so the
+    watch never ends. A relay that does not answer within `request_timeout_s` is asked
+    again in the next round."""
+
+    def __init__(
+        self,
+        relays: Relays,
+        pattern: str,
+        *,
+        refresh_s: float,
+        request_timeout_s: float,
+        connect_grace_s: float,
+        now: float,
+        first_request_id: int,
+    ) -> None:
+        self.relays = relays
+        self.pattern = pattern
+        self.refresh_s = refresh_s
+        self.request_timeout_s = request_timeout_s
+        self.connect_until = now + connect_grace_s
+        self.stats: Counter[str] = Counter()
+        self.error: ClientError | None = None
+        self.rounds = 0  # rounds over: every relay answered, timed out or was unreachable
+        self._found: set[str] = set()
+        self._new: list[tuple[str, bool]] = []
+        self._rid = RequestIds(first_request_id)
+        self._asked: dict[int, tuple[str, float]] = {}  # request id -> (endpoint, deadline)
+        self._unsent: list[str] = []  # this round's relays not connected yet
+        self._in_round = False
+        self._wake = now  # the next round, or within a round the next connect poll
+
+    def take_new(self) -> list[tuple[str, bool]]:
+        """The streams found since the last call, in the order found, each with whether
+        the first round found it (the streams there at the start)."""
+        new, self._new = self._new, []
+        return new
+
+    def asked(self, request_id: int) -> bool:
+        return request_id in self._asked
+
+    def next_wakeup(self) -> float | None:
+        if self.error is not None:
+            return None
+        times = [deadline for _, deadline in self._asked.values()]
+        if not self._in_round or self._unsent:
+            times.append(self._wake)
+        return min(times)
+
+    def step(self, now: float, send: SendFn) -> None:
+        if self.error is not None:
+            return
+        for rid, (_, deadline) in list(self._asked.items()):
+            if now >= deadline:
+                del self._asked[rid]
+                self.stats["streams_timeouts"] += 1
+        if not self._in_round:
+            if now < self._wake:
+                return
+            self._in_round = True
+            self._unsent = list(self.relays.endpoints)
+        if self._unsent and now >= self._wake:
+            waiting = []
+            for endpoint in self._unsent:
+                rid = self._rid()
+                if send(endpoint, wire.encode(wire.StreamsReq(rid, self.pattern))):
+                    self._asked[rid] = (endpoint, now + self.request_timeout_s)
+                    self.stats["streams_asked"] += 1
+                elif now < self.connect_until:
+                    waiting.append(endpoint)
+                else:
+                    self.stats["streams_unreachable"] += 1
+            self._unsent = waiting
+            self._wake = now + CONNECT_POLL_S
+        self._end_round_if_over(now)
+
+    def on_answer(self, endpoint: str, msg: wire.ClientMessage, now: float) -> None:
+        self._asked.pop(msg.request_id, None)
+        if isinstance(msg, wire.StreamsResp):
+            for name in msg.streams:
+                # A relay lists what matches; a name that does not is not read.
+                if name not in self._found and pattern_matches(self.pattern, name):
+                    self._found.add(name)
+                    self._new.append((name, self.rounds == 0))
+        elif isinstance(msg, wire.ErrorResp) and msg.error == TooManyStreams.__name__:
+            self.error = TooManyStreams(f"{endpoint}: {msg.message}")
+        else:  # an old relay that does not know the request, or a refusal: ask again later
+            self.stats["streams_refused"] += 1
+        self._end_round_if_over(now)
+
+    def on_disconnect(self, endpoint: str, now: float) -> None:
+        for rid, (asked, _) in list(self._asked.items()):
+            if asked == endpoint:
+                del self._asked[rid]
+        self._end_round_if_over(now)
+
+    def _end_round_if_over(self, now: float) -> None:
+        if self._in_round and not self._unsent and not self._asked:
+            self._in_round = False
+            self.rounds += 1
+            self._wake = now + self.refresh_s

@@ -18,6 +18,8 @@ links, so the simulated clients talk to the same code as real ones.
     shell's socket still queues for it) gets an ErrorResp "SlowConsumer" instead of
     entries, so a reader that does not read costs a relay a bounded amount of memory.
   - StatusReq: the relay's status as JSON.
+  - StreamsReq: the streams this relay serves matching a pattern (those the client may
+    consume), for a consumer of a pattern.
   A request that would open a stream (a new name of a pattern this relay serves) counts
   against its client's `max_new_streams_per_client` (per client name with CurveZMQ, else per
   connection); beyond it, and beyond the relay's `max_streams`, a produce is rejected
@@ -62,7 +64,7 @@ from relay.core import (
 )
 from relay.errors import FrameError, MalformedFrame
 from relay.meta import KIND_META, METADATA_STREAM, InvalidMetaOp, MetaView, decode_op
-from relay.topology import pattern_refusal
+from relay.topology import pattern_matches, pattern_refusal
 
 log = logging.getLogger("relay.node")
 
@@ -194,6 +196,9 @@ class ClientService:
                 return
             self.counters["meta_requests"] += 1
             self._respond(envelope, self._answer_meta(msg))
+        elif isinstance(msg, wire.StreamsReq):
+            self.counters["streams_requests"] += 1
+            self._respond(envelope, self._answer_streams(msg, client))
         elif isinstance(msg, wire.StatusReq):
             denied = self._denied(client, Right.ADMIN)
             if denied:
@@ -528,6 +533,28 @@ class ClientService:
         self._respond(envelope, resp)
 
     # --- metadata (docs/metadata.md) -------------------------------------------------------
+
+    def _answer_streams(
+        self, req: wire.StreamsReq, client: str | None
+    ) -> wire.StreamsResp | wire.ErrorResp:
+        """The streams this relay serves that match the pattern and `client` may consume
+        (the others are left out, not refused: a pattern names what it may read)."""
+        access = self._access
+        found = [
+            name
+            for name in self.core.stream_names()
+            if pattern_matches(req.pattern, name)
+            and (access is None or client is None or access.allows(client, Right.CONSUME, name))
+        ]
+        listed_bytes = sum(len(name.encode()) + 3 for name in found)  # msgpack str headers
+        if len(found) > wire.MAX_STREAMS_LISTED or listed_bytes > self.limits.max_frame_bytes // 2:
+            why = (
+                f"{req.pattern!r} matches {len(found)} streams on relay {self._relay_id} "
+                f"({listed_bytes} bytes of names), more than one answer may list "
+                f"({wire.MAX_STREAMS_LISTED}); give a narrower pattern"
+            )
+            return wire.ErrorResp(req.request_id, "TooManyStreams", why)
+        return wire.StreamsResp(req.request_id, tuple(sorted(found)))
 
     def _answer_meta(self, req: wire.MetaReq) -> wire.MetaResp:
         view = self.meta

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import ipaddress
 import os
 import re
@@ -85,11 +86,21 @@ _Z85_CHARS = frozenset(
 CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
 _PATTERN_CHARS = "*?["
+INTERNAL_STREAM_PREFIX = METADATA_STREAM[: METADATA_STREAM.index(".") + 1]  # "_relay."
 
 
 def is_pattern(stream: str) -> bool:
     """Whether a name is an fnmatch pattern (it names many streams), not one stream."""
     return "*" in stream or "?" in stream or "[" in stream
+
+
+def pattern_matches(pattern: str, stream: str) -> bool:
+    """Whether a consume pattern (or exact name) names `stream`: fnmatch, case-sensitive.
+    The mesh's internal streams (METADATA_STREAM, `_relay.` ...) only for a pattern that
+    names them explicitly, so `*` means the applications' streams."""
+    if stream.startswith(INTERNAL_STREAM_PREFIX) and not pattern.startswith(INTERNAL_STREAM_PREFIX):
+        return False
+    return fnmatch.fnmatchcase(stream, pattern)
 
 
 def pattern_refusal(stream: str) -> str:

@@ -74,12 +74,21 @@ Requests (client -> relay) and their answers:
         version, value]. For "outcome": result "applied", "bad_version" (version: the
         version found) or "invalid" (detail says why), else "".
 
+    StreamsReq  [12, request_id, pattern]
+    StreamsResp [13, request_id, streams]
+        The streams this relay serves whose names match `pattern` (fnmatch: `*`, `?`,
+        `[...]`; an exact name matches itself), sorted, at most MAX_STREAMS_LISTED: those it
+        tracks and the declared ones it is a member of. Only streams the client may consume
+        are listed; internal streams (named `_relay.` ...) only for a pattern that starts
+        with `_relay.`. A consumer of a pattern asks every relay and reads the union.
+
     ErrorResp   [7, request_id, error, message]
         The relay could not accept a frame: error is the name of the relay.errors class
         ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"; for a read
         or status request: "NotAuthorized", the client's rights do not allow it,
         "SlowConsumer", the connection left too many answers unread, "TooManyStreams", the
-        stream would be a new one beyond the client's or the relay's bound);
+        stream would be a new one beyond the client's or the relay's bound, or a
+        StreamsReq's pattern matches more streams than one answer may list);
         message says what was wrong. request_id is -1 when it could not be read from the
         frame.
 
@@ -145,6 +154,8 @@ __all__ = [
     "ReadResp",
     "StatusReq",
     "StatusResp",
+    "StreamsReq",
+    "StreamsResp",
     "batch_item_bytes",
     "decode",
     "encode",
@@ -274,6 +285,7 @@ MAX_META_ITEMS = 10_000  # items in one MetaResp (relay.meta.META_LIST_MAX)
 MAX_META_KEY_CHARS = 512  # a key or prefix (relay.meta.MAX_META_KEY_BYTES bytes at most)
 # (key, version, value)
 MetaItem = tuple[str, int, bytes]
+MAX_STREAMS_LISTED = 10_000  # stream names in one StreamsResp
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +307,18 @@ class MetaResp:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class StreamsReq:
+    request_id: int
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamsResp:
+    request_id: int
+    streams: tuple[str, ...] = ()
+
+
 ClientMessage = (
     ProduceReq
     | ProduceResp
@@ -307,6 +331,8 @@ ClientMessage = (
     | ProduceBatchResp
     | MetaReq
     | MetaResp
+    | StreamsReq
+    | StreamsResp
 )
 
 TYPE_CODES: dict[type, int] = {
@@ -321,6 +347,8 @@ TYPE_CODES: dict[type, int] = {
     ProduceBatchResp: 9,
     MetaReq: 10,
     MetaResp: 11,
+    StreamsReq: 12,
+    StreamsResp: 13,
 }
 
 
@@ -380,6 +408,10 @@ def encode(msg: ClientMessage) -> bytes:
             msg.version,
             msg.detail,
         )
+    elif isinstance(msg, StreamsReq):
+        body = (12, msg.request_id, msg.pattern)
+    elif isinstance(msg, StreamsResp):
+        body = (13, msg.request_id, msg.streams)
     else:
         raise TypeError(f"not a client message: {type(msg).__name__}")
     return codec.ENCODER.encode(body)
@@ -642,6 +674,20 @@ def _dec_meta_resp(a: list[Any]) -> MetaResp:
     )
 
 
+def _dec_streams_req(a: list[Any]) -> StreamsReq:
+    return StreamsReq(u63(a[1], "StreamsReq.request_id"), _stream(a[2], "StreamsReq.pattern"))
+
+
+def _dec_streams_resp(a: list[Any]) -> StreamsResp:
+    names = _array(a[2], "StreamsResp.streams")
+    if len(names) > MAX_STREAMS_LISTED:
+        _bad("StreamsResp.streams", f"at most {MAX_STREAMS_LISTED} names", f"{len(names)} names")
+    return StreamsResp(
+        u63(a[1], "StreamsResp.request_id"),
+        tuple(_stream(n, f"StreamsResp.streams[{i}]") for i, n in enumerate(names)),
+    )
+
+
 # --- the hot frames, decoded in C (codec.decode_with) --------------------------------------
 
 _Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
@@ -719,6 +765,8 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
     9: ("ProduceBatchResp", 3, _dec_produce_batch_resp),
     10: ("MetaReq", 5, _dec_meta_req),
     11: ("MetaResp", 8, _dec_meta_resp),
+    12: ("StreamsReq", 3, _dec_streams_req),
+    13: ("StreamsResp", 3, _dec_streams_resp),
 }
 
 

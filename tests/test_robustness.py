@@ -391,6 +391,7 @@ valid_client_frames = st.one_of(
         st.text(max_size=16),
         st.integers(min_value=-1, max_value=MAX_U63),
     ),
+    st.builds(wire.StreamsReq, u63, st.sampled_from(["*", "orders.*", "_relay.*", "[", "x"])),
     st.builds(wire.MetaResp, u63, st.sampled_from(wire.META_STATUSES)),  # not a request
     st.builds(wire.ProduceResp, u63, st.sampled_from(list(Outcome))),  # not requests
     st.builds(wire.ErrorResp, u63, st.text(max_size=8), st.text(max_size=8)),

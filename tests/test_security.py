@@ -336,6 +336,24 @@ def test_rights_are_enforced_and_named(mesh: Mesh) -> None:
     assert node.get("not_authorized_admin", 0) >= 1, node
 
 
+def test_a_pattern_reads_only_the_streams_the_client_may_consume(mesh: Mesh) -> None:
+    admin = key_file(mesh, "admin")
+    with Producer(topology=mesh.config, key_file=admin, send_timeout_s=60) as producer:
+        audit = producer.send("audit", b"for the reader")
+        orders = producer.send("orders.pattern", b"for the app")
+    seen: dict[str, set[str]] = {}
+    for client in ("reader", "app"):
+        with Consumer(
+            topology=mesh.config, key_file=key_file(mesh, client), store=False, timeout_s=30
+        ) as consumer:
+            consumer.subscribe("*", min(audit, orders) - 1)
+            # The relays list only streams this client may consume: no refusal to raise.
+            next(consumer)
+            seen[client] = set(consumer.streams)
+    assert seen["reader"] == {"audit"}
+    assert "audit" not in seen["app"] and "orders.pattern" in seen["app"]
+
+
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
     config = str(mesh.config.path)
     env = {**os.environ, "RELAY_KEY_FILE": str(key_file(mesh, "reader"))}
