@@ -1734,7 +1734,7 @@ class Metadata:
             answer = self._ask_one(endpoint, wire.MetaReq(0, op, key, seq), deadline)
             if isinstance(answer, wire.ErrorResp):
                 if answer.error == "NotAuthorized":
-                    raise NotAuthorized(answer.message, right="consume", stream=METADATA_STREAM)
+                    raise NotAuthorized(answer.message, right="metadata", stream=METADATA_STREAM)
                 last[endpoint] = f"{answer.error}: {answer.message}"
             elif answer is None:
                 last[endpoint] = "no answer"

@@ -23,6 +23,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from relay import wire
+from relay.access import pattern_matches
 from relay.core import Limits, Outcome, ReadStatus, RejectReason
 from relay.core.fields import MAX_STREAM_NAME_BYTES, MAX_U63, MAX_U64
 from relay.core.seq import EPOCH_MS, MAX_MS, compose
@@ -39,8 +40,9 @@ from relay.errors import (
     Unknown,
     UnknownStream,
 )
+from relay.meta import METADATA_STREAM
 from relay.store.changes import KIND_PLAIN, Change, changes_of
-from relay.topology import pattern_matches, pattern_refusal
+from relay.topology import pattern_refusal
 
 BACKOFF_BASE_S = 0.05  # pause after every relay failed once; doubles per round
 BACKOFF_MAX_S = 1.0
@@ -677,7 +679,9 @@ class ProduceEngine:
         if name == "unknown_stream":
             return UnknownStream(f"{self._what(op)}: {detail}")
         if name == wire.NOT_AUTHORIZED:
-            return NotAuthorized(f"{self._what(op)}: {detail}", right="produce", stream=op.stream)
+            # On the metadata stream, rights are per key (relay.access.Right.METADATA).
+            right = "metadata" if op.stream == METADATA_STREAM else "produce"
+            return NotAuthorized(f"{self._what(op)}: {detail}", right=right, stream=op.stream)
         return Rejected(
             f"{self._what(op)}: {detail}; this copy will never be delivered", reason=name
         )

@@ -127,8 +127,9 @@ class UnknownStream(ClientError):
 
 class NotAuthorized(ClientError):
     """The client's identity lacks the right for what it asked (docs/security.md): `right`
-    is "produce", "consume" or "admin", `stream` the stream it concerned ("" for admin
-    requests). Final: the topology's `access:` section must grant it first."""
+    is "produce", "consume", "metadata" (a metadata key, named in the message) or
+    "admin", `stream` the stream it concerned ("" for admin requests). Final: the
+    topology's `access:` section must grant it first."""
 
     def __init__(self, message: str, *, right: str = "", stream: str = "") -> None:
         super().__init__(message)

@@ -62,7 +62,8 @@ STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 POLL_S = 0.05  # how often start() looks at the children
 PROBE_TIMEOUT_S = 0.25  # one StatusReq round while waiting for relays to come up
 MAX_STATUS_BYTES = 64 * 1024 * 1024
-ADMIN_GRANT = {"produce": ["*"], "consume": ["*"], "admin": True}  # a client with every right
+# a client with every right
+ADMIN_GRANT = {"produce": ["*"], "consume": ["*"], "admin": True, "metadata": ["*"]}
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -202,7 +203,7 @@ def not_ready_reason(config: MeshConfig, relay_id: int, status: Mapping[str, Any
         if not info.get("joined"):
             return f"stream {name!r} has not joined"
         if info.get("fenced"):
-            return f"stream {name!r} is fenced"
+            return f"stream {name!r} is fenced ({info.get('fence_reason') or 'no reason given'})"
     return None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,9 +219,17 @@ class MetaState:
     def get(self, key: str) -> Versioned | None:
         return self.items.get(key)
 
-    def list(self, prefix: str, limit: int = META_LIST_MAX) -> list[Versioned]:
-        """The keys starting with `prefix`, in key order, at most `limit`."""
-        found = sorted(k for k in self.items if k.startswith(prefix))
+    def list(
+        self,
+        prefix: str,
+        limit: int = META_LIST_MAX,
+        visible: Callable[[str], bool] | None = None,
+    ) -> list[Versioned]:
+        """The keys starting with `prefix` (and `visible`, if given), in key order, at most
+        `limit`."""
+        found = sorted(
+            k for k in self.items if k.startswith(prefix) and (visible is None or visible(k))
+        )
         return [self.items[k] for k in found[:limit]]
 
     def outcome(self, seq: int) -> MetaResult | None:

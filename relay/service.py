@@ -28,7 +28,10 @@ links, so the simulated clients talk to the same code as real ones.
   first checked against the rights of the client named with it: a produce needs `produce`
   on its stream and a producer id of the client's own (else it is rejected,
   `not_authorized`), a read `consume` on its stream, a status request `admin` (else an
-  ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`).
+  ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`). The
+  metadata stream is guarded by key: a metadata operation produced to it, and a MetaReq
+  get, need `metadata` on the key; a list shows only such keys; a StreamsReq lists only
+  streams the client may consume.
 * The shell passes on what the core's `Ready` says: `on_replies(replies)`, and `wake(stream)`
   after a delivery or a rebase of the stream (and when it fenced).
 * `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
@@ -41,6 +44,7 @@ Time comes in as milliseconds of the shell's clocks; nothing here waits or reads
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -50,7 +54,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay import wire
-from relay.access import AccessPolicy, Right, owns_producer_id, producer_id_prefix
+from relay.access import (
+    AccessPolicy,
+    Right,
+    owns_producer_id,
+    pattern_matches,
+    producer_id_prefix,
+)
 from relay.core import (
     Limits,
     Outcome,
@@ -63,8 +73,8 @@ from relay.core import (
     Transaction,
 )
 from relay.errors import FrameError, MalformedFrame
-from relay.meta import KIND_META, METADATA_STREAM, InvalidMetaOp, MetaView, decode_op
-from relay.topology import pattern_matches, pattern_refusal
+from relay.meta import KIND_META, METADATA_STREAM, OP_READ, InvalidMetaOp, MetaView, decode_op
+from relay.topology import pattern_refusal
 
 log = logging.getLogger("relay.node")
 
@@ -190,12 +200,13 @@ class ClientService:
                 return
             self._on_read(envelope, msg, mono_ms)
         elif isinstance(msg, wire.MetaReq):
-            denied = self._denied(client, Right.CONSUME, METADATA_STREAM)
+            # A get names its key; a list shows only the keys the client may use.
+            denied = self._denied(client, Right.METADATA, msg.key if msg.op == "get" else "")
             if denied:
                 self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
                 return
             self.counters["meta_requests"] += 1
-            self._respond(envelope, self._answer_meta(msg))
+            self._respond(envelope, self._answer_meta(msg, client))
         elif isinstance(msg, wire.StreamsReq):
             self.counters["streams_requests"] += 1
             self._respond(envelope, self._answer_streams(msg, client))
@@ -233,7 +244,8 @@ class ClientService:
             return ""
         if not access.allows(client, right, stream):
             why = f"client {client!r} has no {right.value} right"
-            why += f" on stream {stream!r}" if stream else ""
+            if stream:
+                why += f" on {'key' if right is Right.METADATA else 'stream'} {stream!r}"
         elif producer_id and not owns_producer_id(client, producer_id):
             prefix = producer_id_prefix(client).decode()
             why = (
@@ -290,6 +302,21 @@ class ClientService:
             return f"{RejectReason.TOO_MANY_STREAMS.value} ({crowded})"
         return ""
 
+    def _meta_refusal(self, client: str | None, producer_id: bytes, kind: int, value: bytes) -> str:
+        """The reject reason of a produce to the metadata stream ("" if it may be made):
+        only metadata operations go there, so that every committed record of it means
+        something, each on a key its client may use (a read barrier names none)."""
+        if kind != KIND_META:
+            why = f"the metadata stream takes kind {KIND_META} operations, not kind {kind}"
+            return f"{wire.INVALID}: {why}"
+        try:
+            op = decode_op(value)
+        except InvalidMetaOp as e:
+            return f"{wire.INVALID}: {e}"
+        key = "" if op.op == OP_READ else op.key
+        denied = self._denied(client, Right.METADATA, key, producer_id)
+        return f"{wire.NOT_AUTHORIZED} ({denied})" if denied else ""
+
     def _on_produce(
         self,
         envelope: Envelope,
@@ -298,9 +325,10 @@ class ClientService:
         mono_ms: int,
         client: str | None,
     ) -> None:
-        refused = self._produce_refusal(envelope, client, req.stream, req.producer_id)
-        if not refused and req.stream == METADATA_STREAM:
-            refused = _meta_refusal(req.kind, req.value)
+        if req.stream == METADATA_STREAM:
+            refused = self._meta_refusal(client, req.producer_id, req.kind, req.value)
+        else:
+            refused = self._produce_refusal(envelope, client, req.stream, req.producer_id)
         if refused:
             self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, refused)
             return
@@ -328,12 +356,15 @@ class ClientService:
         denied = ""
         taken: list[ProduceRequest] = []  # for the core, in one call
         for item_id, stream, producer_seq, key, value, kind in req.items:
-            if stream != checked:
-                checked = stream
-                denied = self._produce_refusal(envelope, client, stream, producer_id)
-                if not denied and not self._members(stream):
-                    self.counters["client_unknown_stream"] += 1
-            why = denied or (_meta_refusal(kind, value) if stream == METADATA_STREAM else "")
+            if stream == METADATA_STREAM:  # each operation names its own key
+                why = self._meta_refusal(client, producer_id, kind, value)
+            else:
+                if stream != checked:
+                    checked = stream
+                    denied = self._produce_refusal(envelope, client, stream, producer_id)
+                    if not denied and not self._members(stream):
+                        self.counters["client_unknown_stream"] += 1
+                why = denied
             if why:
                 self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, why)
                 continue
@@ -556,7 +587,7 @@ class ClientService:
             return wire.ErrorResp(req.request_id, "TooManyStreams", why)
         return wire.StreamsResp(req.request_id, tuple(sorted(found)))
 
-    def _answer_meta(self, req: wire.MetaReq) -> wire.MetaResp:
+    def _answer_meta(self, req: wire.MetaReq, client: str | None) -> wire.MetaResp:
         view = self.meta
         view.feed(self.core)
         state = view.state
@@ -570,7 +601,11 @@ class ClientService:
             items = () if held is None else ((held.key, held.version, held.value),)
             return wire.MetaResp(req.request_id, "ok", state.applied, items)
         if req.op == "list":
-            found = tuple((v.key, v.version, v.value) for v in state.list(req.key))
+            access = self._access
+            visible = None  # a client sees only the keys it may use
+            if access is not None and client is not None:
+                visible = functools.partial(access.allows, client, Right.METADATA)
+            found = tuple((v.key, v.version, v.value) for v in state.list(req.key, visible=visible))
             return wire.MetaResp(req.request_id, "ok", state.applied, found)
         outcome = state.outcome(req.seq)
         if outcome is None and req.seq <= state.outcomes_from:
@@ -646,16 +681,3 @@ class ClientService:
     def _respond(self, envelope: Envelope, msg: wire.ClientMessage) -> None:
         if not self._send(envelope, wire.encode(msg)):
             self.counters["client_reply_dropped"] += 1
-
-
-def _meta_refusal(kind: int, value: bytes) -> str:
-    """Why a produce to the metadata stream is refused ("" if it is an operation): only
-    metadata operations go there, so that every committed record of it means something."""
-    if kind != KIND_META:
-        why = f"the metadata stream takes kind {KIND_META} operations, not kind {kind}"
-        return f"{wire.INVALID}: {why}"
-    try:
-        decode_op(value)
-    except InvalidMetaOp as e:
-        return f"{wire.INVALID}: {e}"
-    return ""

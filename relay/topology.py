@@ -29,6 +29,7 @@ The file format (`config/topology.yaml` is the commented example)::
         produce: ["*"]            # stream names and patterns it may produce to
         consume: ["*"]            # ... and read
         admin: true               # status and store commands; default false
+        metadata: ["*"]           # metadata keys (fnmatch) it may read and write
 
 A relay takes `public_key:` (Z85, 40 characters) too; without it its public key is read
 from `<keys_dir>/relay-<id>.key`. Its secret key is `<keys_dir>/relay-<id>.key_secret`.
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import fnmatch
 import ipaddress
 import os
 import re
@@ -71,7 +71,7 @@ from relay.access import AccessPolicy, ClientGrant
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
-from relay.meta import METADATA_STREAM
+from relay.meta import METADATA_STREAM, InvalidMetaOp, check_key
 
 __all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
 
@@ -86,21 +86,11 @@ _Z85_CHARS = frozenset(
 CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
 _PATTERN_CHARS = "*?["
-INTERNAL_STREAM_PREFIX = METADATA_STREAM[: METADATA_STREAM.index(".") + 1]  # "_relay."
 
 
 def is_pattern(stream: str) -> bool:
     """Whether a name is an fnmatch pattern (it names many streams), not one stream."""
     return "*" in stream or "?" in stream or "[" in stream
-
-
-def pattern_matches(pattern: str, stream: str) -> bool:
-    """Whether a consume pattern (or exact name) names `stream`: fnmatch, case-sensitive.
-    The mesh's internal streams (METADATA_STREAM, `_relay.` ...) only for a pattern that
-    names them explicitly, so `*` means the applications' streams."""
-    if stream.startswith(INTERNAL_STREAM_PREFIX) and not pattern.startswith(INTERNAL_STREAM_PREFIX):
-        return False
-    return fnmatch.fnmatchcase(stream, pattern)
 
 
 def pattern_refusal(stream: str) -> str:
@@ -229,6 +219,14 @@ def _check_declared_name(name: str) -> str:
     return name
 
 
+def _check_meta_key_pattern(value: str) -> str:
+    try:
+        check_key(value)
+    except InvalidMetaOp as e:
+        raise ValueError(f"not a metadata key pattern: {e}") from None
+    return value
+
+
 def _check_relay_id(value: int) -> int:
     if not 0 <= value <= MAX_RELAY_ID:
         raise ValueError(f"{value} is outside 0..{MAX_RELAY_ID}")
@@ -311,6 +309,7 @@ def _check_path(value: str) -> str:
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _StreamName = Annotated[str, AfterValidator(_check_name)]
 _PublicKey = Annotated[str, AfterValidator(_check_z85_key)]
+_MetaKeyPattern = Annotated[str, AfterValidator(_check_meta_key_pattern)]
 
 
 class _RelayModel(BaseModel):
@@ -371,6 +370,7 @@ class _ClientModel(BaseModel):
     produce: list[_StreamName] = []
     consume: list[_StreamName] = []
     admin: bool = False
+    metadata: list[_MetaKeyPattern] = []
 
 
 class _FileModel(BaseModel):
@@ -581,7 +581,8 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             (
                 "access",
                 "missing; with security.curve on, only the clients listed here may "
-                "connect (e.g. access: {admin: {produce: ['*'], consume: ['*'], admin: true}})",
+                "connect (e.g. access: {admin: {produce: ['*'], consume: ['*'], admin: true, "
+                "metadata: ['*']}})",
             )
         )
 
@@ -619,6 +620,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
                     produce=tuple(grant.produce),
                     consume=tuple(grant.consume),
                     admin=grant.admin,
+                    metadata=tuple(grant.metadata),
                     public_key=grant.public_key,
                 )
                 for name, grant in (model.access or {}).items()

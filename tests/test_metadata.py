@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -325,14 +326,11 @@ def test_the_cli_keeps_a_durable_position(mesh: Mesh) -> None:
     assert bad.returncode == 2 and "durable consumer's name" in bad.stderr
 
 
-def test_marks_survive_a_restart_of_the_whole_mesh_with_spool(tmp_path: Path) -> None:
-    """Every relay restarts empty: each folds the metadata stream's spooled history, the
-    one whose spool reaches the point the mesh carries on from installs it, and the
-    others copy it from that one."""
-    config_path = write_loopback_topology(
-        tmp_path, {r: [STREAM] for r in range(3)}, [STREAM], spool={"enabled": True}
-    )
-    with Mesh(config_path, log_dir=tmp_path / "logs", log_level="warning") as first:
+def write_marks_then_stop(config_path: Path, log_dir: Path) -> tuple[int | None, int]:
+    """On a mesh of `config_path`: 20 records, a durable consumer "keeper" that committed
+    after 7 of them, and the key settings/limit; then the mesh stops (SIGTERM: every relay
+    writes its open spool segments). The position committed and the key's version."""
+    with Mesh(config_path, log_dir=log_dir, log_level="warning") as first:
         config = first.config
         with Producer(topology=config) as producer:
             producer.send_many(STREAM, [b"w%d" % i for i in range(20)])
@@ -343,8 +341,17 @@ def test_marks_survive_a_restart_of_the_whole_mesh_with_spool(tmp_path: Path) ->
             position = consumer.commit()
         with Metadata(topology=config) as meta:
             version = meta.write("settings/limit", b"10", ABSENT)
-    # stopped (SIGTERM): each relay wrote its open spool segments
-    with Mesh(config_path, log_dir=tmp_path / "logs2", log_level="warning") as second:
+    return position, version
+
+
+def check_marks_after_restart(
+    config_path: Path, log_dir: Path, position: int | None, version: int, read_on: bool
+) -> list[dict[str, int]]:
+    """Restart the mesh: every relay's metadata view completes, every relay answers the
+    key, and "keeper" resumes at its position (and, with `read_on`, reads the record
+    after it: the relays restart empty, so that needs a store). Each relay's sync
+    counters."""
+    with Mesh(config_path, log_dir=log_dir, log_level="warning") as second:
         wait_until(
             lambda: all(
                 ((second.status(r) or {}).get("metadata") or {}).get("complete") for r in range(3)
@@ -359,8 +366,38 @@ def test_marks_survive_a_restart_of_the_whole_mesh_with_spool(tmp_path: Path) ->
         with Consumer(topology=second.config, durable="keeper", timeout_s=30) as again:
             again.subscribe(STREAM, "earliest")
             assert again.position == position
-        synced = [(second.status(r) or {})["metadata"]["sync"] for r in range(3)]
-        assert sum(s["installed_from_history"] + s["installed"] for s in synced) == 3
+            if read_on:
+                assert position is not None and next(again).seq > position
+        return [(second.status(r) or {})["metadata"]["sync"] for r in range(3)]
+
+
+def test_marks_survive_a_restart_of_the_whole_mesh_with_spool(tmp_path: Path) -> None:
+    """Every relay restarts empty: each folds the metadata stream's spooled history, the
+    one whose spool reaches the point the mesh carries on from installs it, and the
+    others copy it from that one."""
+    config_path = write_loopback_topology(
+        tmp_path, {r: [STREAM] for r in range(3)}, [STREAM], spool={"enabled": True}
+    )
+    position, version = write_marks_then_stop(config_path, tmp_path / "logs")
+    synced = check_marks_after_restart(config_path, tmp_path / "logs2", position, version, False)
+    assert sum(s["installed_from_history"] + s["installed"] for s in synced) == 3
+
+
+def test_marks_survive_a_whole_mesh_restart_through_the_store(tmp_path: Path, spark: Any) -> None:
+    """The metadata stream is stored like any other: once its spools were ingested and are
+    gone, a mesh restarted from nothing but the store folds the marks back."""
+    from relay.store.ingest import ingest
+
+    config_path = write_loopback_topology(
+        tmp_path, {r: [STREAM] for r in range(3)}, [STREAM], spool={"enabled": True}
+    )
+    position, version = write_marks_then_stop(config_path, tmp_path / "logs")
+    config = Mesh(config_path).config
+    ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
+    assert not ingested.problems and METADATA_STREAM in ingested.streams, ingested
+    shutil.rmtree(config.spool_dir)  # as relays reclaim what the store holds
+    synced = check_marks_after_restart(config_path, tmp_path / "logs2", position, version, True)
+    assert sum(s["installed_from_history"] for s in synced) >= 1, synced
 
 
 def write_meta_spool(spool: Path, ops: list[MetaOp], skip: int | None = None) -> list[int]:

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from relay import wire
+from relay.access import pattern_matches
 from relay.client import Consumer, Metadata, Producer
 from relay.engines import Record
 from relay.errors import FieldError
 from relay.launcher import Mesh, write_loopback_topology
 from relay.meta import METADATA_STREAM, decode_mark
-from relay.topology import pattern_matches
 
 pytestmark = pytest.mark.timeout(300)
 

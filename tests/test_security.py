@@ -25,12 +25,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from relay import wire
 from relay.access import AccessPolicy, ClientGrant, Right
-from relay.client import Consumer, Producer
+from relay.client import Consumer, Metadata, Producer
 from relay.core import RelayCore
 from relay.core.codec import encode
 from relay.core.messages import Heartbeat
 from relay.errors import ConfigError, KeyFileError, NotAuthorized
 from relay.launcher import Mesh, query_status, write_loopback_topology
+from relay.meta import ANY_VERSION, METADATA_STREAM
 from relay.node import RelayNode
 from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
 from relay.topology import loads
@@ -46,7 +47,7 @@ HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 ACCESS = {
-    "app": {"produce": ["orders.*"], "consume": ["orders.*"]},
+    "app": {"produce": ["orders.*"], "consume": ["orders.*"], "metadata": ["consumers/app-*"]},
     "reader": {"consume": ["audit"]},
 }
 
@@ -105,7 +106,8 @@ def test_the_topology_names_every_security_problem(tmp_path: Path) -> None:
         )
     config = loads(
         RELAY % "" + "security: {curve: true, keys_dir: k}\n"
-        "access: {app: {produce: ['a*'], consume: [b]}, ops: {admin: true}}\n",
+        "access: {app: {produce: ['a*'], consume: [b], metadata: ['consumers/app-*']}, "
+        "ops: {admin: true, consume: ['*']}}\n",
         tmp_path / "t.yaml",
     )
     assert config.security.curve and config.security.keys_dir == tmp_path / "k"
@@ -114,6 +116,19 @@ def test_the_topology_names_every_security_problem(tmp_path: Path) -> None:
     assert not config.access.allows("app", Right.ADMIN)
     assert config.access.allows("ops", Right.ADMIN)
     assert not config.access.allows("stranger", Right.CONSUME, "b")
+    assert config.access.allows("app", Right.METADATA, "consumers/app-x/b")
+    assert config.access.allows("app", Right.METADATA)  # some key: a read barrier
+    assert not config.access.allows("app", Right.METADATA, "consumers/ops/b")
+    assert not config.access.allows("ops", Right.METADATA)
+    # "*" is the applications' streams; the mesh's own need a pattern naming them.
+    assert not config.access.allows("ops", Right.CONSUME, "_relay.meta")
+    with pytest.raises(
+        ConfigError, match=r"access\.app\.metadata\[0\]: not a metadata key pattern"
+    ):
+        loads(
+            RELAY % "" + "security: {curve: true}\naccess: {app: {metadata: ['']}}\n",
+            tmp_path / "t.yaml",
+        )
 
 
 def test_a_relay_without_its_key_does_not_start(tmp_path: Path) -> None:
@@ -352,6 +367,47 @@ def test_a_pattern_reads_only_the_streams_the_client_may_consume(mesh: Mesh) -> 
             seen[client] = set(consumer.streams)
     assert seen["reader"] == {"audit"}
     assert "audit" not in seen["app"] and "orders.pattern" in seen["app"]
+
+
+def test_metadata_rights_are_per_key(mesh: Mesh) -> None:
+    app = key_file(mesh, "app")
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "admin")) as admin:
+        admin.write("jobs/nightly", b"admin's", ANY_VERSION)
+    with Producer(topology=mesh.config, key_file=app, send_timeout_s=60) as producer:
+        first = producer.send(STREAM, b"for a durable reader")
+    # The app keeps the marks of its own durable consumers ...
+    with Consumer(
+        topology=mesh.config, key_file=app, durable="app-billing", store=False, timeout_s=30
+    ) as billing:
+        assert next(billing.subscribe(STREAM, first - 1)).seq == first
+        assert billing.commit() == first
+    # ... and can neither use another name nor see or write other keys.
+    with (
+        Consumer(
+            topology=mesh.config, key_file=app, durable="payroll", store=False, timeout_s=30
+        ) as other,
+        pytest.raises(NotAuthorized, match="no metadata right on key 'consumers/payroll/") as no,
+    ):
+        other.subscribe(STREAM, "earliest")
+    assert (no.value.right, no.value.retriable) == ("metadata", False)
+    with Metadata(topology=mesh.config, key_file=app) as meta:
+        assert [v.key for v in meta.list("")] == [f"consumers/app-billing/{STREAM}"]
+        with pytest.raises(NotAuthorized, match="no metadata right on key 'jobs/nightly'"):
+            meta.write("jobs/nightly", b"app's", ANY_VERSION)
+        with pytest.raises(NotAuthorized, match="no metadata right on key 'jobs/nightly'"):
+            meta.read("jobs/nightly")
+    with (
+        Metadata(topology=mesh.config, key_file=key_file(mesh, "reader")) as meta,
+        pytest.raises(NotAuthorized, match="client 'reader' has no metadata right"),
+    ):
+        meta.list("")
+    # Reading the metadata stream itself is a consume right that "*" does not give.
+    with (
+        Consumer(topology=mesh.config, key_file=app, store=False, timeout_s=30) as raw,
+        pytest.raises(NotAuthorized, match=r"no consume right on stream '_relay\.meta'"),
+    ):
+        next(raw.subscribe(METADATA_STREAM, "earliest"))
+    assert sum(counters(mesh, r)["counters"].get("not_authorized_metadata", 0) for r in range(3))
 
 
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:

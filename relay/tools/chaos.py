@@ -342,17 +342,24 @@ class RelayProcesses:
                 )
             time.sleep(POLL_S)
 
-    def wait_ready_until(self, deadline: float) -> bool:
-        """Whether every relay is ready (joined, unfenced) before `deadline`."""
+    def not_ready_until(self, deadline: float) -> dict[int, str]:
+        """Wait until every relay is ready (joined, unfenced) or `deadline` passed: {} if
+        they were, else why each relay that was not ready at the last look was not."""
+        waiting: dict[int, str] = {}
         while time.monotonic() < deadline:
-            statuses = self.statuses()
-            if all(
-                status is not None and not_ready_reason(self.config, r, status) is None
-                for r, status in statuses.items()
-            ):
-                return True
+            waiting = {}
+            for relay, status in self.statuses().items():
+                reason = (
+                    "no status answer"
+                    if status is None
+                    else not_ready_reason(self.config, relay, status)
+                )
+                if reason is not None:
+                    waiting[relay] = reason
+            if not waiting:
+                return {}
             time.sleep(POLL_S)
-        return False
+        return waiting or {relay: "not looked at in time" for relay in self.procs}
 
     def log_tail(self, relay: int, lines: int = 5) -> str:
         try:
@@ -742,14 +749,18 @@ def _inject(
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
         settle_until = min(end, healed + rng.uniform(min(SETTLE_S[0], settle_max), settle_max))
-        if faults.relays.wait_ready_until(settle_until):
+        waiting = faults.relays.not_ready_until(settle_until)
+        if not waiting:
             event.rejoin_s = round(time.monotonic() - healed, 3)
-        ready = "every relay ready" if event.rejoin_s is not None else "NOT every relay ready"
+            ready = "every relay ready"
+        else:  # which relays were not, and why, to tell a slow start from a slow join
+            why = "; ".join(f"relay {r}: {reason}" for r, reason in sorted(waiting.items()))
+            ready = f"NOT every relay ready ({why})"
         options.log(
             f"  {event.heal_s:6.1f} s  healed; {ready} {time.monotonic() - healed:.2f} s on"
         )
         _sleep_until(settle_until)
-        if event.rejoin_s is None and faults.relays.wait_ready_until(
+        if event.rejoin_s is None and not faults.relays.not_ready_until(
             min(end, healed + REJOIN_MAX_S)
         ):
             options.log(f"           every relay ready {time.monotonic() - healed:.2f} s on")
