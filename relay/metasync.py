@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.core import RelayCore, Transaction
 from relay.core.digest import chain, genesis, tx_hash
@@ -84,8 +83,9 @@ class MetaSync:
         self._next_request_id = 1
         self._turn = 0  # which peer is asked next
         self._wait_until_ms = 0
-        # The state folded from durable history at start (fold_durable_history), tried
-        # before asking peers: after a restart of the whole mesh no peer has it.
+        # The state folded from durable history (fold_durable_history, by the node once
+        # every peer was asked in vain: after a restart of the whole mesh no peer has
+        # it), tried before asking peers again.
         self.durable: DurableFold | None = None
         self.counters: dict[str, int] = {
             "installed": 0,
@@ -93,6 +93,12 @@ class MetaSync:
             "refused": 0,
             "bad_frames": 0,
         }
+
+    @property
+    def asked_every_peer(self) -> bool:
+        """Whether every peer was asked for its copy at least once (none installed yet, or
+        the view would be complete): then only durable history may hold the state."""
+        return self._turn >= len(self._peers) and self._asking is None
 
     @staticmethod
     def is_sync_frame(frame: bytes) -> bool:
@@ -256,6 +262,8 @@ def _spooled(
     """This relay's spooled metadata records after `after_seq`, in seq order."""
     if spool_dir is None:
         return
+
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from relay.segment import find_segments, to_unsigned64
 

@@ -102,7 +102,7 @@ from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.meta import METADATA_STREAM
-from relay.metasync import META_SYNC_MARK, MetaSync, fold_durable_history
+from relay.metasync import META_SYNC_MARK, DurableFold, MetaSync, fold_durable_history
 from relay.security import (
     CLIENT_DOMAIN,
     MESH_DOMAIN,
@@ -474,6 +474,12 @@ class RelayNode:
         self._sockets: _Sockets | None = None
         self._spool: Spool | None = None
         self._spool_cursor: dict[str, int] = {}  # stream -> last seq handed to the spool
+        # The metadata stream's durable history, folded in a worker thread (it may be
+        # long: the relay serves its other streams meanwhile) once every peer was asked
+        # for its copy in vain, as after a restart of the whole mesh; a relay that
+        # restarts alone copies a peer's and never reads it.
+        self._fold_wanted = False
+        self._durable_fold: asyncio.Future[DurableFold | None] | None = None
         self._seed_from_history()
 
     def _ran_before(self) -> bool:
@@ -536,6 +542,7 @@ class RelayNode:
             "gap": view.gap,
             "applied": view.state.applied,
             "keys": len(view.state.items),
+            "folding_history": self._durable_fold is not None,
             "sync": dict(self._metasync.counters),
         }
         return status
@@ -628,26 +635,25 @@ class RelayNode:
             if seeded:
                 self.counters["seeded_streams"] += 1
                 log.info("relay=%d stream=%s history ends at seq %d", self.id, stream, seq)
-        if METADATA_STREAM in points:
-            self._fold_metadata_history()
+        self._fold_wanted = METADATA_STREAM in points
 
-    def _fold_metadata_history(self) -> None:
+    def _fold_metadata_history(self) -> DurableFold | None:
         """Fold the metadata stream's durable history, for when no peer has the state
-        either (the whole mesh restarted): docs/metadata.md 3."""
+        either (the whole mesh restarted): docs/metadata.md 3. Runs in a worker thread."""
         spool = self.config.spool_dir if self.config.spool.enabled else None
         try:
             durable = fold_durable_history(self.config.store_dir, spool, self.id)
         except Exception as error:  # unreadable history must not stop the relay: peers may help
             log.error("relay=%d metadata history unreadable, not folded: %s", self.id, error)
-            return
+            return None
         if durable is not None:
-            self._metasync.durable = durable
             log.info(
                 "relay=%d metadata folded from durable history: %d keys as of seq %d",
                 self.id,
                 len(durable.items),
                 durable.as_of,
             )
+        return durable
 
     def _open_spool(self) -> None:
         settings = self.config.spool
@@ -947,7 +953,20 @@ class RelayNode:
                 self._trim_heap(mono)
             if self._spool is not None:
                 self._spool.tick(mono)
-            self._metasync.tend(self.clients.meta, self.core, mono)
+            self._tend_metadata(mono)
+
+    def _tend_metadata(self, mono: int) -> None:
+        """Complete the metadata view: from a peer's copy, else from durable history."""
+        meta = self.clients.meta
+        if self._fold_wanted and not meta.complete and self._metasync.asked_every_peer:
+            self._fold_wanted = False
+            loop = asyncio.get_running_loop()
+            self._durable_fold = loop.run_in_executor(None, self._fold_metadata_history)
+        fold = self._durable_fold
+        if fold is not None and fold.done():
+            self._durable_fold = None
+            self._metasync.durable = fold.result()  # errors were logged: None then
+        self._metasync.tend(meta, self.core, mono)
 
     def _send_meta_sync(self, peer: int, frame: bytes) -> None:
         socks = self._sockets

@@ -79,3 +79,24 @@ def test_imports_point_down(path: Path) -> None:
     here = path.relative_to(RELAY).parts[0].removesuffix(".py")
     wrong = upward(here, imports_of(path))
     assert not wrong, f"relay/{path.relative_to(RELAY)} imports {wrong} (at or above its layer)"
+
+
+def test_relays_and_clients_do_not_load_the_stores_libraries() -> None:
+    """pyarrow and Spark are the store's: a relay or a client that reads no store must not
+    pay for them at every start (pyarrow alone doubled a relay's memory at start)."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, relay.node, relay.client, relay.cli; "
+            "print(' '.join(m for m in ('pyarrow', 'pyspark', 'deltalake') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert loaded.stdout.strip() == "", loaded.stdout
