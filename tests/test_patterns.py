@@ -4,6 +4,7 @@ included; durable marks per stream; resuming from positions; the CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from relay import wire
 from relay.access import pattern_matches
-from relay.client import Consumer, Metadata, Producer
+from relay.client import AsyncConsumer, Consumer, Metadata, Producer
 from relay.engines import Record
 from relay.errors import FieldError
 from relay.launcher import Mesh, write_loopback_topology
@@ -141,6 +142,23 @@ def test_a_durable_pattern_keeps_a_mark_per_stream(mesh: Mesh) -> None:
         topology=mesh.config, durable="fanout", timeout_s=LONG_S, count=5, store=False
     ) as again:
         assert by_stream(list(again.subscribe("dur.*", "earliest"))) == newer
+
+
+def test_the_asyncio_consumer_reads_a_pattern_durably(mesh: Mesh) -> None:
+    sent = {"asy.eu": produce(mesh, "asy.eu", 5, "a"), "asy.us": produce(mesh, "asy.us", 5, "a")}
+
+    async def read_all(count: int) -> list[Record]:
+        async with AsyncConsumer(
+            topology=mesh.config, durable="async", count=count, timeout_s=LONG_S, store=False
+        ) as consumer:
+            consumer.subscribe("asy.*", "earliest")
+            got = [record async for record in consumer]
+            assert await consumer.commit() is None
+            return got
+
+    assert by_stream(asyncio.run(read_all(10))) == sent
+    later = {"asy.us": produce(mesh, "asy.us", 2, "b")}
+    assert by_stream(asyncio.run(read_all(2))) == later  # resumed after the marks
 
 
 def test_what_a_pattern_cannot_do_is_refused_by_name(mesh: Mesh) -> None:
