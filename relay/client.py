@@ -568,12 +568,16 @@ class Producer(_ProducerBase[_SyncLinks]):
         """Produce one transaction; return its committed sequence number. Raises
         Rejected, UnknownStream, Unknown or Fenced (relay.errors). `kind` says how the
         value is read (0: a plain value, one change; see `send_changes`)."""
+        return self._send_op(stream, value, key, kind).result()
+
+    def _send_op(self, stream: str, value: bytes, key: bytes | None, kind: int) -> Op:
+        """`send`, returning the settled op (which relay answered: `op.endpoint`)."""
         self._check_open()
         check_produce_target(stream)
         key, value = _check_tx(key, value)
         op = self._engine.submit(stream, key, value, _check_kind(kind))
         self._run(lambda: op.done)
-        return op.result()
+        return op
 
     def send_changes(self, stream: str, changes: Sequence[Change], key: bytes | None = None) -> int:
         """Produce one transaction carrying a list of changes (puts and deletes of
@@ -1708,7 +1712,13 @@ class Metadata:
 
     def _apply(self, op: MetaOp) -> int:
         encoded = encode_op(op)  # InvalidMetaOp (a FieldError) before anything is sent
-        seq = self.last_seq = self._producer.send(METADATA_STREAM, encoded, kind=KIND_META)
+        sent = self._producer._send_op(METADATA_STREAM, encoded, None, KIND_META)
+        seq = self.last_seq = sent.result()
+        # The relay that answered has folded the operation already (it answers a produce
+        # once committed there): ask it first, not one that may still be behind.
+        endpoints = self._relays.endpoints
+        if sent.endpoint in endpoints:
+            self._first = endpoints.index(sent.endpoint)
         answer = self._ask("outcome", "", seq)
         if answer.result == "applied":
             return answer.version
