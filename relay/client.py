@@ -123,6 +123,7 @@ from relay.engines import (
     StreamWatch,
     check_produce_target,
     check_stream,
+    decode_answer,
     position_at,
 )
 from relay.errors import (
@@ -977,10 +978,8 @@ class _Router:
         self.stats: Counter[str] = Counter()
 
     def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
-        try:
-            msg = wire.decode(frame, self.frame_limit)
-        except FrameError:
-            self.stats["bad_frames"] += 1
+        msg = decode_answer(frame, self.frame_limit, self.stats)
+        if msg is None:
             return
         for engine in self.engines:
             if engine.asked(msg.request_id):
@@ -1056,6 +1055,7 @@ class _ConsumerBase(Generic[_L]):
         self._lanes: dict[str, _Lane] = {}
         self._unopened: deque[tuple[str, Start | datetime]] = deque()  # found, to open
         self._current: _Lane | None = None  # the lane of the last record yielded
+        self._others_head = -1  # then: the lowest first seq buffered in any other lane
         # A durable consumer's marks and leases, one per stream read (docs/metadata.md),
         # taken as each stream's lane opens; its Metadata client is made then.
         self._durable = durable
@@ -1065,6 +1065,7 @@ class _ConsumerBase(Generic[_L]):
         self._meta_source = (relays, topology, curve)
         self._meta: Metadata | None = None
         self._committed_at = time.monotonic()
+        self._renew_at: float | None = None  # the earliest renewal due of the marks held
 
     @property
     def durable(self) -> str | None:
@@ -1084,6 +1085,7 @@ class _ConsumerBase(Generic[_L]):
         self._unopened.clear()
         self._router.engines.clear()
         self._current = None
+        self._others_head = -1
         self._watch = None
         self._yielded = 0
         self._subscribed = stream
@@ -1165,6 +1167,8 @@ class _ConsumerBase(Generic[_L]):
             engine.subscribe(stream, snapshot.seq, from_store=True)
         lane = _Lane(engine, mark, snapshot)
         self._lanes[stream] = lane
+        if mark is not None:
+            self._leases_written()
         self._router.engines.append(engine)
         if self._current is None:
             self._current = lane
@@ -1179,18 +1183,21 @@ class _ConsumerBase(Generic[_L]):
                 "commit() needs a durable consumer that subscribed: Consumer(..., durable=NAME)"
             )
         now = self._committed_at = time.monotonic()
-        for lane in self._lanes.values():
-            mark = lane.mark
-            if mark is None:
-                continue
-            position = lane.position
-            stored = position if position is not None else mark.seq
-            if stored != mark.seq or now >= mark.renew_at or not self._is_pattern:
-                mark.store(stored)
+        try:
+            for lane in self._lanes.values():
+                mark = lane.mark
+                if mark is None:
+                    continue
+                position = lane.position
+                stored = position if position is not None else mark.seq
+                if stored != mark.seq or now >= mark.renew_at:
+                    mark.store(stored)
+        finally:
+            self._leases_written()
 
     def _lease_work_due(self) -> bool:
         """Whether a lease needs renewing, or auto-commit is due, before the next record."""
-        if self._durable is None:
+        if self._renew_at is None:
             return False
         due = self._lease_due()
         return due is not None and time.monotonic() >= due
@@ -1202,29 +1209,39 @@ class _ConsumerBase(Generic[_L]):
             self._commit()  # what was yielded before this call is processed
             return
         now = time.monotonic()
-        for lane in self._lanes.values():
-            mark = lane.mark
-            if mark is not None and now >= mark.renew_at:
-                mark.store(mark.seq)
+        try:
+            for lane in self._lanes.values():
+                mark = lane.mark
+                if mark is not None and now >= mark.renew_at:
+                    mark.store(mark.seq)
+        finally:
+            self._leases_written()
 
     def _release_marks(self, commit: bool) -> None:
         """Give the leases up (storing the positions when auto-commit is on and `commit`),
         so the next instance need not wait for them to run out."""
-        for lane in self._lanes.values():
-            mark, lane.mark = lane.mark, None
-            if mark is None:
-                continue
-            position = lane.position if commit and self._auto_commit_s is not None else None
-            mark.release(mark.seq if position is None else position)
+        try:
+            for lane in self._lanes.values():
+                mark, lane.mark = lane.mark, None
+                if mark is None:
+                    continue
+                position = lane.position if commit and self._auto_commit_s is not None else None
+                mark.release(mark.seq if position is None else position)
+        finally:
+            self._leases_written()
+
+    def _leases_written(self) -> None:
+        """After marks were taken, written or given up: when the next lease renewal is
+        due (kept, not recomputed per record)."""
+        due = [lane.mark.renew_at for lane in self._lanes.values() if lane.mark is not None]
+        self._renew_at = min(due) if due else None
 
     def _lease_due(self) -> float | None:
         """When a lease (or auto-commit) next needs the consumer's attention."""
-        due = [lane.mark.renew_at for lane in self._lanes.values() if lane.mark is not None]
-        if not due:
-            return None
-        if self._auto_commit_s is not None:
-            due.append(self._committed_at + self._auto_commit_s)
-        return min(due)
+        renew_at = self._renew_at
+        if renew_at is None or self._auto_commit_s is None:
+            return renew_at
+        return min(renew_at, self._committed_at + self._auto_commit_s)
 
     def _close_meta(self) -> None:
         if self._meta is not None:
@@ -1240,18 +1257,33 @@ class _ConsumerBase(Generic[_L]):
     def _take(self) -> Record | None:
         """The next record if one is buffered (of the stream whose next record is the
         oldest); raises a stream's error once its records are yielded."""
+        current = self._current
+        if current is not None and current.engine.records:
+            # Records arrive only while no lane has any left to yield (a next() that
+            # found none waits for frames), so the lane chosen last stays the oldest
+            # while its next record is at or below the others' first.
+            records = current.engine.records
+            if records[0].seq <= self._others_head:
+                self._yielded += 1
+                return records.popleft()
         if self._subscribed is None:
             raise RuntimeError("subscribe(stream) first")
         best: _Lane | None = None
-        head = 0
+        head = second = MAX_U63
         for lane in self._lanes.values():
             records = lane.engine.records
-            if records and (best is None or records[0].seq < head):
-                best, head = lane, records[0].seq
+            if records:
+                first = records[0].seq
+                if best is None or first < head:
+                    best, head, second = lane, first, head
+                elif first < second:
+                    second = first
         if best is not None:
             self._yielded += 1
             self._current = best
+            self._others_head = second
             return best.engine.records.popleft()
+        self._others_head = -1  # every lane is empty: what arrives next is scanned first
         for lane in self._lanes.values():
             if lane.engine.error is not None:
                 self._current = lane

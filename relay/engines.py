@@ -138,6 +138,15 @@ class Record:
         return changes_of(self.kind, self.key, self.value)
 
 
+def decode_answer(frame: bytes, frame_limit: int, stats: Counter[str]) -> wire.ClientMessage | None:
+    """A relay's answer frame decoded; None (counted as bad_frames) if it does not decode."""
+    try:
+        return wire.decode(frame, frame_limit)
+    except FrameError:
+        stats["bad_frames"] += 1
+        return None
+
+
 def _backoff(rounds: int) -> float:
     return float(min(BACKOFF_MAX_S, BACKOFF_BASE_S * (2 ** min(rounds - 1, 16))))
 
@@ -391,10 +400,8 @@ class ProduceEngine:
                 self._send_packed(endpoint, ops, now, send)
 
     def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
-        try:
-            msg = wire.decode(frame, self.frame_limit)
-        except FrameError:
-            self.stats["bad_frames"] += 1
+        msg = decode_answer(frame, self.frame_limit, self.stats)
+        if msg is None:
             return
         kind = type(msg)
         if kind is wire.ProduceBatchResp:
@@ -882,10 +889,8 @@ class ReadEngine:
             self._leave(now, "unreachable", f"{self.endpoint}: not connected")
 
     def on_frame(self, endpoint: str, frame: bytes, now: float) -> None:
-        try:
-            msg = wire.decode(frame, self.frame_limit)
-        except FrameError:
-            self.stats["bad_frames"] += 1
+        msg = decode_answer(frame, self.frame_limit, self.stats)
+        if msg is None:
             return
         if not self.asked(msg.request_id):
             self.stats["stale_answers"] += 1
