@@ -85,6 +85,12 @@ def ingest(config: MeshConfig, master: str) -> int:
         )
         for stream, (seq, digest) in sorted(result.streams.items()):
             print(f"  {stream}: last seq {seq} digest {digest.hex()}")
+        if result.outvoted:
+            relays = sorted({relay for _, relay, _ in result.outvoted})
+            print(
+                f"  {len(result.outvoted)} relay copies outvoted (relays {relays}); "
+                f"segments quarantined: {', '.join(result.quarantined) or 'none'}"
+            )
         return 0
 
     return _with_session(master, "relay-store-ingest", job)

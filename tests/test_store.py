@@ -208,7 +208,7 @@ def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path:
     assert _snapshot_of(store, full[0].stream) == _expected_snapshot(full[0], older)
 
 
-def test_divergence_is_reported_and_not_written(spark: Any, tmp_path: Path) -> None:
+def test_a_divergent_copy_is_outvoted_and_quarantined(spark: Any, tmp_path: Path) -> None:
     from relay.store.ingest import ingest
     from relay.store.verify import verify
 
@@ -217,14 +217,47 @@ def test_divergence_is_reported_and_not_written(spark: Any, tmp_path: Path) -> N
     write_spools(str(spool), streams, segment_records=100)
     bad_seq = streams[0].seqs[250]
     _rewrite_relay_copy(spool, relay=2, stream=streams[0].stream, seq=bad_seq)
-    with pytest.raises(IngestFailed) as failure:
-        ingest(spark, str(spool), str(store))
-    [problem] = failure.value.problems
-    assert (problem.stream, problem.seq, problem.relays) == (streams[0].stream, bad_seq, (0, 1, 2))
-    assert "relays disagree on the digest" in str(problem) and "relays 2 have" in str(problem)
-    # The stream keeps its verified prefix; the other stream is complete.
-    assert _stored_rows(store) == _expected_rows(streams, upto={streams[0].stream: bad_seq})
+    result = ingest(spark, str(spool), str(store))
+    # Relays 0 and 1 agree: relay 2's copy is outvoted, named, and its segment moved out.
+    assert result.outvoted == [(streams[0].stream, 2, bad_seq)]
+    [moved] = result.quarantined
+    assert "/quarantine/relay=2/" in moved and Path(moved).is_file()
+    assert not any(
+        s.relay == 2 and s.first_seq <= bad_seq <= s.last_seq
+        for s in find_segments(spool)
+        if s.stream == streams[0].stream
+    )
+    assert _stored_rows(store) == _expected_rows(streams)
     verify(spark, str(store))
+
+
+def test_copies_without_a_majority_stop_the_stream(tmp_path: Path) -> None:
+    records = generate("tied", 200, seed=8)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    write_spools(str(spool), [records], relays=2, segment_records=50)
+    bad_seq = records.seqs[120]
+    _rewrite_relay_copy(spool, relay=1, stream="tied", seq=bad_seq)
+    with pytest.raises(IngestFailed) as failure:
+        store_baseline.ingest_baseline(str(spool), str(store))
+    [problem] = failure.value.problems
+    assert (problem.seq, problem.relays) == (bad_seq, (0, 1))
+    assert "no majority of the copies" in str(problem)
+    assert StoreReader(store).last_points()["tied"].seq == records.seqs[119]
+
+
+def test_a_corrupt_copy_is_outvoted_by_a_copy_that_chains(tmp_path: Path) -> None:
+    """Relay 0's copy keeps the right digest but not the right content: the copy stored
+    first fails the chain, relay 1's chains and is stored instead."""
+    records = generate("flaky", 200, seed=9)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    write_spools(str(spool), [records], relays=3, segment_records=200)
+    bad_seq = records.seqs[77]
+    _rewrite_relay_copy(spool, relay=0, stream="flaky", seq=bad_seq, keep_digest=True)
+    result = store_baseline.ingest_baseline(str(spool), str(store))
+    assert result.outvoted == [("flaky", 0, bad_seq)] and len(result.quarantined) == 1
+    stored = {r.seq: r.value for r in StoreReader(store).records_after("flaky", -1)}
+    assert len(stored) == records.duplicates.count(False)
+    assert stored[bad_seq] == records.values[77]
 
 
 def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:
@@ -315,7 +348,8 @@ def test_small_ranges_stitch_copies_from_relays_with_holes(
 ) -> None:
     """Many range tasks per stream (cut at segment ends, segments straddling the cuts), and
     relays that each miss a part: every seq is stored once, from the lowest relay holding
-    it; a divergence in a middle range keeps exactly the records before it."""
+    it; a divergent copy that the others outvote is left out, and a divergence without a
+    majority in a middle range keeps exactly the records before it."""
     from relay.store import plan
     from relay.store.ingest import ingest
 
@@ -344,13 +378,21 @@ def test_small_ranges_stitch_copies_from_relays_with_holes(
     assert _stored_rows(store) == _stored_rows(other) == _expected_rows([records])
     assert len(load_manifest(store).streams["holes"].files) == len(ranges)
 
-    bad_seq = records.seqs[390]
+    # Three copies of seq 390, relay 2's divergent: outvoted, the stream stored whole.
+    outvoted_seq = records.seqs[390]
+    _rewrite_relay_copy(spool, relay=2, stream="holes", seq=outvoted_seq)
+    result = ingest(spark, str(spool), str(tmp_path / "outvoted"))
+    assert result.outvoted == [("holes", 2, outvoted_seq)]
+    assert _stored_rows(tmp_path / "outvoted") == _expected_rows([records])
+    # Two copies of seq 330 (relay 0 misses it), relay 2's divergent: no majority, the
+    # stream keeps exactly the records before it.
+    bad_seq = records.seqs[330]
     _rewrite_relay_copy(spool, relay=2, stream="holes", seq=bad_seq)
     diverged = tmp_path / "diverged"
     with pytest.raises(IngestFailed) as failure:
         ingest(spark, str(spool), str(diverged))
     [problem] = failure.value.problems
-    assert (problem.seq, problem.relays) == (bad_seq, (0, 1, 2))
+    assert (problem.seq, problem.relays) == (bad_seq, (1, 2))
     assert _stored_rows(diverged) == _expected_rows([records], upto={"holes": bad_seq})
 
 
@@ -445,9 +487,12 @@ def _slice(records: StreamRecords, start: int, stop: int) -> StreamRecords:
     )
 
 
-def _rewrite_relay_copy(spool: Path, *, relay: int, stream: str, seq: int) -> None:
-    """Give one relay's copy of (stream, seq) another value and a digest chained over it,
-    as if that relay had committed a different timeline from there on."""
+def _rewrite_relay_copy(
+    spool: Path, *, relay: int, stream: str, seq: int, keep_digest: bool = False
+) -> None:
+    """Give one relay's copy of (stream, seq) another value and another digest, as if that
+    relay had committed a different timeline from there on (`keep_digest`: the digest
+    stays, as if the value were corrupted on that relay's disk)."""
     for segment in find_segments(spool):
         if (
             segment.relay == relay
@@ -458,7 +503,8 @@ def _rewrite_relay_copy(spool: Path, *, relay: int, stream: str, seq: int) -> No
             for row in rows:
                 if row["seq"] == seq:
                     row["value"] = b"another value"
-                    row["digest"] = bytes(16)
+                    if not keep_digest:
+                        row["digest"] = bytes(16)
             pq.write_table(
                 pa.Table.from_pylist(rows, schema=pq.read_schema(segment.path)), segment.path
             )

@@ -11,10 +11,12 @@ even when there is one stream.
 Ingest checks a range straight from the relays' segments (`check_segment_range`): the
 segments of each relay are named by their first and last seq, so the driver knows which
 ones hold a range and no shuffle is needed to bring the copies of a seq together. The
-copies are grouped by (seq, relay), the relays must agree on each digest, one copy per seq
-is stored. `RangeChecker` (used by verify) takes rows already sorted by (stream, seq,
-relay) in Arrow batches and does the same check as a stream. Both stop at a stream's first
-problem: nothing at or after it is passed on.
+copies are grouped by (seq, relay); the digest more than half of a seq's copies carry wins
+(the others are outvoted, and named), and one copy per seq is stored, another relay's if
+the first one's content does not chain. `RangeChecker` (used by verify) takes rows
+already sorted by (stream, seq, relay) in Arrow batches and checks that every copy agrees
+(a stored store has one copy per seq). Both stop at a stream's first problem: nothing at
+or after it is passed on.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ SUMMARY_SCHEMA = pa.schema(
         pa.field("problem_seq", pa.int64()),
         pa.field("problem", pa.string()),
         pa.field("problem_relays", pa.string()),
+        # copies the others outvoted: "relay:seq" joined by ","
+        pa.field("outvoted", pa.string()),
     ]
 )
 
@@ -89,6 +93,7 @@ class _StreamRange:
     problem_relays: str | None = None
     path: str | None = None
     file_first_seq: int | None = None
+    outvoted: str | None = None
 
 
 @dataclass(slots=True)
@@ -289,6 +294,8 @@ class StreamOutcome:
     last_digest: bytes
     records: int
     problem: ChainProblem | None
+    # (relay, seq) of every copy the other relays' copies outvoted (module docstring)
+    outvoted: list[tuple[int, int]] = field(default_factory=list)
 
 
 def stitch(
@@ -329,6 +336,7 @@ def stitch(
             outcome.last_seq = _int(summary["last_seq"])
             outcome.last_digest = _bytes(summary["last_digest"])
             outcome.records += records
+            outcome.outvoted.extend(parse_outvoted(summary.get("outvoted")))
         if summary["problem"] is not None:
             outcome.problem = ChainProblem(
                 f"stream {stream!r}: {summary['problem']}",
@@ -338,6 +346,17 @@ def stitch(
             )
             return outcome
     return outcome
+
+
+def parse_outvoted(text: object) -> list[tuple[int, int]]:
+    """The (relay, seq) pairs of a summary's `outvoted` text."""
+    if not text:
+        return []
+    pairs = []
+    for item in str(text).split(","):
+        relay, seq = item.split(":")
+        pairs.append((int(relay), int(seq)))
+    return pairs
 
 
 def _int(value: object) -> int:
@@ -452,10 +471,22 @@ def check_segment_range(
     if copies.num_rows == 0:
         return []
     groups = _CopyGroups(copies, [s.relay for s in ordered])
-    agreeing = groups.first_disagreement()
-    chosen = copies.take(groups.starts.slice(0, agreeing))
-    records = _stored_records(stream, ordered, chosen)
-    checked, head_tx_hash = _check_links(records)
+    choice = groups.choose()
+    agreeing = len(choice.rows)
+    while True:
+        chosen = copies.take(pa.array(choice.rows, pa.int64()))
+        records = _stored_records(stream, ordered, chosen)
+        checked, head_tx_hash = _check_links(records)
+        if checked == 0 or checked >= records.num_rows:
+            break
+        # The copy at `checked` does not chain from the record before it: another relay's
+        # copy with the same digest may (the chosen one's content is corrupt).
+        previous_digest = records.column("digest")[checked - 1].as_py()
+        better = groups.copy_that_chains(checked, choice.rows[checked], previous_digest, ordered)
+        if better is None:
+            break
+        choice.outvoted.append((groups.relay_of_row(choice.rows[checked]), groups.seq_of(checked)))
+        choice.rows[checked] = better
     state = _StreamRange()
     if checked:
         state.head_seq = records.column("seq")[0].as_py()
@@ -475,10 +506,13 @@ def check_segment_range(
         state.problem_relays = groups.relays_text(checked)
     elif agreeing < groups.count:
         state.problem_seq = groups.seq_of(agreeing)
-        state.problem = groups.disagreement_text(agreeing)
+        state.problem = groups.disagreement_text(agreeing) + " (no majority of the copies)"
         state.problem_relays = groups.relays_text(agreeing)
     if not checked:
         state.head_seq = state.problem_seq if state.problem_seq is not None else -1
+    stored = [(relay, seq) for relay, seq in choice.outvoted if checked and seq <= state.last_seq]
+    if stored:
+        state.outvoted = ",".join(f"{relay}:{seq}" for relay, seq in stored)
     writer = RecordFileWriter(directory, prefix or uuid.uuid4().hex)
     for batch in records.slice(0, checked).to_batches(max_chunksize=RECORD_FILE_ROW_GROUP_ROWS):
         writer(stream, batch)
@@ -518,6 +552,15 @@ def _read_copies(segments: Sequence[SegmentRef], after_seq: int, last_seq: int) 
     return copies.take(order).combine_chunks()
 
 
+@dataclass(slots=True)
+class _Choice:
+    """The row of the copy stored for each seq (in order, as far as a majority decides),
+    and the (relay, seq) of the copies outvoted."""
+
+    rows: list[int]
+    outvoted: list[tuple[int, int]]
+
+
 class _CopyGroups:
     """The groups of copies (one group per seq) of a sorted copies table."""
 
@@ -536,14 +579,66 @@ class _CopyGroups:
         self.count = len(self.starts)
         self._group_of_row = pc.subtract(pc.cumulative_sum(is_start.cast(pa.int64())), 1)
 
-    def first_disagreement(self) -> int:
-        """The first group whose copies carry more than one digest (`count` if none)."""
+    def choose(self) -> _Choice:
+        """One copy per seq, in order, up to the first seq whose copies hold no majority
+        digest: the lowest relay's copy where all agree, else the lowest relay's copy of
+        the digest more than half of the copies hold; the other copies are outvoted."""
+        rows: list[int] = self.starts.to_pylist()
+        outvoted: list[tuple[int, int]] = []
         digests = self.copies.column("digest").combine_chunks()
         first_digest = digests.take(self.starts.take(self._group_of_row))
         differing = pc.indices_nonzero(pc.not_equal(digests, first_digest))
-        if len(differing) == 0:
-            return self.count
-        return int(self._group_of_row[differing[0].as_py()].as_py())
+        disagreeing = pc.unique(self._group_of_row.take(differing)).to_pylist()
+        for group in sorted(disagreeing):
+            by_digest: dict[bytes, list[tuple[int, int]]] = {}
+            for row, (digest, relay) in self._rows_of(group):
+                by_digest.setdefault(digest, []).append((relay, row))
+            total = sum(len(held) for held in by_digest.values())
+            winner = max(by_digest.values(), key=len)
+            if len(winner) * 2 <= total:
+                return _Choice(rows[:group], outvoted)
+            rows[group] = min(winner)[1]
+            seq = self.seq_of(group)
+            outvoted.extend(
+                (relay, seq)
+                for held in by_digest.values()
+                if held is not winner
+                for relay, _ in held
+            )
+        return _Choice(rows, outvoted)
+
+    def copy_that_chains(
+        self, group: int, tried: int, previous_digest: bytes, segments: Sequence[SegmentRef]
+    ) -> int | None:
+        """Another copy in `group` with the digest of row `tried` whose content chains from
+        `previous_digest` (None: there is none)."""
+        digests = self.copies.column("digest")
+        digest = digests[tried].as_py()
+        seq = self.seq_of(group)
+        for row, (other_digest, _relay) in self._rows_of(group):
+            if row == tried or other_digest != digest:
+                continue
+            part = self.copies.column("part")[row].as_py()
+            at = self.copies.column("row")[row].as_py()
+            content = pq.read_table(segments[part].path, columns=STORED_ONLY_COLUMNS).slice(at, 1)
+            hashed = tx_hash_of(
+                content.column("producer_id")[0].as_py(),
+                content.column("producer_seq")[0].as_py(),
+                content.column("key")[0].as_py(),
+                content.column("value")[0].as_py(),
+                content.column("kind")[0].as_py(),
+            )
+            if chain(previous_digest, seq, hashed) == digest:
+                return row
+        return None
+
+    def relay_of_row(self, row: int) -> int:
+        return self.relay_of_part[int(self.copies.column("part")[row].as_py())]
+
+    def _rows_of(self, group: int) -> list[tuple[int, tuple[bytes, int]]]:
+        """(row, (digest, relay)) of every copy in `group`."""
+        start = self.starts[group].as_py()
+        return list(enumerate(self._copies_of(group), start=start))
 
     def seq_of(self, group: int) -> int:
         return int(self.copies.column("seq")[self.starts[group].as_py()].as_py())
@@ -645,6 +740,7 @@ def _summary_row(stream: str, state: _StreamRange) -> dict[str, object]:
         "problem_seq": state.problem_seq,
         "problem": state.problem,
         "problem_relays": state.problem_relays,
+        "outvoted": state.outvoted,
     }
 
 

@@ -159,6 +159,10 @@ class IngestResult:
     segments_read: int
     streams: dict[str, tuple[int, bytes]]  # stream -> (last seq, last digest) after the run
     problems: list[ChainProblem] = field(default_factory=list)
+    # (stream, relay, seq) of every relay copy the others outvoted (a corrupt or divergent
+    # copy: another relay's was stored), and where their segments were moved
+    outvoted: list[tuple[str, int, int]] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
 
 
 def finish_ingest(
@@ -207,6 +211,8 @@ def finish_ingest(
     else:
         version = manifest.version
     drop_staging(store, staging)
+    outvoted = [(o.stream, relay, seq) for o in outcomes for relay, seq in o.outvoted]
+    quarantined = quarantine(plan.new_segments, outvoted)
     problems = [o.problem for o in outcomes if o.problem is not None]
     result = IngestResult(
         version=version,
@@ -216,6 +222,8 @@ def finish_ingest(
             s: (st.last_seq, st.last_digest_bytes or b"") for s, st in next_manifest.streams.items()
         },
         problems=problems,
+        outvoted=outvoted,
+        quarantined=quarantined,
     )
     if problems:
         for problem in problems:
@@ -226,6 +234,47 @@ def finish_ingest(
             problems=tuple(problems),
         )
     return result
+
+
+QUARANTINE_DIR = "quarantine"  # beside the relays' folders in the spool
+
+
+def quarantine(
+    segments: Iterable[SegmentRef], outvoted: Iterable[tuple[str, int, int]]
+) -> list[str]:
+    """Move every segment that holds an outvoted copy out of its relay's spool, to
+    `<spool>/quarantine/relay=<id>/...` (kept for a look; never read again), logging the
+    relay and seq; returns the new paths."""
+    moved: list[str] = []
+    bad = sorted(set(outvoted))
+    for segment in segments:
+        hits = [
+            seq
+            for stream, relay, seq in bad
+            if stream == segment.stream
+            and relay == segment.relay
+            and segment.first_seq <= seq <= segment.last_seq
+        ]
+        if not hits:
+            continue
+        source = Path(segment.path)
+        target = source.parents[2] / QUARANTINE_DIR / source.parent.parent.name / source.parent.name
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target / source.name)
+        except OSError as error:
+            log.error("ingest: cannot quarantine %s: %s", source, error)
+            continue
+        moved.append(str(target / source.name))
+        log.warning(
+            "ingest: relay %d's copy of stream %r at seq %s was outvoted by the other relays' "
+            "copies (corrupt or divergent); its segment moved to %s",
+            segment.relay,
+            segment.stream,
+            ", ".join(map(str, hits[:5])) + (" ..." if len(hits) > 5 else ""),
+            target / source.name,
+        )
+    return moved
 
 
 def _copy_streams(manifest: Manifest) -> dict[str, StreamState]:
