@@ -36,6 +36,7 @@ from relay.errors import (
     OutOfRange,
     Rejected,
     SlowConsumer,
+    StoreBacklogFull,
     TooManyStreams,
     Unknown,
     UnknownStream,
@@ -69,6 +70,8 @@ _REJECT_TEXT = {
     "unknown_stream": "no relay serves the stream",
     "duplicate_mismatch": "another transaction already holds this producer id and producer seq",
     "too_many_streams": "the relay would have to open a stream beyond its bounds",
+    "store_backlog_full": "fewer than a quorum of the stream's relays can spool more until "
+    "the store ingests their spools; retry later",
 }
 
 
@@ -685,6 +688,8 @@ class ProduceEngine:
             )
         if name == "unknown_stream":
             return UnknownStream(f"{self._what(op)}: {detail}")
+        if name == RejectReason.STORE_BACKLOG_FULL.value:
+            return StoreBacklogFull(f"{self._what(op)}: {detail}", reason=name)
         if name == wire.NOT_AUTHORIZED:
             # On the metadata stream, rights are per key (relay.access.Right.METADATA).
             right = "metadata" if op.stream == METADATA_STREAM else "produce"

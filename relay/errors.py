@@ -121,6 +121,14 @@ class Fenced(ClientError):
     retriable = True
 
 
+class StoreBacklogFull(Rejected):
+    """Fewer than a quorum of the stream's relays can spool more (docs/protocol.md 5.14):
+    the store has not taken their spools in time. This copy was not taken; retry later (the
+    room comes back as the store ingests), with the same producer seq or a new one."""
+
+    retriable = True
+
+
 class UnknownStream(ClientError):
     """No relay of the topology serves this stream."""
 

@@ -671,15 +671,39 @@ class RelayNode:
         )
         log.info("relay=%d spooling to %s", self.id, self._spool.root)
 
+    def _count_spool_room(self) -> None:
+        """Tell the core what the spool can take (it votes only within it, 5.14), and hand
+        over what waited for room once there is room again."""
+        spool = self._spool
+        assert spool is not None
+        core = self.core
+        was_blocked = core.spool_blocked
+        core.set_spool_room(spool.room_bytes(), spool.refused_streams())
+        if core.spool_blocked != was_blocked:
+            if core.spool_blocked:
+                log.warning(
+                    "relay=%d spool full (%s): this relay votes on no stream until the "
+                    "store ingests and the spool is reclaimed",
+                    self.id,
+                    _spool_figures(spool),
+                )
+            else:
+                log.info("relay=%d spool has room again: voting again", self.id)
+        if not core.spool_blocked:
+            waiting = core.spool_waiting_streams()
+            if waiting:
+                self._feed_spool(waiting)
+
     def _feed_spool(self, streams: Iterable[str]) -> None:
         """Hand the committed records of `streams` not yet spooled to the spool (which
-        never blocks: its writer thread does the disk)."""
+        never blocks: its writer thread does the disk), as far as the core lets it (5.14:
+        records it did not vote for wait while the spool is full)."""
         spool = self._spool
         assert spool is not None
         for stream in streams:
             cursor = self._spool_cursor.get(stream, -1)
             while True:
-                base, _, records = self.core.committed_records(stream, cursor, SPOOL_PULL_MAX)
+                base, _, records = self.core.spool_records(stream, cursor, SPOOL_PULL_MAX)
                 if cursor < base:
                     if stream in self._spool_cursor:
                         # Evicted or rebased before we took it: this relay's spool has a
@@ -916,6 +940,8 @@ class RelayNode:
     def _turn(self, socks: _Sockets, readable: set[zmq.Socket[Any]]) -> None:
         now, mono = wall_ms(), mono_ms()
         self.counters["loop_turns"] += 1
+        if self._spool is not None:
+            self._count_spool_room()
         fed = False
         for sock, relay in socks.subs.items():
             if sock in readable:
@@ -1341,6 +1367,14 @@ class _Outlet:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _spool_figures(spool: Spool) -> str:
+    status = spool.status()
+    return (
+        f"{status.disk_used_bytes} bytes on disk, {status.pending_bytes} waiting, "
+        f"disk_max_bytes={spool.disk_max_bytes}"
+    )
 
 
 def _spool_record(record: CommittedRecord) -> SpoolRecord:

@@ -2,25 +2,30 @@
 (the format: `relay.segment`), from which the store is built (`relay.store.ingest`).
 
 The relay's event loop must never wait for the disk. `append` only checks the records'
-order and hands them to a writer thread through a bounded queue; the writer gathers them
-per stream, and writes a segment when it reaches `segment_max_bytes` or is older than
+order and hands them to a writer thread through a queue; the writer gathers them per
+stream, and writes a segment when it reaches `segment_max_bytes` or is older than
 `segment_max_age_ms` (`tick`). A segment is written under a hidden temporary name, flushed
 to disk and renamed into place (`<first_seq>-<last_seq>.parquet`), so a reader never sees
 half a segment.
 
-Whatever goes wrong (the queue is full because the disk is slow, the disk budget
-`disk_max_bytes` is spent, a write fails, records out of order), the spool stops spooling
-that stream: it logs one clear error, counts it and drops the stream's later records. It
-never raises into the caller and never blocks it. A stopped stream leaves a gap in this
-relay's spool only: the other relays' spools cover it, and ingest checks the chain across
-all of them. Restarting the relay starts the stream again.
+Room, not refusal: the spool never drops records for want of space. `room_bytes` says how
+much more it can take: what is left of the disk budget `disk_max_bytes` after what is on
+disk and what waits to be written, and no more than `pending_max_bytes` waiting in memory.
+The relay votes only while what it holds fits in that room (docs/protocol.md 5.14), so a
+spool that fills up (a store not ingested, a slow disk) withholds the relay's votes instead
+of losing what the relay voted for. Sizes are estimated before writing (the records'
+lengths plus `relay.core.spooling.SPOOL_RECORD_OVERHEAD_BYTES`, and
+`SEGMENT_FILE_OVERHEAD_BYTES` per segment still to write); compressed Parquet is usually
+smaller.
 
-Memory: at most `queue_max_batches` batches wait in the queue, and each stream's open
-segment holds at most `segment_max_bytes` (estimated from the records' sizes).
+What does stop a stream: a write that fails, or records out of order. The spool then logs
+one clear error, counts it, drops the stream's later records and names the stream in
+`refused_streams` (the relay stops voting on it). It never raises into the caller and
+never blocks it. Restarting the relay starts the stream again.
 
 Disk: given the store (`store_dir`), the writer removes this relay's segments that the
-store lists as ingested, every RECLAIM_INTERVAL_MS and before it gives up on the disk
-budget; so a mesh whose store is ingested regularly keeps its spools small.
+store lists as ingested, and counts the disk again, every RECLAIM_INTERVAL_MS; so a mesh
+whose store is ingested regularly keeps its spools small, and a full spool gets room back.
 
 `last_spooled_points` reads where a relay's spool ends, stream by stream: with the store's
 last points, what a relay restarting without history continues from (RelayCore.seed).
@@ -40,6 +45,7 @@ from pathlib import Path
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from relay.core import spooling
 from relay.segment import (
     find_segments,
     segment_name,
@@ -59,11 +65,12 @@ SpoolRecord = tuple[int, bytes, bytes, int, bytes | None, bytes, int, bool]
 DEFAULT_SEGMENT_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_AGE_MS = 10_000
 DEFAULT_DISK_MAX_BYTES = 10 * 1024 * 1024 * 1024
-DEFAULT_QUEUE_MAX_BATCHES = 4096
-# Per-record bytes beyond its keys and value (seq, digest, producer seq, flags, offsets):
-# used to estimate a segment's size before it is written.
-RECORD_OVERHEAD_BYTES = 48
+# What may wait in memory for the disk: a slow disk withholds votes beyond it.
+DEFAULT_PENDING_MAX_BYTES = 256 * 1024 * 1024
+# A segment file's footer, schema and statistics (about 2 KiB measured), with a margin.
+SEGMENT_FILE_OVERHEAD_BYTES = 8 * 1024
 CLOSE_TIMEOUT_S = 60.0
+TICKS_QUEUED_MAX = 64  # ticks are skipped while the writer has this much to do
 RECLAIM_INTERVAL_MS = 10_000  # how often ingested segments are looked for and removed
 
 
@@ -76,6 +83,9 @@ class SpoolStatus:
     records_dropped: int = 0
     errors: int = 0
     queue_depth: int = 0
+    disk_used_bytes: int = 0  # segments on disk
+    pending_bytes: int = 0  # appended, not yet written (estimated)
+    room_bytes: int = 0  # what it can still take (see Spool.room_bytes)
     stopped_streams: dict[str, str] = field(default_factory=dict)  # stream -> why
 
 
@@ -108,14 +118,14 @@ class Spool:
         segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
         segment_max_age_ms: int = DEFAULT_SEGMENT_MAX_AGE_MS,
         disk_max_bytes: int = DEFAULT_DISK_MAX_BYTES,
-        queue_max_batches: int = DEFAULT_QUEUE_MAX_BATCHES,
+        pending_max_bytes: int = DEFAULT_PENDING_MAX_BYTES,
         store_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         for name, value in (
             ("segment_max_bytes", segment_max_bytes),
             ("segment_max_age_ms", segment_max_age_ms),
             ("disk_max_bytes", disk_max_bytes),
-            ("queue_max_batches", queue_max_batches),
+            ("pending_max_bytes", pending_max_bytes),
         ):
             if value <= 0:
                 raise ValueError(f"spool limit {name} must be positive, got {value}")
@@ -125,11 +135,19 @@ class Spool:
         self.segment_max_bytes = segment_max_bytes
         self.segment_max_age_ms = segment_max_age_ms
         self.disk_max_bytes = disk_max_bytes
+        self.pending_max_bytes = pending_max_bytes
         self.store_dir = None if store_dir is None else Path(store_dir)
-        self._queue: queue.Queue[tuple[str, Sequence[SpoolRecord]] | int | _Close] = queue.Queue(
-            maxsize=queue_max_batches
+        # Unbounded in batches: what waits is bounded in bytes, by the room the relay
+        # respects (room_bytes).
+        self._queue: queue.Queue[tuple[str, Sequence[SpoolRecord], int] | int | _Close] = (
+            queue.Queue()
         )
-        self._lock = threading.Lock()  # guards _status and _stopped
+        # Guards _status and what room_bytes reads: the bytes queued (the caller adds, the
+        # writer takes off), in open segments and on disk (the writer's counts).
+        self._lock = threading.Lock()
+        self._queued_bytes = 0
+        self._open_bytes = 0
+        self._open_segments = 0
         self._status = SpoolStatus()
         self._last_seq: dict[str, int] = {}  # caller thread only
         # Writer thread only:
@@ -137,7 +155,8 @@ class Spool:
         self._writer_stopped: set[str] = set()  # streams the writer gave up on
         self._now_ms = 0
         self._reclaimed_ms: int | None = None  # when ingested segments were last removed
-        self._disk_used_bytes = self._scan_disk_bytes()
+        self._disk_used_bytes = self._scan_disk_bytes()  # changed by the writer thread only
+        self._over_budget_logged = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"spool-{relay_id}", daemon=True)
         self._thread.start()
@@ -160,23 +179,35 @@ class Spool:
             self._stop(stream, f"records out of order (got seq {first_seq} after {last_seq})")
             self._count_dropped(len(records))
             return False
-        try:
-            self._queue.put_nowait((stream, records))
-        except queue.Full:
-            self._stop(
-                stream,
-                f"spool queue full ({self._queue.maxsize} batches): the disk is too slow",
-            )
-            self._count_dropped(len(records))
-            return False
+        size_bytes = sum(map(_record_bytes, records))
+        with self._lock:
+            self._queued_bytes += size_bytes
+        self._queue.put((stream, records, size_bytes))
         self._last_seq[stream] = records[-1][0]
         return True
 
+    def room_bytes(self) -> int:
+        """How many more bytes of records (as `spooling.record_bytes` counts them) it can
+        take: the disk budget left after what is on disk, what waits to be written and a
+        footer per segment still open, and at most `pending_max_bytes` waiting."""
+        with self._lock:
+            return self._room_locked()
+
+    def refused_streams(self) -> frozenset[str]:
+        """The streams the spool stopped taking (a write failed, records out of order)."""
+        with self._lock:
+            return frozenset(self._status.stopped_streams)
+
+    def _room_locked(self) -> int:
+        pending = self._queued_bytes + self._open_bytes
+        footers = (self._open_segments + 1) * SEGMENT_FILE_OVERHEAD_BYTES
+        disk_room = self.disk_max_bytes - self._disk_used_bytes - pending - footers
+        return min(disk_room, self.pending_max_bytes - pending)
+
     def tick(self, now_mono_ms: int) -> None:
         """Let time pass: segments older than `segment_max_age_ms` are written."""
-        # A full queue skips this tick: the writer is busy and the next tick rotates.
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(now_mono_ms)
+        if self._queue.qsize() < TICKS_QUEUED_MAX:  # a busy writer: the next tick rotates
+            self._queue.put(now_mono_ms)
 
     def close(self) -> None:
         """Write every open segment and stop the writer (this may wait for the disk)."""
@@ -196,6 +227,9 @@ class Spool:
                 **{name: getattr(self._status, name) for name in SpoolStatus.__slots__}
             )
             snapshot.stopped_streams = dict(self._status.stopped_streams)
+            snapshot.disk_used_bytes = self._disk_used_bytes
+            snapshot.pending_bytes = self._queued_bytes + self._open_bytes
+            snapshot.room_bytes = self._room_locked()
         snapshot.queue_depth = self._queue.qsize()
         return snapshot
 
@@ -234,13 +268,23 @@ class Spool:
                 except Exception:  # never let the writer die; the next tick tries again
                     log.exception("spool of relay %d: a timed duty failed", self.relay_id)
                 continue
-            stream, records = item
+            stream, records, size_bytes = item
+            with self._lock:
+                self._queued_bytes -= size_bytes
             try:
                 self._add(stream, records)
             except Exception as error:  # never let the writer die: stop the stream instead
                 self._open.pop(stream, None)
                 self._writer_stopped.add(stream)
                 self._stop(stream, f"cannot spool records: {error!r}")
+            self._count_open()
+
+    def _count_open(self) -> None:
+        """What the open segments hold, for room_bytes."""
+        open_bytes = sum(segment.size_bytes for segment in self._open.values())
+        with self._lock:
+            self._open_bytes = open_bytes
+            self._open_segments = len(self._open)
 
     def _on_tick(self, now_ms: int) -> None:
         """Write the segments older than segment_max_age_ms; reclaim now and then."""
@@ -252,6 +296,10 @@ class Spool:
         if due:
             self._reclaimed_ms = self._now_ms
             self._reclaim()
+            # Counted again from the files: segments removed by hand give room back too.
+            used_bytes = self._scan_disk_bytes()
+            with self._lock:
+                self._disk_used_bytes = used_bytes
 
     def _add(self, stream: str, records: Sequence[SpoolRecord]) -> None:
         if stream in self._writer_stopped:
@@ -271,9 +319,7 @@ class Spool:
             segment.values.append(value)
             segment.kinds.append(kind)
             segment.duplicates.append(duplicate)
-            segment.size_bytes += (
-                RECORD_OVERHEAD_BYTES + len(producer_id) + len(value) + (len(key) if key else 0)
-            )
+            segment.size_bytes += spooling.record_bytes(producer_id, key, value)
             if segment.size_bytes >= self.segment_max_bytes:
                 self._write_segment(stream)
                 if stream in self._writer_stopped:
@@ -288,21 +334,6 @@ class Spool:
         if segment is None or not segment.seqs:
             return
         count = len(segment.seqs)
-        if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
-            # The estimate says no; the store may have ingested segments, or segments
-            # been removed by hand, since: reclaim and count again.
-            self._reclaim()
-            self._disk_used_bytes = self._scan_disk_bytes()
-            if self._disk_used_bytes + segment.size_bytes > self.disk_max_bytes:
-                self._writer_stopped.add(stream)
-                self._stop(
-                    stream,
-                    f"disk budget spent: {self._disk_used_bytes} bytes used, a segment of "
-                    f"about {segment.size_bytes} bytes would pass disk_max_bytes="
-                    f"{self.disk_max_bytes}",
-                )
-                self._count_dropped(count)
-                return
         table = segment_table(
             stream,
             self.relay_id,
@@ -330,11 +361,22 @@ class Spool:
             self._stop(stream, f"cannot write segment {directory / name}: {error}")
             self._count_dropped(count)
             return
-        self._disk_used_bytes += size_bytes
         with self._lock:
+            self._disk_used_bytes += size_bytes
+            over_bytes = self._disk_used_bytes - self.disk_max_bytes
             self._status.segments_written += 1
             self._status.bytes_written += size_bytes
             self._status.records_written += count
+        if over_bytes > 0 and not self._over_budget_logged:
+            # The relay voted only within the room, so this is the estimates' error (or
+            # files put there by hand); nothing is dropped for it.
+            self._over_budget_logged = True
+            log.warning(
+                "spool of relay %d: %d bytes over disk_max_bytes=%d",
+                self.relay_id,
+                over_bytes,
+                self.disk_max_bytes,
+            )
 
     def _reclaim(self) -> None:
         """Remove this relay's segments that the store lists as ingested."""
@@ -361,7 +403,6 @@ class Spool:
                     removed += 1
                     freed += segment.size_bytes
         if removed:
-            self._disk_used_bytes = max(0, self._disk_used_bytes - freed)
             with self._lock:
                 self._status.segments_reclaimed += removed
             log.info(
@@ -378,6 +419,10 @@ class Spool:
                 with contextlib.suppress(OSError):
                     total += os.stat(os.path.join(directory, name)).st_size
         return total
+
+
+def _record_bytes(record: SpoolRecord) -> int:
+    return spooling.record_bytes(record[2], record[4], record[5])
 
 
 def last_spooled_points(

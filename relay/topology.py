@@ -18,7 +18,7 @@ The file format (`config/topology.yaml` is the commented example)::
       enabled: true               # default false
       segment_max_bytes: 16777216 # a segment closes at this size ...
       segment_max_age_ms: 10000   # ... or this age
-      disk_max_bytes: 10737418240 # per relay; beyond it the relay stops spooling
+      disk_max_bytes: 10737418240 # per relay; once full the relay stops voting (5.14)
     security:                     # optional (docs/security.md)
       curve: true                 # CurveZMQ on every socket; default false
       keys_dir: ../data/keys      # relative to the file; default <data_dir>/keys

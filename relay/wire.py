@@ -22,7 +22,9 @@ Requests (client -> relay) and their answers:
         "duplicate_mismatch": another transaction holds this producer_id and producer_seq,
         "not_authorized": the client's identity may not produce to the stream, or under this
         producer_id; the reason goes on to say which, docs/security.md; "too_many_streams":
-        the stream would be a new one beyond the client's or the relay's bound),
+        the stream would be a new one beyond the client's or the relay's bound;
+        "store_backlog_full": fewer than a quorum of the stream's relays can spool more,
+        retry later, docs/protocol.md 5.14),
         "fenced" (try a relay in redirect) or "unknown" (no definite answer in time: retry
         with the same producer_seq). seq: -1 unless committed. redirect: array of relay
         ids (map them to endpoints with the topology).

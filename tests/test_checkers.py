@@ -49,6 +49,7 @@ def good() -> History:
             relay, 1, True, 0, {STREAM: True}, {STREAM: False}, {STREAM: 30}
         )
         h.fence_samples.append(FenceSample(0, relay, 1, STREAM, False, True))
+        h.spooled[relay] = {STREAM: {seq for seq, _ in timeline}}
     h.consumers[0] = ConsumerLog(0, STREAM, list(timeline[1:]))
     return h
 
@@ -152,6 +153,15 @@ def test_committed_missing_on_one_member() -> None:
         h.delivered[(relay, 1)][STREAM].append((40, tx(5)))
     assert_flags(h, "missing:", checkers.acknowledged_delivered)
     assert not any("relay 0" in v for v in checkers.acknowledged_delivered(h))
+
+
+def test_committed_in_no_spool() -> None:
+    h = good()
+    h.spooled[0][STREAM].discard(20)
+    h.spooled[1][STREAM].discard(20)
+    assert violations(h) == []  # one spool holds it: the store can have it
+    h.spooled[2][STREAM].discard(20)
+    assert_flags(h, "unspooled:", checkers.spooled_acknowledged)
 
 
 def test_restarted_relay_need_not_hold_older_history() -> None:

@@ -125,6 +125,7 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         st.lists(relay_ids, max_size=5).map(tuple),
         u63,
         st.booleans(),
+        st.booleans(),
     ),
     Forward: st.builds(
         Forward, relay_ids, incarnations, u63, relay_ids, streams, u63, transactions
@@ -351,9 +352,10 @@ def test_wire_layout() -> None:
         [],
         0,
         False,
+        False,
     ]
     status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True)
-    hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True)
+    hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True, True)
     assert as_list(hb) == [
         4,
         1,
@@ -363,6 +365,7 @@ def test_wire_layout() -> None:
         10,
         [0, 2],
         500,
+        True,
         True,
     ]
     assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1]
@@ -646,9 +649,11 @@ def test_wrong_array_lengths() -> None:
         ["s", 4, -1, D, True, [], [], -1, 0, False, []],  # before inherited_omitted
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
-            decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
+            decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(MalformedFrame):  # the heartbeat layout before quiet (5.11)
         decode(frame_of(4, 1, 2, 3, [], 0, []), MAX)
+    with pytest.raises(MalformedFrame):  # the heartbeat layout before spooling (5.14)
+        decode(frame_of(4, 1, 2, 3, [], 0, [], 0, False), MAX)
     with pytest.raises(MalformedFrame):  # a forwarded transaction of the wrong length
         decode(frame_of(5, 1, 2, 3, 4, "s", 5, [b"p", 6, None, b"v"]), MAX)
 
@@ -700,19 +705,21 @@ def test_bool_where_int_expected() -> None:
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
         status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False]
-        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
         status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False]
-        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="hears"):
-        decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False), MAX)
+        decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False, False), MAX)
     with pytest.raises(FieldError, match="inherited_omitted"):
         status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1]
-        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False), MAX)
+        decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="settled"):
-        decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1), MAX)
+        decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1, False), MAX)
     with pytest.raises(FieldError, match="interval_ms"):
-        decode(frame_of(4, 1, 2, 3, [], 0, [], -1, True), MAX)
+        decode(frame_of(4, 1, 2, 3, [], 0, [], -1, True, False), MAX)
+    with pytest.raises(FieldError, match="spool_full"):
+        decode(frame_of(4, 1, 2, 3, [], 0, [], 0, True, 1), MAX)
 
 
 def test_negative_relay_id() -> None:
@@ -874,7 +881,7 @@ def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any =
     not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
     status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False]
-    return frame_of(4, 1, 2, 3, [status], 0, [], 0, False)
+    return frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False)
 
 
 def heartbeat_frame(acks: Any) -> bytes:

@@ -81,3 +81,41 @@ def test_eviction_frees_entries_and_keeps_the_rest_readable(count: int, keep: in
     assert [s for s, _ in tl.entries_between(BASE, last)] == list(
         range(last - len(tl) + 1, last + 1)
     )
+
+
+@given(count=st.integers(1, 40), spooled=st.integers(0, 40), voted=st.integers(0, 40))
+def test_with_a_spool_eviction_keeps_what_was_voted_for_until_spooled(
+    count: int, spooled: int, voted: int
+) -> None:
+    """docs/protocol.md 5.14: committed entries in (spooled_through, voted_through] stay."""
+    tl = fresh()
+    for seq, tx in entries_of(list(range(BASE + 1, BASE + 1 + count))):
+        tl.insert(seq, tx)
+    last = tl.last_seq()
+    digest = tl.digest_at(last)
+    assert digest is not None
+    tl.deliver_through(last, digest)
+    tl.spooled_through = BASE + spooled
+    tl.voted_through = BASE + voted
+    tl.budget.spool_pin = True
+    tl.evict(0, 1 << 40)
+    pinned = [s for s in range(BASE + 1, last + 1) if BASE + spooled < s <= BASE + voted]
+    oldest_kept = pinned[0] if pinned else last + 1
+    assert tl.seqs[tl.head :] == list(range(oldest_kept, last + 1))
+    tl.budget.spool_pin = False  # without a spool nothing is pinned
+    tl.evict(0, 1 << 40)
+    assert len(tl) == 0
+
+
+def test_changed_entries_lower_the_point_voted_through() -> None:
+    tl = fresh()
+    run = entries_of([BASE + 1, BASE + 2, BASE + 3, BASE + 4])
+    for seq, tx in run:
+        tl.insert(seq, tx)
+    tl.voted_through = BASE + 4
+    # Replaced by the same entries: our reports still stand.
+    tl.replace_range(BASE, BASE + 4, list(run))
+    assert tl.voted_through == BASE + 4
+    # Entry BASE + 3 left out: our reports from there covered other entries.
+    tl.replace_range(BASE, BASE + 4, [run[0], run[1], run[3]])
+    assert tl.voted_through == BASE + 2

@@ -12,6 +12,7 @@ import pytest
 from relay.client import AsyncProducer
 from relay.core import digest as dg
 from relay.core.messages import Transaction
+from relay.errors import StoreBacklogFull, Unknown
 from relay.launcher import write_loopback_topology
 from relay.node import RelayNode
 from relay.segment import find_segments, to_unsigned64
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 STREAM = "orders"
 RELAYS = (0, 1, 2)
 JOIN_TIMEOUT_S = 10.0
+MAX_FILL_WRITES = 2_000  # far more than the spools' budget holds
 
 
 def spooling_config(tmp_path: Path) -> MeshConfig:
@@ -117,3 +119,65 @@ def test_relays_spool_and_carry_on_from_their_history(tmp_path: Path) -> None:
     assert [r.seq for r in stored] == sorted(first + second + third)
     values = [b"a%d" % i for i in range(40)] + [b"b%d" % i for i in range(25)]
     assert sorted(r.value for r in stored) == sorted(values + [b"c%d" % i for i in range(5)])
+
+
+def test_full_spools_refuse_writes_and_lose_nothing_acknowledged(tmp_path: Path) -> None:
+    """The spool budget is reached on every relay: the relays stop voting, producers get
+    StoreBacklogFull, every acknowledged write is in a spool; the store ingests them all
+    (no gap), the spools are reclaimed and the mesh takes writes again."""
+    path = write_loopback_topology(
+        tmp_path,
+        {r: [STREAM] for r in RELAYS},
+        limits={"max_tx_bytes": 4096},
+        spool={
+            "enabled": True,
+            "segment_max_bytes": 8_000,
+            "segment_max_age_ms": 200,
+            "disk_max_bytes": 150_000,
+        },
+    )
+    config = load(path)
+    value = bytes(range(256)) * 4  # 1 KiB that Parquet cannot squeeze much
+
+    async def fill() -> tuple[list[int], int]:
+        nodes = [RelayNode(config, r, handle_signals=False) for r in RELAYS]
+        tasks = [asyncio.create_task(node.run()) for node in nodes]
+        committed: list[int] = []
+        unknown = 0
+        try:
+            async with AsyncProducer(topology=config, send_timeout_s=JOIN_TIMEOUT_S) as producer:
+                for n in range(MAX_FILL_WRITES):
+                    try:
+                        committed.append(await producer.send(STREAM, value + b"%d" % n))
+                    except StoreBacklogFull:
+                        break
+                    except Unknown:
+                        unknown += 1  # taken just as the spools filled: it may commit
+                else:
+                    pytest.fail(f"{MAX_FILL_WRITES} writes and no StoreBacklogFull")
+            statuses = [node.status() for node in nodes]
+            assert sum(1 for s in statuses if s["spool_full"]) >= 2, statuses
+            for status in statuses:
+                spool = status["spool"]
+                assert isinstance(spool, dict)
+                assert spool["records_dropped"] == 0 and spool["errors"] == 0, spool
+        finally:
+            for node in nodes:
+                node.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return committed, unknown
+
+    committed, unknown = asyncio.run(fill())
+    assert len(committed) > 50 and unknown <= 2
+    everywhere = {seq for relay in RELAYS for seq, _, _ in spooled(config, relay)}
+    assert set(committed) <= everywhere
+    result = ingest_baseline(str(config.spool_dir), str(config.store_dir))
+    assert not result.problems and result.records_added >= len(committed)
+
+    # The store took the spools: the relays reclaim them and take writes again.
+    more, _ = asyncio.run(run_mesh(config, [b"after%d" % i for i in range(10)]))
+    assert min(more) > max(committed)
+    assert ingest_baseline(str(config.spool_dir), str(config.store_dir)).records_added == 10
+    stored = [r.seq for r in StoreReader(config.store_dir).records_after(STREAM, -1)]
+    assert set(committed) | set(more) <= set(stored)
+    assert stored == sorted(set(stored))

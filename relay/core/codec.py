@@ -194,6 +194,7 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
         m.hears,
         m.interval_ms,
         m.settled,
+        m.spool_full,
     )
 
 
@@ -397,6 +398,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
         fields.relay_ids(a[6], "Heartbeat.hears"),
         fields.u63(a[7], "Heartbeat.interval_ms"),
         fields.boolean(a[8], "Heartbeat.settled"),
+        fields.boolean(a[9], "Heartbeat.spool_full"),
     )
 
 

@@ -10,7 +10,7 @@ digest equals its own there; what to do when it does not is repair (relay/core/r
 
 from __future__ import annotations
 
-from relay.core import coordinate, memory
+from relay.core import coordinate, memory, spooling
 from relay.core.links import is_live, watermark
 from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
@@ -129,6 +129,8 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
         return
     if st.reports_paused or st.acceptor.promised >= 0:
         return  # a split seen (5.7), or frozen by a view change under way (5.12)
+    if not spooling.may_report(core, st):
+        return  # our spool has no room for what we hold (5.14)
     w = watermark(core, st, now_ms)
     # We report only above what we reported and above our promise; transactions may
     # still enter between the two (we never reported there).
@@ -149,7 +151,7 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
             points.append((p, d))
     if not points:
         return
-    tl.reported = points[-1][0]
+    tl.reported = tl.voted_through = points[-1][0]
     st.out_reports.extend(points)
     st.report_log.extend(points)
     tl.charge_report_log(len(st.report_log))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from relay.core import digest as dg
-from relay.core import fencing, memory
+from relay.core import fencing, memory, spooling
 from relay.core.fencing import redirect_for
 from relay.core.links import is_live
 from relay.core.messages import (
@@ -170,6 +170,12 @@ class _Run:
                 return reject_mismatch(core, [waiter])
             known.waiters.append(waiter)  # the same one: one answer for both
             return None
+        if spooling.short_of_room(core, st):
+            # A new transaction (a retry of a known one was answered above): it could not
+            # commit while fewer than a quorum can spool it (5.14).
+            core.counters["produce_store_backlog_full"] += 1
+            reason = RejectReason.STORE_BACKLOG_FULL.value
+            return answer(core, waiter, Outcome.REJECTED, reason=reason)
         cost = size_bytes + memory.HELD_ENTRY_OVERHEAD_BYTES
         if self.room_entries > 0 and cost <= self.room_bytes:
             fits = True  # make_room would evict nothing and say yes
@@ -211,6 +217,7 @@ class _Run:
             or len(pending) + count > limits.max_pending_produces
             or not core.clock.has_next_seqs(core.wall_ms, count)
             or fences.reason(core, st, self.now_ms)
+            or spooling.short_of_room(core, st)
         ):
             return False
         txs = [tx for tx, _ in produces]
@@ -338,6 +345,7 @@ def retarget_forwards(core: RelayState, now_ms: int) -> None:
         members = core.topology.members(pending.stream)
         pending.target = _forward_target(core, members, forward_id, now_ms, avoid=silent)
         if pending.target >= 0:
+            pending.retargeted = True
             core.counters["forward_retargeted"] += 1
             _send_forward(core, forward_id, pending)
 
@@ -346,6 +354,18 @@ def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
     pending = core.forwards.pop(msg.request_id, None)
     if pending is None:
         core.counters["forward_reply_unmatched"] += 1
+        return
+    if (
+        pending.retargeted
+        and msg.outcome is not Outcome.COMMITTED
+        and msg.reason != RejectReason.DUPLICATE_MISMATCH.value
+    ):
+        # The member that fell silent may have taken the produce, and its copy may still
+        # commit: `fenced` or `rejected` from the second member would tell the client a
+        # copy that exists never will (G3). Unknown: a retry with the same producer seq
+        # is safe, and finds the copy if it committed.
+        core.counters["forward_unknown_after_retarget"] += 1
+        core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
         return
     core.outbox.replies.append(
         ProduceReply(pending.request_id, msg.outcome, msg.seq, msg.reason, msg.redirect)

@@ -11,6 +11,7 @@ fence means for the produces being coordinated is the coordinator's rule
 
 from __future__ import annotations
 
+from relay.core import spooling
 from relay.core.links import clock_outlier, is_live
 from relay.core.messages import ViewPhase
 from relay.core.state import RelayState, StreamState, open_interval
@@ -23,6 +24,8 @@ CLOCK = "clock"  # this relay's clock is too far from the majority's
 # Why a stream that is not fenced still cannot commit through this relay (`stall`).
 VIEW_CHANGE = "view_change"  # a view change we promised holds our reports (5.12)
 SPLIT = "split"  # reports held back while a split is rebuilt (5.7)
+SPOOL_FULL = "spool_full"  # our spool has no room for what we hold: we do not vote (5.14)
+STORE_BACKLOG_FULL = "store_backlog_full"  # fewer than a quorum of members can spool (5.14)
 
 
 def heard(core: RelayState, st: StreamState, now_ms: int) -> int:
@@ -70,7 +73,9 @@ def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[in
     members whose answer is missing or cannot serve as a base; for `not_admitted` the
     admitted members, which must agree to a view change; for `clock` this relay; for
     `view_change` the members whose answer our proposal lacks (a member still joining
-    after a restart does not promise), or the proposer we promised."""
+    after a restart does not promise), or the proposer we promised; for
+    `store_backlog_full` the members whose spools are full, when a quorum lacks room; for
+    `spool_full` this relay (it does not vote, but the others may commit without it)."""
     why = reason(core, st, now_ms)
     if why == QUORUM:
         return why, tuple(m for m in st.peers if not is_live(core, core.peers[m], now_ms))
@@ -96,6 +101,11 @@ def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[in
         return VIEW_CHANGE, (acc.promised_to[0],) if acc.promised_to[0] >= 0 else ()
     if st.reports_paused or st.reset is not None:
         return SPLIT, ()
+    short = spooling.short_of_room(core, st)
+    if short:
+        return STORE_BACKLOG_FULL, short
+    if not spooling.may_report(core, st):
+        return SPOOL_FULL, (core.id,)
     return "", ()
 
 

@@ -28,7 +28,7 @@ their usual timeout from then on.
 
 from __future__ import annotations
 
-from relay.core import join, links, view
+from relay.core import join, links, spooling, view
 from relay.core.commit import acks, heard_commit, on_acks, unsettled
 from relay.core.fencing import NOT_ADMITTED
 from relay.core.links import clock_outlier
@@ -101,11 +101,14 @@ def can_sleep(core: RelayState, st: StreamState, now_ms: int) -> bool:
 def peer_picture(core: RelayState, now_ms: int) -> tuple[tuple[object, ...], tuple[object, ...]]:
     """Everything a stream's timers read of the relay's peers and its clock, in two parts:
     what every stream reads (fencing: which peers are live, their incarnations, whether
-    our clock is an outlier), and what only a stream in use reads (views: who hears whom,
-    5.13, as our peers and we said it last; a stream not in use has no view and nobody
-    asks to be admitted)."""
+    our clock is an outlier; whose spool is full, 5.14), and what only a stream in use
+    reads (views: who hears whom, 5.13, as our peers and we said it last; a stream not in
+    use has no view and nobody asks to be admitted)."""
     peers = sorted(core.peers.items())
-    every = tuple((links.is_live(core, p, now_ms), p.incarnation) for _, p in peers)
+    every = (
+        tuple((links.is_live(core, p, now_ms), p.incarnation) for _, p in peers),
+        (core.spool_blocked, tuple(sorted(core.spool_full_peers))),  # 5.14
+    )
     reach = tuple((p.hears, p.heartbeat_ms == NEVER) for _, p in peers)
     return (links.clock_outlier(core, now_ms), every), (core.hears_sent, reach)
 
@@ -137,6 +140,7 @@ def send_heartbeat(core: RelayState, now_ms: int) -> None:
             hears=core.hears_sent,  # whom we hear directly, as planned this tick (5.13)
             interval_ms=interval_ms(core),
             settled=settled(core, now_ms),
+            spool_full=core.spool_blocked,
         )
     )
 
@@ -210,6 +214,7 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
     links.on_heartbeat(core, peer, msg.wall_ms, msg.interval_ms, now_ms)
     peer.hears = frozenset(msg.hears)
     peer.settled = msg.settled
+    spooling.on_heartbeat(core, msg.sender, msg.spool_full)
     if not msg.settled:
         core.quiet = False  # it has something in flight: keep pace with it
     for status in msg.streams:

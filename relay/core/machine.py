@@ -25,7 +25,7 @@ to the rule that owns it, and composes the rules where one event concerns severa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
 from typing import Any, cast
@@ -42,6 +42,7 @@ from relay.core import (
     links,
     repair,
     reset,
+    spooling,
     transit,
     view,
 )
@@ -334,6 +335,37 @@ class RelayCore(RelayState):
         tl = st.timeline
         return tl.base_point, tl.base_digest, tl.records_after(after_seq, max_entries)
 
+    def set_spool_room(self, room_bytes: int | None, refused: Iterable[str] = ()) -> None:
+        """With spooling on, the shell says between turns how many bytes its spool can
+        still take and which streams it cannot take at all (5.14): a member votes only
+        while what it holds fits. None: this relay keeps no spool."""
+        if spooling.set_room(self, room_bytes, frozenset(refused)):
+            # Whether our spool is full changed: the peers hear it now, and every stream
+            # looks again whether it may report (the next tick is due at once).
+            self.note_busy(self.now_ms)
+            self.last_heartbeat_ms = NEVER
+            for st in self.streams.values():
+                self.wake(st)
+
+    def spool_records(
+        self, stream: str, after_seq: int, max_entries: int
+    ) -> tuple[int, bytes, list[CommittedRecord]]:
+        """For the spool: (base point, base digest, the committed records after
+        `after_seq` that the spool takes now, 5.14). Records below the base were evicted
+        (or never held: the relay joined above them): a spool behind the base has a gap
+        that the spools of the members that voted for them cover. With a room set, the
+        records the spool cannot take yet are left for a later call."""
+        st = self.streams.get(stream)
+        if st is None:
+            return -1, NO_DIGEST, []
+        tl = st.timeline
+        return tl.base_point, tl.base_digest, spooling.take(self, st, after_seq, max_entries)
+
+    def spool_waiting_streams(self) -> list[str]:
+        """The streams whose committed records the spool could not take yet (5.14): hand
+        them over again once the room is back (`spool_blocked` false)."""
+        return sorted(self.spool_held_back)
+
     def stream_names(self) -> list[str]:
         """The streams this relay tracks (served, and opened)."""
         return list(self.streams)
@@ -378,6 +410,10 @@ class RelayCore(RelayState):
             # 5.10: memory of every stream's held entries and dedupe keys, and its bound
             "memory_bytes": self.memory.used_bytes,
             "memory_max_bytes": self.memory.max_bytes,
+            # 5.14: whether our spool lacks room for what we owe it (we then vote nowhere),
+            # and the peers whose heartbeats say theirs does
+            "spool_full": self.spool_blocked,
+            "spool_full_peers": sorted(self.spool_full_peers),
             "streams": {
                 name: {
                     "joined": st.join is None,

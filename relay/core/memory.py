@@ -50,6 +50,11 @@ class MemoryBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
+        # Every entry cost ever charged (only grows): what entries added since a moment
+        # cost, for the spool's count of what the relay owes it (5.14, spooling.owed_bytes).
+        self.added_bytes = 0
+        # With a spool, eviction keeps what we voted for until the spool took it (5.14).
+        self.spool_pin = False
 
 
 def make_room(core: RelayState, st: StreamState, tx: Transaction) -> bool:

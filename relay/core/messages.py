@@ -56,6 +56,8 @@ class RejectReason(enum.Enum):
     DUPLICATE_MISMATCH = "duplicate_mismatch"
     # the relay tracks max_streams streams already, or the client opened its share (5.10)
     TOO_MANY_STREAMS = "too_many_streams"
+    # fewer than a quorum of the stream's members can spool more (5.14): retry later
+    STORE_BACKLOG_FULL = "store_backlog_full"
 
 
 class ReadStatus(enum.Enum):
@@ -155,6 +157,8 @@ class Heartbeat(msgspec.Struct, frozen=True):
     # heartbeat interval), and whether it has nothing in flight (it could go quiet)
     interval_ms: int = 0
     settled: bool = False
+    # 5.14 the sender's spool has no room for what it holds: it votes on no stream
+    spool_full: bool = False
 
 
 class Forward(msgspec.Struct, frozen=True):

@@ -184,6 +184,8 @@ class PendingForward:
     stream: str
     tx: Transaction
     target: int
+    # sent again to another member: the one that fell silent may hold a copy (5.1)
+    retargeted: bool = False
 
 
 class Pending(IdentityStruct, eq=False):
@@ -566,6 +568,19 @@ class RelayState:
         self.peer_picture: tuple[tuple[object, ...], tuple[object, ...]] = ((), ())
         self.status_cursor = 0
         self._names: list[str] = []
+        # 5.14 spooling: the bytes the shell's spool can still take (None: no spool), the
+        # streams it cannot take; whether our spool is full, as our heartbeats say; the
+        # peers whose last heartbeat said theirs is
+        self.spool_room_bytes: int | None = None
+        self.spool_refused: frozenset[str] = frozenset()
+        self.spool_blocked = False
+        self.spool_full_peers: set[int] = set()
+        # what we owed our spool when the room was last set (at least the records of
+        # every held entry above its timeline's spooled_through), and the memory budget's
+        # added_bytes then: entries added since owe at most what they cost
+        self.spool_owed_bytes = 0
+        self.spool_added_mark = 0
+        self.spool_held_back: set[str] = set()  # streams with records left for more room
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,

@@ -91,6 +91,16 @@ class DedupeWindow:
         return len(self.first_of)
 
 
+def _first_change(old: list[Entry], new: list[Entry]) -> int:
+    """The lowest seq where two runs of entries differ (-1: they do not)."""
+    for (old_seq, old_tx), (new_seq, new_tx) in zip(old, new, strict=False):
+        if old_seq != new_seq or old_tx != new_tx:
+            return min(old_seq, new_seq)
+    if len(old) == len(new):
+        return -1
+    return (old if len(old) > len(new) else new)[min(len(old), len(new))][0]
+
+
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Timeline:
     def __init__(
@@ -102,6 +112,13 @@ class Timeline:
         self.committed_point = -1
         self.committed_digest = NO_DIGEST
         self.reported = -1  # highest point this relay reported (or froze by adoption)
+        # 5.14 spooling: the highest point at which a report of ours may have counted
+        # (lowered where the entries it covered changed), and the last seq handed to
+        # the spool. With a spool (budget.spool_pin), the committed entries between the
+        # two are kept from eviction until the spool took them (our vote may have
+        # committed them).
+        self.voted_through = -1
+        self.spooled_through = -1
         self.dedupe = DedupeWindow(dedupe_capacity)
         self.late: OrderedDict[int, Transaction] = OrderedDict()
         self.late_max_entries = late_max_entries
@@ -182,7 +199,9 @@ class Timeline:
         self.digested = min(self.digested, i)
         cost = tx.size_bytes() + HELD_ENTRY_OVERHEAD_BYTES  # entry_cost, inline: per entry
         self.held_bytes += cost
-        self.budget.used_bytes += cost
+        budget = self.budget
+        budget.used_bytes += cost
+        budget.added_bytes += cost
         return Insert.INSERTED
 
     def append_run(self, entries: Sequence[Entry], size_bytes: int = -1) -> bool:
@@ -207,7 +226,9 @@ class Timeline:
             size_bytes = sum(map(Transaction.size_bytes, txs))
         cost = size_bytes + len(txs) * HELD_ENTRY_OVERHEAD_BYTES
         self.held_bytes += cost
-        self.budget.used_bytes += cost
+        budget = self.budget
+        budget.used_bytes += cost
+        budget.added_bytes += cost
         return True
 
     def _keep_late(self, seq: int, tx: Transaction) -> None:
@@ -302,6 +323,11 @@ class Timeline:
         b = self.index_after(hi)
         keep = {seq for seq, _ in entries}
         dropped = [s for s in self.seqs[a:b] if s not in keep]
+        changed = _first_change(list(zip(self.seqs[a:b], self.txs[a:b], strict=True)), entries)
+        if changed >= 0:
+            # Our reports from the first changed entry on covered other entries: they
+            # never counted towards what commits here (5.14).
+            self.voted_through = min(self.voted_through, changed - 1)
         self._splice(a, b, entries)
         self.reported = max(self.reported, hi)
         return dropped
@@ -309,7 +335,9 @@ class Timeline:
     def _splice(self, a: int, b: int, entries: list[Entry]) -> None:
         """Held entries at indexes [a, b) become `entries` (sorted, in (seqs[a-1], seqs[b]))."""
         txs = [t for _, t in entries]
-        self._charge(sum(map(entry_cost, txs)) - sum(map(entry_cost, self.txs[a:b])))
+        added = sum(map(entry_cost, txs))
+        self._charge(added - sum(map(entry_cost, self.txs[a:b])))
+        self.budget.added_bytes += added
         self.seqs[a:b] = [s for s, _ in entries]
         self.txs[a:b] = txs
         self.hashes[a:b] = [dg.tx_hash(t) for t in txs]
@@ -336,6 +364,8 @@ class Timeline:
         self.committed_point = point
         self.committed_digest = digest
         self.reported = max(self.reported, point)
+        # Our reports above the base were made on a history we did not keep (5.14).
+        self.voted_through = min(self.voted_through, point)
         self.dedupe = dedupe
         self._charge_dedupe()
         self._drop_late_through(point)
@@ -366,6 +396,7 @@ class Timeline:
         if new == old:
             return dropped, -1
         changed_at = min(set(old) ^ set(new))
+        self.voted_through = min(self.voted_through, changed_at - 1)  # void from there (5.14)
         self._splice(start, len(self.seqs), merged)
         return dropped, changed_at
 
@@ -382,6 +413,8 @@ class Timeline:
         freed = 0
         while (evicted < over_entries or freed < over_bytes) and self.head < self.delivered:
             i = self.head
+            if self.budget.spool_pin and self.spooled_through < self.seqs[i] <= self.voted_through:
+                break  # voted for and not yet spooled (5.14)
             self.digest_through(i)
             self.base_point = self.seqs[i]
             self.base_digest = self.digests[i]

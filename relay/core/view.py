@@ -290,12 +290,17 @@ def rank(core: RelayState, st: StreamState, now_ms: int) -> int:
     """This relay's place in the order in which members propose (lower first): the live
     members the view admits, by id, then the other live members that have joined, by id.
     Every member has its own place, also when the view admits nobody (a new stream's
-    first view, which every member asks for as soon as it has joined)."""
+    first view, which every member asks for as soon as it has joined). A member that does
+    not hear us, or that we do not hear (5.13), is not ahead of us: it cannot gather our
+    answer to its proposal, nor we its decision, so waiting for it would only delay the
+    change (a first view then waited VIEW_DEFER_MS for a member that could not lead it)."""
     mine = admitted(core, st)
     ahead = 0
     for m in st.peers:
         peer = core.peers[m]
         if not peer.joined.get(st.stream) or not is_live(core, peer, now_ms):
+            continue
+        if not _mutual(core, core.id, m, now_ms):
             continue
         held = open_interval(st.view, m)
         theirs = held is not None and held.incarnation == peer.incarnation

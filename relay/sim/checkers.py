@@ -211,6 +211,21 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
     return sorted(set(out), key=out.index)
 
 
+def spooled_acknowledged(history: History) -> list[str]:
+    """Every COMMITTED answer is in some relay's spool (5.14), so the store can have it."""
+    out: list[str] = []
+    for key in sorted(history.finals):
+        final = history.finals[key]
+        if final.outcome != COMMITTED:
+            continue
+        if not any(final.seq in per.get(final.stream, ()) for per in history.spooled.values()):
+            out.append(
+                f"unspooled: {invariants.describe(final.tx)} committed at {final.stream} "
+                f"seq {final.seq} is in no relay's spool"
+            )
+    return out
+
+
 SAFETY_CHECKERS = (
     no_reorder_no_duplicate,
     timelines_agree,
@@ -218,6 +233,7 @@ SAFETY_CHECKERS = (
     no_rejected_delivered,
     committed_seq_matches,
     client_conclusions,
+    spooled_acknowledged,
 )
 
 

@@ -20,6 +20,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "crash",  # a relay dies and later restarts empty, with a higher incarnation
     "clock_skew",  # a constant per-relay clock offset
     "clock_step",  # a relay's clock jumps back or forward
+    "spool_full",  # some relays' spools fill up until the store takes them (5.14)
 )
 
 # Bounds. Offsets stay well below the core's max_clock_ahead_ms (5000): any two relays'
@@ -41,6 +42,7 @@ class FaultConfig:
     crash: bool = False
     clock_skew: bool = False
     clock_step: bool = False
+    spool_full: bool = False
 
     @classmethod
     def all(cls) -> FaultConfig:

@@ -119,6 +119,8 @@ class History:
     # protocol misbehaviour seen by the harness itself (e.g. two different answers to one
     # request); check_all reports each
     anomalies: list[str] = field(default_factory=list)
+    # relay -> stream -> the seqs its spool took, over all its incarnations (5.14)
+    spooled: dict[int, dict[str, set[int]]] = field(default_factory=dict)
 
     # --- recording helpers ---------------------------------------------------------------
 

@@ -20,15 +20,16 @@ stays to the end of the run (nothing heals), and the producers keep writing.
     clock-back           one relay's wall clock steps back by minutes
     clock-forward        one relay's wall clock steps forward by minutes
     restart-clock-back   one relay restarts (empty) with its wall clock minutes behind
+    spool-full           one relay's spool fills up and the store never takes it (5.14)
 
-The checker: for every stream, the relays that are up, not stepped, hold their memory and
-form a strongly connected group (over the links that still work) are its majority, if they
-include a quorum of its members. Every produce attempt sent to such a relay from
-RESUME_BOUND_MS after the fault on (until the producers stop) must be answered
-`committed` within ANSWER_BOUND_MS, or `fenced` by a member the view leaves out (a relay
-that cannot hear another member, 5.12), whose redirect the client follows: then the same
-write must be committed through another relay within ANSWER_BOUND_MS of that attempt. The
-usual safety checkers run as well.
+The checker: for every stream, the relays that are up, not stepped, hold their memory, have
+room in their spools and form a strongly connected group (over the links that still work)
+are its majority, if they include a quorum of its members. Every produce attempt sent to
+such a relay from RESUME_BOUND_MS after the fault on (until the producers stop) must be
+answered `committed` within ANSWER_BOUND_MS, or `fenced` by a member the view leaves out
+(a relay that cannot hear another member, 5.12), whose redirect the client follows: then
+the same write must be committed through another relay within ANSWER_BOUND_MS of that
+attempt. The usual safety checkers run as well.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SINGLE_FAULTS: tuple[str, ...] = (
     "clock-back",
     "clock-forward",
     "restart-clock-back",
+    "spool-full",
 )
 CLOCK_STEP_MS = 120_000  # "minutes": far beyond max_clock_ahead_ms
 CRASH_AFTER_CUT_MS = (20, 1_500)  # cut-then-crash: how long the cut relay coordinates on

@@ -53,6 +53,7 @@ from relay.sim.single import (
     SingleFaultInfo,
     strongly_connected,
 )
+from relay.sim.spools import SimSpool
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
@@ -67,6 +68,10 @@ LULL_MS = (1_200, 2_000)  # longer than quiet_after_ms with the default limits
 SINGLE_LULL_BEFORE_MS = 1_800
 SINGLE_LULL_AFTER_MS = 200
 STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
+# spool_full faults: how long a spool stays full, and the room it is left beyond what its
+# relay owes for its votes
+SPOOL_FULL_MS = (100, 1_500)
+SPOOL_FULL_EXTRA_BYTES = (0, 3_000)
 
 
 CoreFactory = Callable[[CoreConfig, int, int], RelayCore]  # (config, incarnation, now_ms)
@@ -99,6 +104,8 @@ class Node:
     # within FED_TICK_MS (at fed_tick_due), or by its deadline, as the node does.
     fed: bool = False
     fed_tick_due: int = NO_FED_TICK
+    spool: SimSpool = field(default_factory=SimSpool)  # kept across crashes, like a disk
+    spool_anomaly: bool = False  # a broken spool promise was reported already
 
 
 def build_topology(rng: random.Random, relay_count: int) -> Topology:
@@ -215,6 +222,8 @@ class World:
         client_rng = random.Random(master.getrandbits(64))
         self.base_ms = BASE_UNIX_MS + master.randint(0, 86_400_000)
         self.lull_rng = random.Random(master.getrandbits(64))
+        self.spool_rng = random.Random(master.getrandbits(64))  # drawn last: others unchanged
+        self.spool_stuck: set[int] = set()  # relays whose spool a single fault filled
 
         self.topology = build_topology(topo_rng, relay_count)
         self.ids = self.topology.relay_ids
@@ -359,6 +368,15 @@ class World:
         if f.clock_step:
             for _ in range(rng.randint(1, per_kind)):
                 self._at(rng.randint(0, span - 1), "clock_step")
+        if f.spool_full:
+            srng = self.spool_rng
+            for _ in range(srng.randint(1, per_kind)):
+                start = srng.randint(0, span - 20)
+                end = min(start + srng.randint(*SPOOL_FULL_MS), span - 1)
+                victims = sorted(srng.sample(self.ids, srng.randint(1, len(self.ids))))
+                extra = srng.randint(*SPOOL_FULL_EXTRA_BYTES)
+                self._at(start, "spool_full", victims, extra)
+                self._at(end, "spool_free", victims)
 
     def _plan_lull(self) -> None:
         rng = self.lull_rng
@@ -444,6 +462,15 @@ class World:
             node = self.nodes[r]
             if node.core is None and node.epoch == epoch:
                 self._restart(r)
+        elif kind == "spool_full":
+            victims, extra = args
+            for r in victims:
+                self.nodes[r].spool.shrink(self.nodes[r].core, extra)
+            self.events.append(f"{now} spool_full {victims} extra {extra}")
+        elif kind == "spool_free":
+            for r in args[0]:
+                self.nodes[r].spool.free()
+            self.events.append(f"{now} spool_free {args[0]}")
         elif kind == "clock_step":
             r = rng.choice(self.ids)
             node = self.nodes[r]
@@ -495,6 +522,9 @@ class World:
         elif kind in ("clock-back", "clock-forward"):
             node.step += CLOCK_STEP_MS if kind == "clock-forward" else -CLOCK_STEP_MS
             self.stepped.add(victim)
+        elif kind == "spool-full":
+            node.spool.shrink(node.core, 0)
+            self.spool_stuck.add(victim)
         elif kind == "restart-clock-back":
             node.step -= CLOCK_STEP_MS
             self.stepped.add(victim)
@@ -517,6 +547,7 @@ class World:
             and node.paused_until < 0
             and r not in self.stepped
             and r not in self.emptied
+            and r not in self.spool_stuck
         }
         works = {(a, b) for a in able for b in able if a != b and not self.network.is_cut(a, b)}
         groups = strongly_connected(able, works)
@@ -574,6 +605,8 @@ class World:
         node = self.nodes[r]
         core = node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
         core.remember_acceptors(node.disk)
+        node.spool.restarted()
+        node.spool.tell(core)
         node.service = ClientService(
             core,
             self.limits,
@@ -618,6 +651,7 @@ class World:
         self.network.heal()
         for r in self.ids:
             node = self.nodes[r]
+            node.spool.free()
             if node.core is None:
                 self._restart(r)
             elif node.paused_until >= 0:
@@ -629,6 +663,11 @@ class World:
         core = node.core
         assert core is not None
         drain(core, _WorldSink(self, node))
+        node.spool.feed(core, node.streams)
+        broken = node.spool.broken_promise(core)
+        if broken and not node.spool_anomaly:
+            node.spool_anomaly = True
+            self.history.anomalies.append(f"relay {node.rid} at {self.now} ms: {broken}")
 
     def _sample(self) -> None:
         for r in self.ids:
@@ -681,6 +720,9 @@ class World:
             _, _, kind, args = heapq.heappop(heap)
             self._apply_fault(kind, args)
         nodes = self.nodes
+        for node in nodes.values():
+            if node.core is not None and node.paused_until < 0:
+                node.spool.tell(node.core)  # as the node does before every turn (5.14)
         for src, dst, epoch, frame in self.network.due(now):
             node = nodes[dst]
             if node.core is None or node.epoch != epoch:
@@ -733,6 +775,7 @@ class World:
                     rf.fenced[stream] = core.fenced(stream)
                     rf.committed_point[stream] = core.committed_point(stream)
             h.relay_finals[r] = rf
+            h.spooled[r] = node.spool.seqs
         return h
 
     def phase_info(self) -> PhaseInfo:
