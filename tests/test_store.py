@@ -396,6 +396,29 @@ def test_small_ranges_stitch_copies_from_relays_with_holes(
     assert _stored_rows(diverged) == _expected_rows([records], upto={"holes": bad_seq})
 
 
+@pytest.mark.parametrize("index", [0, 50, 77])
+def test_a_corrupt_copy_heading_a_range_is_outvoted_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int
+) -> None:
+    """Ranges cut at every segment end (50 records each): a corrupt first copy of a range
+    (seq 0: checked against the genesis; seq 50: against the previous record's copies) is
+    replaced as one in the middle of a range is."""
+    from relay.store import plan
+
+    monkeypatch.setattr(plan, "RANGE_INPUT_MIN_BYTES", 1)
+    monkeypatch.setattr(plan, "RANGE_INPUT_MAX_BYTES", 1)
+    records = generate("heads", 200, seed=10)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    write_spools(str(spool), [records], relays=3, segment_records=50)
+    bad_seq = records.seqs[index]
+    _rewrite_relay_copy(spool, relay=0, stream="heads", seq=bad_seq, keep_digest=True)
+    result = store_baseline.ingest_baseline(str(spool), str(store))
+    assert result.outvoted == [("heads", 0, bad_seq)]
+    stored = {r.seq: r.value for r in StoreReader(store).records_after("heads", -1)}
+    assert len(stored) == records.duplicates.count(False)
+    assert stored.get(bad_seq, records.values[index]) == records.values[index]
+
+
 def test_change_lists_chain_with_their_kind() -> None:
     """The store checks digests as the relay core makes them: a change list's kind is part
     of its transaction hash."""

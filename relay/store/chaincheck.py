@@ -456,6 +456,9 @@ def check_segment_range(
     segments: Sequence[SegmentRef],
     directory: str,
     prefix: str | None = None,
+    *,
+    after_digest: bytes | None = None,
+    before: Sequence[SegmentRef] = (),
 ) -> list[dict[str, object]]:
     """Check the records of `stream` in (after_seq, last_seq] and write the verified ones
     to one record file under `directory`. `segments` must be every segment (of any relay)
@@ -473,17 +476,26 @@ def check_segment_range(
     groups = _CopyGroups(copies, [s.relay for s in ordered])
     choice = groups.choose()
     agreeing = len(choice.rows)
+    start_digest = after_digest if after_digest is not None else _digest_at(after_seq, before)
     while True:
         chosen = copies.take(pa.array(choice.rows, pa.int64()))
         records = _stored_records(stream, ordered, chosen)
         checked, head_tx_hash = _check_links(records)
-        if checked == 0 or checked >= records.num_rows:
+        # A copy that does not chain from the record before it (the first one: from the
+        # digest at after_seq, when known): another relay's copy with the same digest may
+        # (the chosen one's content is corrupt).
+        if checked and start_digest is not None:
+            head = chain(start_digest, groups.seq_of(0), head_tx_hash)
+            if head != records.column("digest")[0].as_py():
+                checked = 0
+        if checked >= records.num_rows or (checked == 0 and start_digest is None):
             break
-        # The copy at `checked` does not chain from the record before it: another relay's
-        # copy with the same digest may (the chosen one's content is corrupt).
-        previous_digest = records.column("digest")[checked - 1].as_py()
+        previous_digest = records.column("digest")[checked - 1].as_py() if checked else start_digest
+        assert previous_digest is not None
         better = groups.copy_that_chains(checked, choice.rows[checked], previous_digest, ordered)
         if better is None:
+            if checked == 0:  # the driver names the problem, as for any first record
+                checked, head_tx_hash = _check_links(records)
             break
         choice.outvoted.append((groups.relay_of_row(choice.rows[checked]), groups.seq_of(checked)))
         choice.rows[checked] = better
@@ -520,6 +532,19 @@ def check_segment_range(
     if written is not None:
         state.path, state.file_first_seq = written
     return [_summary_row(stream, state)]
+
+
+def _digest_at(seq: int, segments: Sequence[SegmentRef]) -> bytes | None:
+    """The digest most copies of the record at `seq` in `segments` carry (None: no copy,
+    or no majority)."""
+    copies = _read_copies(segments, seq - 1, seq)
+    if copies.num_rows == 0:
+        return None
+    counts: dict[bytes, int] = {}
+    for digest in copies.column("digest").to_pylist():
+        counts[digest] = counts.get(digest, 0) + 1
+    digest, count = max(counts.items(), key=lambda item: item[1])
+    return digest if count * 2 > copies.num_rows else None
 
 
 def _read_copies(segments: Sequence[SegmentRef], after_seq: int, last_seq: int) -> pa.Table:

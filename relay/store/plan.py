@@ -103,6 +103,11 @@ class IngestRange:
     after_seq: int
     last_seq: int
     segments: tuple[SegmentRef, ...]
+    # The digest at after_seq when the store holds it (the first range), else the segments
+    # holding the record at after_seq (the previous range's last): the range's first
+    # record is checked against it, so a corrupt first copy can be outvoted here too.
+    after_digest: bytes | None = None
+    before: tuple[SegmentRef, ...] = ()
 
     @property
     def input_bytes(self) -> int:
@@ -131,12 +136,14 @@ def plan_ranges(plan: IngestPlan, range_bytes: int) -> list[IngestRange]:
         if not cuts or cuts[-1] < segments[-1].last_seq:
             cuts.append(segments[-1].last_seq)
         after_seq = stored_seq
+        after_digest: bytes | None = start[stream][1]
         for last_seq in cuts:
             holding = tuple(
                 s for s in segments if s.last_seq > after_seq and s.first_seq <= last_seq
             )
-            ranges.append(IngestRange(stream, after_seq, last_seq, holding))
-            after_seq = last_seq
+            before = tuple(s for s in segments if s.first_seq <= after_seq <= s.last_seq)
+            ranges.append(IngestRange(stream, after_seq, last_seq, holding, after_digest, before))
+            after_seq, after_digest = last_seq, None
     ranges.sort(key=lambda r: r.input_bytes, reverse=True)
     return ranges
 
@@ -149,6 +156,8 @@ def check_range(ingest_range: IngestRange, directory: str) -> list[dict[str, obj
         ingest_range.last_seq,
         ingest_range.segments,
         directory,
+        after_digest=ingest_range.after_digest,
+        before=ingest_range.before,
     )
 
 
