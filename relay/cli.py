@@ -761,12 +761,18 @@ def _print_status(doc: dict[str, Any]) -> None:
                 str(info.get("held_bytes", "-")),
             )
     spools = Table(title="spools (committed history written for the store)")
-    for name in ("relay", "segments", "records", "bytes", "reclaimed", "dropped", "stopped"):
+    columns = ("relay", "segments", "records", "bytes", "reclaimed", "dropped", "room", "stopped")
+    for name in columns:
         spools.add_column(name, justify="left" if name in ("relay", "stopped") else "right")
     for entry in doc["relays"]:
-        spool = (entry["status"] or {}).get("spool")
+        status = entry["status"] or {}
+        spool = status.get("spool")
         if spool is not None:
             stopped = spool.get("stopped_streams") or {}
+            room = str(spool.get("room_bytes"))
+            if status.get("spool_full"):
+                # docs/protocol.md 5.14: it votes on no stream until the store ingests
+                room = f"[red]full ({room})[/red]"
             spools.add_row(
                 str(entry["relay"]),
                 str(spool.get("segments_written")),
@@ -774,6 +780,7 @@ def _print_status(doc: dict[str, Any]) -> None:
                 str(spool.get("bytes_written")),
                 str(spool.get("segments_reclaimed")),
                 str(spool.get("records_dropped")),
+                room,
                 "; ".join(f"[red]{k}: {v}[/red]" for k, v in stopped.items()) or "none",
             )
     console = Console()
