@@ -6,18 +6,17 @@ producer was told is committed. The shell tells the core, between turns, how man
 its spool can still take (`RelayCore.set_spool_room`), and which streams it cannot take at
 all (a write failed). The rules:
 
-- **Votes need room.** A member reports on a stream (5.3) only while everything it holds,
-  counted as the memory its buffers cost (5.10, never less than what those entries take
-  in a spool), fits in the room, and its spool takes the stream. An entry commits only
-  on a quorum's reports, and each of those members then held it with room for it, so
-  every member that voted spools it unless it crashes first: a full spool withholds
-  votes (its stream stalls, or commits through members with room) and never loses an
-  acknowledged entry.
+- **Votes need room.** A member reports on a stream (5.3) only while what it owes its
+  spool (the records of every held entry not yet handed over, `owed_bound`) fits in the
+  room, and its spool takes the stream. An entry commits only on a quorum's reports, and
+  each of those members then held it with room for it, so every member that voted spools
+  it unless it crashes first: a full spool withholds votes (its stream stalls, or commits
+  through members with room) and never loses an acknowledged entry.
 - **The spool gets what was voted.** `take` hands the shell the committed records after
-  its cursor: those at or below the point this member reported always (it reserved their
-  room when it reported), later ones only while the room left after them still covers
-  everything held. What does not fit waits for room; what is evicted meanwhile is a gap
-  in this spool that the spools of the members that voted for it cover.
+  its cursor: all of them while the spool is not full; while it is full only those at or
+  below the point this member voted through (it reserved their room when it reported).
+  What does not fit waits for room; what is evicted meanwhile is a gap in this spool
+  that the spools of the members that voted for it cover.
 - **Producers hear why.** Heartbeats say whether the sender's spool is full; a relay that
   counts fewer than a quorum of a stream's members with room (itself included) answers a
   new produce `rejected(store_backlog_full)` (retriable: room comes back as the store
@@ -32,6 +31,10 @@ from relay.core.timeline import CommittedRecord
 # What a spooled record takes beyond its producer id, key and value (seq, digest, producer
 # seq, flags, column offsets): the spool's estimate of a segment's size (relay/spool.py).
 SPOOL_RECORD_OVERHEAD_BYTES = 48
+# While the quick bound on what we owe exceeds the room, the exact count (a walk over what
+# is not yet spooled, which grows while the spool is full) runs at most this often: the
+# bound stays an upper bound in between, so a spool getting room is seen this much later.
+SPOOL_RECOUNT_INTERVAL_MS = 50
 
 
 def record_bytes(producer_id: bytes, key: bytes | None, value: bytes) -> int:
@@ -121,10 +124,18 @@ def set_room(core: RelayState, room_bytes: int | None, refused: frozenset[str]) 
     core.spool_room_bytes = room_bytes
     core.spool_refused = refused
     core.memory.spool_pin = room_bytes is not None
+    # Two upper bounds of what we owe: the last count carried forward, and the memory of
+    # everything held (an entry costs more than its record).
+    owed = min(owed_bound(core), core.memory.used_bytes)
     core.spool_added_mark = core.memory.added_bytes
-    core.spool_owed_bytes = core.memory.used_bytes  # held entries cost more than records
-    if room_bytes is not None and core.spool_owed_bytes > room_bytes:
-        core.spool_owed_bytes = owed_bytes(core)
+    if (
+        room_bytes is not None
+        and owed > room_bytes
+        and core.now_ms - core.spool_counted_ms >= SPOOL_RECOUNT_INTERVAL_MS
+    ):
+        owed = owed_bytes(core)
+        core.spool_counted_ms = core.now_ms
+    core.spool_owed_bytes = owed
     blocked = full(core)
     if blocked == core.spool_blocked:
         return False

@@ -580,6 +580,7 @@ class RelayState:
         # added_bytes then: entries added since owe at most what they cost
         self.spool_owed_bytes = 0
         self.spool_added_mark = 0
+        self.spool_counted_ms = NEVER  # when what we owe was last counted exactly
         self.spool_held_back: set[str] = set()  # streams with records left for more room
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
