@@ -146,6 +146,7 @@ class Spool:
         # writer takes off), in open segments and on disk (the writer's counts).
         self._lock = threading.Lock()
         self._queued_bytes = 0
+        self._refused: frozenset[str] = frozenset()  # replaced whole, so read without the lock
         self._open_bytes = 0
         self._open_segments = 0
         self._status = SpoolStatus()
@@ -194,9 +195,9 @@ class Spool:
             return self._room_locked()
 
     def refused_streams(self) -> frozenset[str]:
-        """The streams the spool stopped taking (a write failed, records out of order)."""
-        with self._lock:
-            return frozenset(self._status.stopped_streams)
+        """The streams the spool stopped taking (a write failed, records out of order). Asked
+        every loop turn: a set built when a stream stops, not per call."""
+        return self._refused
 
     def _room_locked(self) -> int:
         pending = self._queued_bytes + self._open_bytes
@@ -246,6 +247,7 @@ class Spool:
             if stream in self._status.stopped_streams:
                 return
             self._status.stopped_streams[stream] = why
+            self._refused = frozenset(self._status.stopped_streams)
             self._status.errors += 1
         log.error("spool of relay %d stops spooling stream %r: %s", self.relay_id, stream, why)
 
