@@ -157,9 +157,9 @@ from relay.meta import (
 )
 from relay.security import ClientCurve, client_curve
 from relay.sockets import DisconnectMonitor, ReadableWaiter
+from relay.store import STREAMS_DIR
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
-from relay.store.manifest import MANIFEST_DIR
 from relay.topology import MeshConfig, is_pattern, load
 from relay.wire import MAX_READ_ENTRIES, MAX_WAIT_MS
 
@@ -931,9 +931,9 @@ class _StoreFeed:
 
 
 def ingested_store(config: MeshConfig) -> Path | None:
-    """The topology's store_dir once a store was ingested there (it has a manifest
-    folder), else None: the store a consumer of that topology reads by default."""
-    return config.store_dir if (config.store_dir / MANIFEST_DIR).is_dir() else None
+    """The topology's store_dir once a store was ingested there (it has a folder of
+    stream tables), else None: the store a consumer of that topology reads by default."""
+    return config.store_dir if (config.store_dir / STREAMS_DIR).is_dir() else None
 
 
 def _open_store(store: StoreSource, config: MeshConfig | None) -> _StoreFeed | None:

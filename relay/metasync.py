@@ -232,13 +232,13 @@ def fold_durable_history(
     them while each continues the digest chain (a spool with a gap stops there). None
     when neither holds any. Raises StoreError if the store is unreadable, OSError or a
     pyarrow error if a segment is. (pyarrow, the store's: imported only when called.)"""
-    from relay.store.manifest import MANIFEST_DIR
+    from relay.store import STREAMS_DIR
     from relay.store.reader import StoreReader
 
     state = MetaState()
     state.applied = GENESIS_POINT
     point, digest = GENESIS_POINT, genesis(METADATA_STREAM)
-    if (store_dir / MANIFEST_DIR).is_dir():
+    if (store_dir / STREAMS_DIR).is_dir():
         reader = StoreReader(store_dir)
         stored = reader.last_points().get(METADATA_STREAM)
         if stored is not None:

@@ -115,6 +115,7 @@ from relay.security import (
 )
 from relay.service import ClientService
 from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter, mesh_subscriber
+from relay.store import STREAMS_DIR
 from relay.wire import PIPELINE_BATCH_ITEMS
 
 if TYPE_CHECKING:
@@ -607,19 +608,9 @@ class RelayNode:
         """Tell the core where durable history ends (the store's last points, and this
         relay's own spool, which may be further on): should the mesh start with no relay
         holding a stream, it carries on from there instead of from the genesis."""
-        from relay.store.errors import StoreError
-        from relay.store.manifest import load_manifest
-
         points: dict[str, tuple[int, bytes]] = {}
-        try:
-            manifest = load_manifest(self.config.store_dir)
-        except StoreError as error:
-            log.error("relay=%d store unreadable, not seeding from it: %s", self.id, error)
-        else:
-            for stream, state in manifest.streams.items():
-                digest = state.last_digest_bytes
-                if state.records and digest is not None:
-                    points[stream] = (state.last_seq, digest)
+        if (self.config.store_dir / STREAMS_DIR).is_dir():
+            points.update(self._stored_points())
         if self.config.spool.enabled:
             from relay.spool import last_spooled_points
 
@@ -636,6 +627,26 @@ class RelayNode:
                 self.counters["seeded_streams"] += 1
                 log.info("relay=%d stream=%s history ends at seq %d", self.id, stream, seq)
         self._fold_wanted = METADATA_STREAM in points
+
+    def _stored_points(self) -> dict[str, tuple[int, bytes]]:
+        """Per stream the store's last (seq, digest); none when the store is unreadable
+        (pyarrow and deltalake, the store's: imported only when a store is there)."""
+        try:
+            from relay.store.errors import StoreError
+            from relay.store.tables import load_store
+        except ImportError as error:
+            log.error("relay=%d cannot read the store, not seeding from it: %s", self.id, error)
+            return {}
+        try:
+            stored = load_store(self.config.store_dir)
+        except StoreError as error:
+            log.error("relay=%d store unreadable, not seeding from it: %s", self.id, error)
+            return {}
+        return {
+            stream: (state.last_seq, digest)
+            for stream, state in stored.streams.items()
+            if state.records and (digest := state.last_digest_bytes) is not None
+        }
 
     def _fold_metadata_history(self) -> DurableFold | None:
         """Fold the metadata stream's durable history, for when no peer has the state

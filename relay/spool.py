@@ -55,7 +55,7 @@ from relay.segment import (
     write_segment_file,
 )
 from relay.store.errors import StoreError
-from relay.store.manifest import load_manifest
+from relay.store.tables import load_store
 
 log = logging.getLogger("relay.spool")
 
@@ -381,11 +381,12 @@ class Spool:
             )
 
     def _reclaim(self) -> None:
-        """Remove this relay's segments that the store lists as ingested."""
+        """Remove this relay's segments whose records the store holds (each stream's
+        records table reaches their last seq)."""
         if self.store_dir is None:
             return
         try:
-            manifest = load_manifest(self.store_dir)
+            stored = load_store(self.store_dir, digests=False)
         except StoreError as error:
             log.warning("spool of relay %d: cannot read the store: %s", self.relay_id, error)
             return
@@ -396,10 +397,10 @@ class Spool:
             log.warning("spool of relay %d: cannot list segments: %s", self.relay_id, error)
             return
         for segment in segments:
-            state = manifest.streams.get(segment.stream)
+            state = stored.streams.get(segment.stream)
             if segment.relay != self.relay_id or state is None:
                 continue
-            if segment.ident in state.segments:
+            if segment.last_seq <= state.last_seq:
                 with contextlib.suppress(OSError):
                     os.unlink(segment.path)
                     removed += 1

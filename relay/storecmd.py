@@ -81,10 +81,11 @@ def ingest(config: MeshConfig, master: str) -> int:
         result = run_ingest(spark, str(config.spool_dir), str(config.store_dir))
         print(
             f"ingest: {result.records_added} records from {result.segments_read} segments "
-            f"into {config.store_dir} (manifest version {result.version})"
+            f"into {config.store_dir}"
         )
         for stream, (seq, digest) in sorted(result.streams.items()):
-            print(f"  {stream}: last seq {seq} digest {digest.hex()}")
+            version = result.versions.get(stream, -1)
+            print(f"  {stream}: last seq {seq} digest {digest.hex()} (table version {version})")
         if result.outvoted:
             relays = sorted({relay for _, relay, _ in result.outvoted})
             print(

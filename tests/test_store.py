@@ -15,6 +15,7 @@ import pytest
 from relay.core.digest import chain
 from relay.segment import find_segments, stream_dir_name, write_segment_file
 from relay.spool import Spool
+from relay.store import tables
 from relay.store.changes import (
     KIND_CHANGES,
     KIND_PLAIN,
@@ -25,9 +26,9 @@ from relay.store.changes import (
     decode_changes,
     encode_changes,
 )
-from relay.store.errors import IngestFailed, InvalidChanges, VerifyFailed
-from relay.store.manifest import load_manifest
+from relay.store.errors import IngestFailed, InvalidChanges, StoreLocked, VerifyFailed
 from relay.store.reader import StoreReader
+from relay.store.tables import load_store
 from relay.tools import store_baseline
 from relay.tools.synthetic import StreamRecords, generate, write_spools
 
@@ -86,9 +87,9 @@ def _streams(count: int = 600, **kwargs: Any) -> list[StreamRecords]:
 
 def _stored_rows(store: Path) -> list[dict[str, Any]]:
     """Every stored record, sorted by (stream, seq), read with pyarrow."""
-    manifest = load_manifest(store)
-    tables = [pq.read_table(store / f.path) for s in manifest.streams.values() for f in s.files]
-    rows = pa.concat_tables(tables).to_pylist() if tables else []
+    state = load_store(store)
+    files = [pq.read_table(store / f.path) for s in state.streams.values() for f in s.files]
+    rows = pa.concat_tables(files).to_pylist() if files else []
     return sorted(rows, key=lambda r: (r["stream"], r["seq"]))
 
 
@@ -118,6 +119,14 @@ def _expected_snapshot(records: StreamRecords, upto: int | None = None) -> dict[
     return state
 
 
+def _rows_of_snapshot_table(store: Path, stream: str, seq: int) -> dict[Any, Any]:
+    """A snapshot table's rows as Polars reads them through deltalake."""
+    import polars as pl
+
+    frame = pl.read_delta(str(tables.snapshot_table(store, stream, seq)))
+    return {(r["entity"], r["key"]): (r["value"], r["seq"]) for r in frame.iter_rows(named=True)}
+
+
 def _snapshot_of(store: Path, stream: str) -> dict[Any, Any]:
     snap = StoreReader(store).snapshot(stream)
     assert snap is not None
@@ -144,18 +153,30 @@ def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
     for records in streams:
         assert result.streams[records.stream] == (records.seqs[-1], records.digests[-1])
 
-    # Frame for frame: the stored records are exactly the committed records, once each.
-    manifest = load_manifest(store)
-    files = [str(store / f.path) for s in manifest.streams.values() for f in s.files]
+    # Frame for frame: the stored records are exactly the committed records, once each,
+    # read by Spark from the file list of the streams' Delta tables.
+    from deltalake import DeltaTable
+
+    state = load_store(store)
+    files = [u for s in STREAMS for u in DeltaTable(tables.records_table(store, s)).file_uris()]
     stored = spark.read.parquet(*files)
     expected = spark.createDataFrame(_expected_rows(streams), schema=stored.schema)
     assertDataFrameEqual(stored, expected)
-    # Partitioned by stream; every segment listed as ingested.
-    for name, state in manifest.streams.items():
-        assert all(f.path.startswith(f"data/{stream_dir_name(name)}/") for f in state.files)
-        assert len(state.segments) == len(
-            [s for s in find_segments(tmp_path / "spool") if s.stream == name]
+    # One table per stream, each commit carrying the chain position; every segment is
+    # covered by what is stored (its relay may remove it).
+    for name, stream_state in state.streams.items():
+        assert all(
+            f.path.startswith(f"streams/{tables.table_dir_name(name)}/records/")
+            for f in stream_state.files
         )
+        assert all(
+            s.last_seq <= stream_state.last_seq
+            for s in find_segments(tmp_path / "spool")
+            if s.stream == name
+        )
+        [commit] = DeltaTable(tables.records_table(store, name)).history(1)
+        assert commit["relay.last_seq"] == str(stream_state.last_seq)
+        assert commit["relay.last_digest"] == stream_state.last_digest
 
     made = snapshot(spark, str(store))
     for records in streams:
@@ -184,9 +205,9 @@ def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path:
     write_spools(spool, first, segment_records=120)
     ingest(spark, spool, str(store))
     snapshot(spark, str(store))
-    version = load_manifest(store).version
+    versions = load_store(store).versions()
     again = ingest(spark, spool, str(store))
-    assert again.records_added == 0 and again.version == version
+    assert again.records_added == 0 and again.versions == versions
     assert snapshot(spark, str(store)) == {}
 
     # The relays spool more (new segments continue the chains): only they are added, and
@@ -200,12 +221,22 @@ def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path:
     for records in full:
         assert made[records.stream].seq == records.seqs[-1]
         assert _snapshot_of(store, records.stream) == _expected_snapshot(records)
-    # As of an older seq: rebuilt from the start, with the digest stored at that seq.
+    # As of an older seq: a new point in time, rebuilt from the start, with the digest
+    # stored at that seq; the latest snapshot stays the latest.
     older = full[0].seqs[100]
     made = snapshot(spark, str(store), as_of={full[0].stream: older})
     assert made[full[0].stream].seq == older
     assert made[full[0].stream].digest == full[0].digests[100].hex()
-    assert _snapshot_of(store, full[0].stream) == _expected_snapshot(full[0], older)
+    assert _snapshot_of(store, full[0].stream) == _expected_snapshot(full[0])
+    older_rows = _rows_of_snapshot_table(store, full[0].stream, older)
+    assert older_rows == _expected_snapshot(full[0], older)
+    assert snapshot(spark, str(store), as_of={full[0].stream: older}) == {}
+    # Time travel: the records table as of each ingest's version.
+    from deltalake import DeltaTable
+
+    table = DeltaTable(tables.records_table(store, full[1].stream), version=0)
+    assert table.to_pyarrow_table().num_rows == 500
+    assert DeltaTable(tables.records_table(store, full[1].stream)).version() == 1
 
 
 def test_a_divergent_copy_is_outvoted_and_quarantined(spark: Any, tmp_path: Path) -> None:
@@ -276,7 +307,9 @@ def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:
     assert StoreReader(tmp_path / "store").last_points()["gappy"].seq == records.seqs[99]
 
 
-def test_a_crash_before_commit_leaves_the_store_as_it_was(spark: Any, tmp_path: Path) -> None:
+def test_a_crash_before_commit_leaves_the_store_as_it_was(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from relay.store.ingest import ingest
     from relay.store.snapshot import snapshot
 
@@ -285,7 +318,7 @@ def test_a_crash_before_commit_leaves_the_store_as_it_was(spark: Any, tmp_path: 
     write_spools(spool, [_slice(r, 0, 200) for r in full], segment_records=100)
     ingest(spark, spool, str(store))
     before = _stored_rows(store)
-    version = load_manifest(store).version
+    versions = load_store(store).versions()
 
     def crash() -> None:
         raise RuntimeError("injected crash between write and commit")
@@ -294,17 +327,28 @@ def test_a_crash_before_commit_leaves_the_store_as_it_was(spark: Any, tmp_path: 
     write_spools(spool, full, segment_records=100)
     with pytest.raises(RuntimeError, match="injected crash"):
         ingest(spark, spool, str(store), before_commit=crash)
-    assert load_manifest(store).version == version
+    assert load_store(store).versions() == versions
     assert _stored_rows(store) == before
     with pytest.raises(RuntimeError, match="injected crash"):
         snapshot(spark, str(store), before_commit=crash)
     assert StoreReader(store).snapshot(full[0].stream) is None
-    # The next run completes the work, and the crashed run's files are cleaned up.
+    # A crash after the files were moved into a table and before its commit: no version
+    # names them.
+    monkeypatch.setattr(tables, "_commit", lambda *args: crash())
+    with pytest.raises(RuntimeError, match="injected crash"):
+        ingest(spark, spool, str(store))
+    monkeypatch.undo()
+    assert load_store(store).versions() == versions
+    assert _stored_rows(store) == before
+    # The next run completes the work, and the crashed runs' files are cleaned up.
     ingest(spark, spool, str(store))
     assert _stored_rows(store) == _expected_rows(full)
-    listed = {f.path for s in load_manifest(store).streams.values() for f in s.files}
-    on_disk = {str(p.relative_to(store)) for p in (store / "data").rglob("*.parquet")}
+    listed = {f.path for s in load_store(store).streams.values() for f in s.files}
+    on_disk = {str(p.relative_to(store)) for p in (store / "streams").rglob("*.parquet")} - {
+        str(p.relative_to(store)) for p in (store / "streams").rglob("_delta_log/*")
+    }
     assert on_disk == listed
+    assert not (store / "_staging").exists() or not any((store / "_staging").iterdir())
 
 
 def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
@@ -314,7 +358,7 @@ def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
     write_spools(str(tmp_path / "spool"), streams, segment_records=100)
     store = tmp_path / "store"
     store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
-    state = load_manifest(store).streams[streams[1].stream]
+    state = load_store(store).streams[streams[1].stream]
     path = store / state.files[0].path
     table = pq.read_table(path).to_pylist()
     table[10]["value"] = b"tampered"
@@ -368,15 +412,15 @@ def test_small_ranges_stitch_copies_from_relays_with_holes(
                 last = min(first + 45, stop) - 1
                 name = f"{records.seqs[first]}-{records.seqs[last]}.parquet"
                 write_segment_file(records.table(relay, first, last + 1), folder / name)
-    manifest = load_manifest(tmp_path / "none")
-    ranges = plan.plan_ranges(plan.plan_ingest(spool, manifest), plan.range_bytes_for(1, 1))
+    empty = load_store(tmp_path / "none")
+    ranges = plan.plan_ranges(plan.plan_ingest(spool, empty), plan.range_bytes_for(1, 1))
     assert len(ranges) > 10
 
     store, other = tmp_path / "store", tmp_path / "baseline"
     ingest(spark, str(spool), str(store))
     store_baseline.ingest_baseline(str(spool), str(other))
     assert _stored_rows(store) == _stored_rows(other) == _expected_rows([records])
-    assert len(load_manifest(store).streams["holes"].files) == len(ranges)
+    assert len(load_store(store).streams["holes"].files) == len(ranges)
 
     # Three copies of seq 390, relay 2's divergent: outvoted, the stream stored whole.
     outvoted_seq = records.seqs[390]
@@ -486,6 +530,125 @@ def test_reader_bootstraps_a_consumer(tmp_path: Path) -> None:
 
     with pytest.raises(UnknownStoredStream, match="no stream 'nope'"):
         list(reader.records_after("nope"))
+
+
+def test_the_tables_read_as_delta_tables_elsewhere(tmp_path: Path) -> None:
+    """Polars and pandas through deltalake, and DuckDB over the file list deltalake gives,
+    read each stream's records and its snapshot."""
+    import duckdb
+    import polars as pl
+    from deltalake import DeltaTable
+
+    streams = _streams(300)
+    write_spools(str(tmp_path / "spool"), streams, segment_records=70)
+    store = tmp_path / "store"
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    store_baseline.snapshot_baseline(str(store))
+    for records in streams:
+        path = tables.records_table(store, records.stream)
+        frame = pl.read_delta(str(path)).sort("seq")
+        assert frame["seq"].to_list() == records.seqs
+        assert frame["digest"].to_list() == records.digests
+        assert len(DeltaTable(path).to_pandas()) == len(records)
+        uris = DeltaTable(path).file_uris()
+        query = f"select count(*), max(seq) from read_parquet({uris!r})"
+        assert duckdb.sql(query).fetchall() == [(len(records), records.seqs[-1])]
+        snapshot = _rows_of_snapshot_table(store, records.stream, records.seqs[-1])
+        assert snapshot == _expected_snapshot(records)
+
+
+@pytest.mark.parametrize("name", ["a/b c", ".hidden", "x~y%z", "ünï", "~~%7E"])
+def test_table_folders_name_any_stream(name: str) -> None:
+    folder = tables.table_dir_name(name)
+    assert "%" not in folder and "/" not in folder and not folder.startswith(".")
+    assert tables.stream_of_dir(folder) == name
+
+
+def test_one_writer_at_a_time(tmp_path: Path) -> None:
+    """A second job does not touch a store another job is writing: it names the holder."""
+    streams = _streams(100)
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    write_spools(spool, streams, segment_records=50)
+    with tables.WriterLock(store, "someone else's ingest"):
+        with pytest.raises(StoreLocked, match="someone else's ingest") as failure:
+            store_baseline.ingest_baseline(spool, str(store))
+        assert "pid" in failure.value.holder and failure.value.retriable
+        assert not (store / "streams").exists()
+    store_baseline.ingest_baseline(spool, str(store))
+    assert _stored_rows(store) == _expected_rows(streams)
+
+
+def test_a_store_of_the_manifest_layout_is_converted(tmp_path: Path) -> None:
+    """A store written before the Delta tables (a JSON manifest beside Parquet files) is
+    converted by the next job that writes it, which then appends to it as usual."""
+    import json
+
+    full = _streams(300)
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    write_spools(spool, [_slice(r, 0, 200) for r in full], segment_records=60)
+    store_baseline.ingest_baseline(spool, str(store))
+    store_baseline.snapshot_baseline(str(store))
+    _to_manifest_layout(store)
+    assert not (store / "streams").exists()
+    shutil.rmtree(spool)
+    write_spools(spool, full, segment_records=60)
+    result = store_baseline.ingest_baseline(spool, str(store))
+    assert result.records_added == 100 * len(full)
+    assert _stored_rows(store) == _expected_rows(full)
+    for records in full:
+        assert _snapshot_of(store, records.stream) == _expected_snapshot(records, records.seqs[199])
+    assert not (store / "data").exists() and not (store / "_manifest").exists()
+    assert json.loads(next((store / "_manifest.migrated").iterdir()).read_text())["format"] == 1
+    store_baseline.verify_baseline(str(store))
+
+
+def _to_manifest_layout(store: Path) -> None:
+    """Rewrite a store as the earlier layout: files under data/ and snapshots/, named by
+    the manifest `_manifest/00000000000000000002.json`."""
+    import json
+
+    streams = {}
+    for stream, state in load_store(store).streams.items():
+        folder = f"stream={stream.replace('/', '%2F').replace(' ', '%20')}"
+        files = []
+        for f in state.files:
+            target = store / "data" / folder / Path(f.path).name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(store / f.path, target)
+            path = str(target.relative_to(store))
+            files.append(
+                {
+                    "path": path,
+                    "first_seq": f.first_seq,
+                    "last_seq": f.last_seq,
+                    "records": f.records,
+                }
+            )
+        [seq] = state.snapshot_seqs
+        info = tables.load_snapshot(store, stream, seq)
+        snapshot_files = []
+        for path in info.files:
+            target = store / "snapshots" / folder / Path(path).name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(store / path, target)
+            snapshot_files.append(str(target.relative_to(store)))
+        streams[stream] = {
+            "last_seq": state.last_seq,
+            "last_digest": state.last_digest,
+            "records": state.records,
+            "files": files,
+            "segments": [],
+            "snapshot": {
+                "seq": info.seq,
+                "digest": info.digest,
+                "rows": info.rows,
+                "files": snapshot_files,
+            },
+        }
+    shutil.rmtree(store / "streams")
+    (store / "_manifest").mkdir()
+    document = {"format": 1, "version": 2, "committed_ms": 0, "streams": streams}
+    (store / "_manifest" / f"{2:020d}.json").write_text(json.dumps(document))
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ class StoreError(RelayError):
 
 
 class StoreCorrupt(StoreError):
-    """A manifest or file the store lists is missing or unreadable."""
+    """A table or file of the store is missing or unreadable."""
 
 
 class UnknownStoredStream(StoreError):
@@ -25,10 +25,21 @@ class UnknownStoredStream(StoreError):
 
 
 class ConcurrentCommit(StoreError):
-    """Another writer committed the same manifest version first. Retry the job: it starts
-    again from the newer commit."""
+    """Another writer committed to the same table first. Retry the job: it starts again
+    from the newer commit."""
 
     retriable = True
+
+
+class StoreLocked(StoreError):
+    """Another job holds the store's writer lock; `holder` names it (job, process, host,
+    since when). Run again once it is done."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class ChainProblem(StoreError):

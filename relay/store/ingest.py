@@ -12,8 +12,8 @@
    `relay.core.digest`, and writes its verified rows to Parquet in the run's staging
    folder. It returns one small summary row: no record goes to the driver.
 4. The driver stitches the ranges of each stream to the store's last point
-   (`chaincheck.stitch`), moves the verified files into `data/` and commits the next
-   manifest: the records, the new last points and the ingested segments at once.
+   (`chaincheck.stitch`) and commits each stream's verified files to its records table
+   in one Delta transaction (relay.store.tables).
 
 A stream with a problem (relays disagree on a digest, or the chain breaks) keeps its
 verified records up to the problem; nothing at or after it is written; the job raises
@@ -22,10 +22,8 @@ IngestFailed naming stream, seq and relays (exit status 2 from the command).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from relay.store.manifest import load_manifest, new_run, vacuum
 from relay.store.plan import (
     BeforeCommit,
     IngestResult,
@@ -36,6 +34,7 @@ from relay.store.plan import (
     range_bytes_for,
 )
 from relay.store.spark import parallelism
+from relay.store.tables import load_store, new_run, writing
 
 
 def ingest(
@@ -44,14 +43,20 @@ def ingest(
     store_path: str,
     *,
     before_commit: BeforeCommit | None = None,
+    lock_wait_s: float = 0.0,
 ) -> IngestResult:
     """Append every new closed segment under `spool_root` to the store at `store_path`.
-    Raises IngestFailed (after committing the verified part) on a chain problem."""
-    Path(store_path).mkdir(parents=True, exist_ok=True)
-    vacuum(store_path)  # leftovers of a crashed run
-    manifest = load_manifest(store_path)
-    plan = plan_ingest(spool_root, manifest)
-    _run, staging = new_run(store_path)
+    Raises IngestFailed (after committing the verified part) on a chain problem, and
+    StoreLocked if another job holds the store after `lock_wait_s`."""
+    with writing(store_path, "ingest", lock_wait_s):
+        return _ingest(spark, spool_root, store_path, before_commit)
+
+
+def _ingest(
+    spark: Any, spool_root: str, store_path: str, before_commit: BeforeCommit | None
+) -> IngestResult:
+    plan = plan_ingest(spool_root, load_store(store_path))
+    run, staging = new_run(store_path)
     summaries: list[dict[str, object]] = []
     if plan.to_read:
         ranges = plan_ranges(plan, range_bytes_for(plan.input_bytes, parallelism(spark)))
@@ -66,4 +71,4 @@ def ingest(
         spark.sparkContext.setJobDescription(f"ingest {len(ranges)} ranges")
         summaries = tasks.mapPartitions(check_ranges).collect()
         spark.sparkContext.setJobDescription(None)
-    return finish_ingest(store_path, plan, summaries, staging, before_commit)
+    return finish_ingest(store_path, plan, summaries, staging, run, before_commit)

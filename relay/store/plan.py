@@ -1,5 +1,5 @@
 """What the Spark jobs and the pyarrow baseline share: choosing the inputs of a run and
-turning its results into the next manifest. Neither needs Spark.
+committing its results to the store's tables (relay.store.tables). Neither needs Spark.
 """
 
 from __future__ import annotations
@@ -17,23 +17,24 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from relay.segment import SegmentRef, find_segments, stream_dir_name
 from relay.store.chaincheck import StreamOutcome, check_segment_range, start_point, stitch
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, PLAIN_ENTITY, Op, decode_changes
-from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges, StoreCorrupt
-from relay.store.manifest import (
-    DATA_DIR,
-    SNAPSHOT_DIR,
-    Manifest,
+from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges
+from relay.store.tables import (
     RecordFile,
     SnapshotInfo,
+    StagedFile,
+    StoreState,
     StreamState,
-    commit_manifest,
+    commit_records,
+    commit_snapshot,
+    digest_at,
     drop_staging,
-    publish,
+    load_snapshot,
 )
 
 log = logging.getLogger("relay.store")
 
-# Called after a job's files are in place and before its manifest is committed: tests
-# inject a crash here.
+# Called before each commit of a job's files (they are staged or in place): tests inject a
+# crash here.
 BeforeCommit = Callable[[], None]
 
 # --- ingest -------------------------------------------------------------------------------
@@ -41,9 +42,10 @@ BeforeCommit = Callable[[], None]
 
 @dataclass(slots=True)
 class IngestPlan:
-    manifest: Manifest
-    to_read: list[SegmentRef]  # segments holding records above their stream's last seq
-    new_segments: list[SegmentRef]  # every segment not yet listed as ingested
+    store: StoreState
+    # Segments holding records above their stream's last stored seq. (A segment all of
+    # whose records are stored is ingested: its relay may remove it.)
+    to_read: list[SegmentRef]
 
     @property
     def input_bytes(self) -> int:
@@ -53,8 +55,8 @@ class IngestPlan:
     def start(self) -> dict[str, tuple[int, bytes]]:
         """Per stream the point the new records must continue."""
         points = {}
-        for segment in self.new_segments:
-            state = self.manifest.streams.get(segment.stream)
+        for segment in self.to_read:
+            state = self.store.streams.get(segment.stream)
             if state is None:
                 points[segment.stream] = start_point(segment.stream, None, None)
             else:
@@ -64,17 +66,13 @@ class IngestPlan:
         return points
 
 
-def plan_ingest(spool_root: str | os.PathLike[str], manifest: Manifest) -> IngestPlan:
-    new_segments = []
+def plan_ingest(spool_root: str | os.PathLike[str], store: StoreState) -> IngestPlan:
     to_read = []
     for segment in find_segments(spool_root):
-        state = manifest.streams.get(segment.stream)
-        if state is not None and segment.ident in state.segments:
-            continue
-        new_segments.append(segment)
+        state = store.streams.get(segment.stream)
         if state is None or segment.last_seq > state.last_seq:
             to_read.append(segment)
-    return IngestPlan(manifest, to_read, new_segments)
+    return IngestPlan(store, to_read)
 
 
 # Segment bytes (all relays' copies, compressed) per range task, at most: bounds a task's
@@ -163,7 +161,7 @@ def check_range(ingest_range: IngestRange, directory: str) -> list[dict[str, obj
 
 @dataclass(slots=True)
 class IngestResult:
-    version: int  # the manifest version after the run (unchanged if nothing was new)
+    versions: dict[str, int]  # stream -> its records table's version after the run
     records_added: int
     segments_read: int
     streams: dict[str, tuple[int, bytes]]  # stream -> (last seq, last digest) after the run
@@ -179,57 +177,51 @@ def finish_ingest(
     plan: IngestPlan,
     summaries: Iterable[dict[str, object]],
     staging: Path,
+    run: str,
     before_commit: BeforeCommit | None = None,
 ) -> IngestResult:
-    """Stitch the ranges' summaries, publish the verified files, commit the manifest (even
-    when some stream has a problem: its verified prefix is kept), then raise IngestFailed
-    if any stream had a problem."""
+    """Stitch the ranges' summaries and commit each stream's verified files to its records
+    table (even when the stream has a problem: its verified prefix is kept), then raise
+    IngestFailed if any stream had a problem."""
     by_stream: dict[str, list[dict[str, object]]] = {}
     for summary in summaries:
         by_stream.setdefault(str(summary["stream"]), []).append(summary)
-    start = plan.start
-    manifest = plan.manifest
-    next_manifest = Manifest(version=manifest.version + 1, streams=_copy_streams(manifest))
     outcomes: list[StreamOutcome] = []
-    for stream, (start_seq, start_digest) in sorted(start.items()):
+    versions = plan.store.versions()
+    points = {s: (st.last_seq, st.last_digest_bytes or b"") for s, st in plan.store.streams.items()}
+    for stream, (start_seq, start_digest) in sorted(plan.start.items()):
         outcome = stitch(stream, by_stream.get(stream, []), start_seq, start_digest)
         outcomes.append(outcome)
-        state = next_manifest.streams.setdefault(stream, StreamState())
-        for staged, first_seq, last_seq, records in outcome.paths:
-            path = publish(store, staged, DATA_DIR)
-            state.files.append(RecordFile(path, first_seq, last_seq, records))
-        if outcome.records:
-            state.last_seq = outcome.last_seq
-            state.last_digest = outcome.last_digest.hex()
-            state.records += outcome.records
-        # A segment is ingested once everything in it is stored.
-        state.segments.extend(
-            s.ident
-            for s in plan.new_segments
-            if s.stream == stream and s.last_seq <= state.last_seq
-        )
-    added = sum(o.records for o in outcomes)
-    changed = any(
-        next_manifest.streams[s] != manifest.streams.get(s) for s in next_manifest.streams
-    )
-    if changed:
+        if not outcome.records:
+            continue
+        files = [
+            StagedFile(path, records, first, last) for path, first, last, records in outcome.paths
+        ]
         if before_commit is not None:
             before_commit()
-        commit_manifest(store, next_manifest)
-        version = next_manifest.version
-    else:
-        version = manifest.version
-    drop_staging(store, staging)
+        metadata = {
+            "relay.job": "ingest",
+            "relay.run": run,
+            "relay.first_seq": str(files[0].first_seq),
+            "relay.last_seq": str(outcome.last_seq),
+            "relay.last_digest": outcome.last_digest.hex(),
+            "relay.records_added": str(outcome.records),
+            "relay.outvoted": str(len(outcome.outvoted)),
+        }
+        state = plan.store.streams.get(stream)
+        versions[stream] = commit_records(
+            store, stream, state or StreamState(), files, staging, metadata
+        )
+        points[stream] = (outcome.last_seq, outcome.last_digest)
+    drop_staging(staging)
     outvoted = [(o.stream, relay, seq) for o in outcomes for relay, seq in o.outvoted]
-    quarantined = quarantine(plan.new_segments, outvoted)
+    quarantined = quarantine(plan.to_read, outvoted)
     problems = [o.problem for o in outcomes if o.problem is not None]
     result = IngestResult(
-        version=version,
-        records_added=added,
+        versions=versions,
+        records_added=sum(o.records for o in outcomes),
         segments_read=len(plan.to_read),
-        streams={
-            s: (st.last_seq, st.last_digest_bytes or b"") for s, st in next_manifest.streams.items()
-        },
+        streams=points,
         problems=problems,
         outvoted=outvoted,
         quarantined=quarantined,
@@ -284,20 +276,6 @@ def quarantine(
             target / source.name,
         )
     return moved
-
-
-def _copy_streams(manifest: Manifest) -> dict[str, StreamState]:
-    return {
-        name: StreamState(
-            last_seq=state.last_seq,
-            last_digest=state.last_digest,
-            records=state.records,
-            files=list(state.files),
-            segments=list(state.segments),
-            snapshot=state.snapshot,
-        )
-        for name, state in manifest.streams.items()
-    }
 
 
 # --- snapshot -----------------------------------------------------------------------------
@@ -502,8 +480,9 @@ def fold_and_write(batches: Iterable[pa.RecordBatch], directory: str) -> Iterato
 @dataclass(slots=True)
 class SnapshotTarget:
     stream: str
-    seq: int  # snapshot as of this seq
-    base: SnapshotInfo | None  # the previous snapshot it builds on
+    seq: int  # snapshot as of this seq (a stored record's)
+    digest: bytes  # the stored digest at seq
+    base: SnapshotInfo | None  # the snapshot below it that it builds on
     delta_files: list[RecordFile]  # record files holding seqs in (base seq, seq]
 
     @property
@@ -512,45 +491,28 @@ class SnapshotTarget:
 
 
 def plan_snapshot(
-    manifest: Manifest,
+    store_path: str | os.PathLike[str],
+    store: StoreState,
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
 ) -> list[SnapshotTarget]:
-    """Per stream (of `streams`, if given) with records newer than its snapshot (up to
-    `as_of[stream]` if given): what to build. A requested seq below the previous snapshot
-    rebuilds from the start."""
+    """Per stream (of `streams`, if given) with no snapshot yet at its last stored seq (at
+    the last stored record at or below `as_of[stream]`, if given): what to build, on the
+    highest snapshot below that point."""
     targets = []
-    for stream, state in sorted(manifest.streams.items()):
+    for stream, state in sorted(store.streams.items()):
         if state.records == 0 or (streams is not None and stream not in streams):
             continue
-        seq = min(as_of.get(stream, state.last_seq), state.last_seq) if as_of else state.last_seq
-        base = state.snapshot
-        if base is not None and base.seq == seq:
+        wanted = min(as_of.get(stream, state.last_seq), state.last_seq) if as_of else state.last_seq
+        seq, digest = digest_at(store_path, state, wanted)
+        if seq in state.snapshot_seqs:
             continue
-        if base is not None and base.seq > seq:
-            base = None
+        below = [s for s in state.snapshot_seqs if s < seq]
+        base = load_snapshot(store_path, stream, below[-1]) if below else None
         base_seq = base.seq if base else -1
         files = [f for f in state.files if f.last_seq > base_seq and f.first_seq <= seq]
-        targets.append(SnapshotTarget(stream, seq, base, files))
+        targets.append(SnapshotTarget(stream, seq, digest, base, files))
     return targets
-
-
-def digest_at(store: str | os.PathLike[str], state: StreamState, seq: int) -> tuple[int, bytes]:
-    """The stored point at or below `seq`: (seq of the last record <= seq, its digest)."""
-    if seq >= state.last_seq and state.last_digest:
-        return state.last_seq, bytes.fromhex(state.last_digest)
-    for record_file in reversed(state.files):
-        if record_file.first_seq <= seq:
-            table = pq.read_table(
-                Path(store) / record_file.path,
-                columns=["seq", "digest"],
-                filters=[("seq", "<=", seq)],
-            )
-            if table.num_rows == 0:
-                break
-            index = pc.index(table.column("seq"), pc.max(table.column("seq"))).as_py()
-            return table.column("seq")[index].as_py(), table.column("digest")[index].as_py()
-    raise StoreCorrupt(f"no stored record at or below seq {seq}")
 
 
 class SnapshotWriter:
@@ -590,35 +552,23 @@ class SnapshotWriter:
 
 def finish_snapshot(
     store: str | os.PathLike[str],
-    manifest: Manifest,
     targets: list[SnapshotTarget],
     written: Iterable[dict[str, object]],
     staging: Path,
     before_commit: BeforeCommit | None = None,
 ) -> dict[str, SnapshotInfo]:
-    files: dict[str, list[str]] = {}
-    rows: dict[str, int] = {}
+    """Create each target's snapshot table from the files written for its stream."""
+    files: dict[str, list[StagedFile]] = {}
     for entry in written:
-        stream = str(entry["stream"])
-        files.setdefault(stream, []).append(publish(store, str(entry["path"]), SNAPSHOT_DIR))
         count = entry["rows"]
         assert isinstance(count, int)
-        rows[stream] = rows.get(stream, 0) + count
-    next_manifest = Manifest(version=manifest.version + 1, streams=_copy_streams(manifest))
+        files.setdefault(str(entry["stream"]), []).append(StagedFile(str(entry["path"]), count))
     made = {}
     for target in targets:
-        state = next_manifest.streams[target.stream]
-        seq, digest = digest_at(store, state, target.seq)
-        info = SnapshotInfo(
-            seq=seq,
-            digest=digest.hex(),
-            rows=rows.get(target.stream, 0),
-            files=sorted(files.get(target.stream, [])),
-        )
-        state.snapshot = made[target.stream] = info
-    if made:
         if before_commit is not None:
             before_commit()
-        commit_manifest(store, next_manifest)
-    drop_staging(store, staging)
+        made[target.stream] = commit_snapshot(
+            store, target.stream, target.seq, target.digest, files.get(target.stream, []), staging
+        )
+    drop_staging(staging)
     return made

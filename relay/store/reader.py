@@ -5,10 +5,11 @@
     reader.snapshot(stream)             -> StoredSnapshot(seq, digest, rows) | None
     reader.records_after(stream, seq)   -> iterator of StoredRecord, in seq order
 
-A reader sees the manifest current when it was made (`refresh()` moves it on); the files
-that manifest names stay in place while newer commits happen (vacuum keeps the files of
-the last VACUUM_KEEP_VERSIONS manifests). Records are read file by file in row groups, so
-memory stays bounded whatever the stream's length.
+It reads the store's Delta tables (relay.store.tables). A reader sees each stream's records
+table at the version current when it was made (`refresh()` moves it on); the files that
+version names stay in place while newer commits happen (only a vacuum past the retention
+window removes them). Records are read file by file in row groups, so memory stays
+bounded whatever the stream's length.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.segment import to_unsigned64
 from relay.store.errors import StoreCorrupt, UnknownStoredStream
-from relay.store.manifest import Manifest, StreamState, load_manifest
 from relay.store.plan import SNAPSHOT_SCHEMA
+from relay.store.tables import StoreState, StreamState, latest_snapshot, load_store
 
 RECORD_READ_COLUMNS = ["seq", "key", "value", "producer_id", "producer_seq", "kind", "duplicate"]
 
@@ -56,29 +57,30 @@ class StoredSnapshot:
 class StoreReader:
     def __init__(self, store_path: str | os.PathLike[str]) -> None:
         self.store_path = Path(store_path)
-        self._manifest: Manifest = load_manifest(self.store_path)
+        self._store: StoreState = load_store(self.store_path)
 
     def refresh(self) -> None:
-        self._manifest = load_manifest(self.store_path)
+        self._store = load_store(self.store_path)
 
     @property
-    def version(self) -> int:
-        return self._manifest.version
+    def versions(self) -> dict[str, int]:
+        """Per stream the version of its records table this reader reads."""
+        return self._store.versions()
 
     def streams(self) -> list[str]:
-        return sorted(s for s, st in self._manifest.streams.items() if st.records)
+        return sorted(s for s, st in self._store.streams.items() if st.records)
 
     def last_points(self) -> dict[str, StoredPoint]:
         """Per stream the last stored (seq, digest)."""
         return {
             stream: StoredPoint(state.last_seq, bytes.fromhex(state.last_digest))
-            for stream, state in self._manifest.streams.items()
+            for stream, state in self._store.streams.items()
             if state.records
         }
 
     def snapshot(self, stream: str) -> StoredSnapshot | None:
         """The latest snapshot of `stream`, or None if it has none yet."""
-        info = self._state(stream).snapshot
+        info = latest_snapshot(self.store_path, stream, self._state(stream))
         if info is None:
             return None
         columns = ["entity", "key", "value", "seq"]
@@ -117,7 +119,7 @@ class StoreReader:
                     )
 
     def _state(self, stream: str) -> StreamState:
-        state = self._manifest.streams.get(stream)
+        state = self._store.streams.get(stream)
         if state is None:
             raise UnknownStoredStream(f"the store at {self.store_path} has no stream {stream!r}")
         return state

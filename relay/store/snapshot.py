@@ -8,8 +8,9 @@ per record file reads it (only the seqs after the previous snapshot), expands th
 (`plan.expand_changes`) and folds them to the last change of each (stream, entity, key) by
 (seq, index in its transaction), deletes kept. Reduce side: hash-partitioned by (stream,
 entity, key) with the previous snapshot's rows, folded again, deleted keys dropped, and
-each task writes its rows per stream to Parquet; the driver commits the files with the
-snapshot's seq and the stored digest at that seq in the next manifest.
+each task writes its rows per stream to Parquet; the driver creates each stream's snapshot
+table from them, named by the snapshot's seq, with that seq and the stored digest there in
+its commit (relay.store.tables).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from relay.store.changes import Op
-from relay.store.manifest import SnapshotInfo, load_manifest, new_run
 from relay.store.plan import (
     BeforeCommit,
     expand_and_fold_files,
@@ -29,6 +29,7 @@ from relay.store.plan import (
     plan_snapshot,
 )
 from relay.store.spark import CHANGE_DDL, SNAPSHOT_DDL, SNAPSHOT_WRITE_DDL, parallelism
+from relay.store.tables import SnapshotInfo, load_store, new_run, writing
 
 # The map tasks: a record file and the seqs of it the snapshot takes.
 DELTA_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT"
@@ -41,14 +42,25 @@ def snapshot(
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
     before_commit: BeforeCommit | None = None,
+    lock_wait_s: float = 0.0,
 ) -> dict[str, SnapshotInfo]:
-    """Build the snapshot of every stream (of `streams`, if given) with records newer than
-    its last snapshot (as of `as_of[stream]`, else its last stored seq). Returns the new
+    """Build the snapshot of every stream (of `streams`, if given) as of its last stored
+    seq (as of `as_of[stream]` if given), unless it has one there. Returns the new
     snapshots by stream."""
+    with writing(store_path, "snapshot", lock_wait_s):
+        return _snapshot(spark, store_path, as_of, streams, before_commit)
+
+
+def _snapshot(
+    spark: Any,
+    store_path: str,
+    as_of: dict[str, int] | None,
+    streams: Collection[str] | None,
+    before_commit: BeforeCommit | None,
+) -> dict[str, SnapshotInfo]:
     from pyspark.sql import functions as F
 
-    manifest = load_manifest(store_path)
-    targets = plan_snapshot(manifest, as_of, streams)
+    targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
     if not targets:
         return {}
     store = Path(store_path)
@@ -91,4 +103,4 @@ def snapshot(
         .collect()
     ]
     spark.sparkContext.setJobDescription(None)
-    return finish_snapshot(store_path, manifest, targets, written, staging, before_commit)
+    return finish_snapshot(store_path, targets, written, staging, before_commit)

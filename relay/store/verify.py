@@ -4,7 +4,7 @@
 The stored records of all streams are range-partitioned on (stream, seq); each task
 checks the links inside its range (`chaincheck.check_sorted`, writing nothing) and the
 driver stitches the ranges from each stream's genesis digest. Every stream must end at
-the last point and record count its manifest names. Raises VerifyFailed listing every
+the last point and record count its records table names. Raises VerifyFailed listing every
 problem (exit status 2 from the command).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from relay.store import chaincheck
 from relay.store.errors import ChainProblem, VerifyFailed
-from relay.store.manifest import Manifest, load_manifest
 from relay.store.spark import RECORD_DDL, SUMMARY_DDL, parallelism
+from relay.store.tables import StoreState, load_store
 
 # Stored bytes per range task.
 RANGE_INPUT_BYTES = 64 * 1024 * 1024
@@ -27,8 +27,8 @@ def verify(spark: Any, store_path: str) -> dict[str, tuple[int, bytes]]:
     """Every stream's (last seq, last digest), checked from genesis. Raises VerifyFailed."""
     from pyspark.sql import functions as F
 
-    manifest = load_manifest(store_path)
-    paths = [str(Path(store_path) / f.path) for s in manifest.streams.values() for f in s.files]
+    store = load_store(store_path)
+    paths = [str(Path(store_path) / f.path) for s in store.streams.values() for f in s.files]
     summaries: list[dict[str, object]] = []
     if paths:
         input_bytes = sum(Path(p).stat().st_size for p in paths)
@@ -55,17 +55,17 @@ def verify(spark: Any, store_path: str) -> dict[str, tuple[int, bytes]]:
             {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
             for row in checked.collect()
         ]
-    return judge(manifest, summaries)
+    return judge(store, summaries)
 
 
-def judge(manifest: Manifest, summaries: list[dict[str, object]]) -> dict[str, tuple[int, bytes]]:
-    """Stitch each stream from genesis and compare with its manifest entry."""
+def judge(store: StoreState, summaries: list[dict[str, object]]) -> dict[str, tuple[int, bytes]]:
+    """Stitch each stream from genesis and compare with where its table says it ends."""
     by_stream: dict[str, list[dict[str, object]]] = {}
     for summary in summaries:
         by_stream.setdefault(str(summary["stream"]), []).append(summary)
     problems = []
     points = {}
-    for stream, state in sorted(manifest.streams.items()):
+    for stream, state in sorted(store.streams.items()):
         start_seq, start_digest = chaincheck.start_point(stream, None, None)
         outcome = chaincheck.stitch(stream, by_stream.get(stream, []), start_seq, start_digest)
         if outcome.problem is not None:
@@ -79,7 +79,7 @@ def judge(manifest: Manifest, summaries: list[dict[str, object]]) -> dict[str, t
                 ChainProblem(
                     f"stream {stream!r}: the stored records end at seq {outcome.last_seq} "
                     f"({outcome.records} records, digest {outcome.last_digest.hex()}) but the "
-                    f"manifest says seq {state.last_seq} ({state.records} records, digest "
+                    f"table says seq {state.last_seq} ({state.records} records, digest "
                     f"{state.last_digest})",
                     stream=stream,
                     seq=outcome.last_seq,

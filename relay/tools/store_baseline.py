@@ -1,7 +1,7 @@
 """The same ingest, snapshot and verify as the Spark jobs, in one pyarrow process: the
 yardstick of `scripts/bench_store.py`, and a way to build a store without a JVM.
 
-It writes the same store (same files, same manifest) through the same shared code
+It writes the same store (the same tables) through the same shared code
 (`chaincheck`, `plan`): ingest runs the Spark job's range tasks one after the other.
 """
 
@@ -15,7 +15,6 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.store import chaincheck
 from relay.store.changes import Op
-from relay.store.manifest import SnapshotInfo, StreamState, load_manifest, new_run, vacuum
 from relay.store.plan import (
     CHANGE_SCHEMA,
     SNAPSHOT_SCHEMA,
@@ -33,6 +32,7 @@ from relay.store.plan import (
     range_bytes_for,
     read_delta,
 )
+from relay.store.tables import SnapshotInfo, StreamState, load_store, new_run, writing
 from relay.store.verify import judge
 
 # Rows per batch handed to the checker (as Spark's Arrow batches).
@@ -40,18 +40,20 @@ BATCH_ROWS = 20_000
 
 
 def ingest_baseline(
-    spool_root: str, store_path: str, *, before_commit: BeforeCommit | None = None
+    spool_root: str,
+    store_path: str,
+    *,
+    before_commit: BeforeCommit | None = None,
+    lock_wait_s: float = 0.0,
 ) -> IngestResult:
-    Path(store_path).mkdir(parents=True, exist_ok=True)
-    vacuum(store_path)
-    manifest = load_manifest(store_path)
-    plan = plan_ingest(spool_root, manifest)
-    _run, staging = new_run(store_path)
-    summaries: list[dict[str, object]] = []
-    # The same range tasks as the Spark job, one after the other (sized as for one core).
-    for ingest_range in plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=1)):
-        summaries.extend(check_range(ingest_range, str(staging)))
-    return finish_ingest(store_path, plan, summaries, staging, before_commit)
+    with writing(store_path, "ingest (baseline)", lock_wait_s):
+        plan = plan_ingest(spool_root, load_store(store_path))
+        run, staging = new_run(store_path)
+        summaries: list[dict[str, object]] = []
+        # The same range tasks as the Spark job, one after the other (sized as for one core).
+        for ingest_range in plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=1)):
+            summaries.extend(check_range(ingest_range, str(staging)))
+        return finish_ingest(store_path, plan, summaries, staging, run, before_commit)
 
 
 def snapshot_baseline(
@@ -60,9 +62,19 @@ def snapshot_baseline(
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
     before_commit: BeforeCommit | None = None,
+    lock_wait_s: float = 0.0,
 ) -> dict[str, SnapshotInfo]:
-    manifest = load_manifest(store_path)
-    targets = plan_snapshot(manifest, as_of, streams)
+    with writing(store_path, "snapshot (baseline)", lock_wait_s):
+        return _snapshot(store_path, as_of, streams, before_commit)
+
+
+def _snapshot(
+    store_path: str,
+    as_of: dict[str, int] | None,
+    streams: Collection[str] | None,
+    before_commit: BeforeCommit | None,
+) -> dict[str, SnapshotInfo]:
+    targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
     if not targets:
         return {}
     store = Path(store_path)
@@ -99,15 +111,15 @@ def snapshot_baseline(
         for batch in latest.to_batches(max_chunksize=BATCH_ROWS):
             writer.write(batch)
     written = writer.close()
-    return finish_snapshot(store_path, manifest, targets, written, staging, before_commit)
+    return finish_snapshot(store_path, targets, written, staging, before_commit)
 
 
 def verify_baseline(store_path: str) -> dict[str, tuple[int, bytes]]:
-    manifest = load_manifest(store_path)
+    store = load_store(store_path)
     summaries: list[dict[str, object]] = []
-    for state in manifest.streams.values():
+    for state in store.streams.values():
         summaries.extend(chaincheck.check_sorted(_stored_batches(store_path, state), _discard))
-    return judge(manifest, summaries)
+    return judge(store, summaries)
 
 
 def _stored_batches(store_path: str, state: StreamState) -> Iterator[pa.RecordBatch]:
