@@ -196,6 +196,19 @@ _key_file_option = click.option(
     help="This client's CurveZMQ secret key file, when the topology has security.curve on "
     "[env RELAY_KEY_FILE; default: the topology's security.client_key_file].",
 )
+
+
+def _setup_logging(log_level: str) -> None:
+    """One log line format for the long-running commands (`relay run`, `relay store run`)."""
+    import logging
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
 _log_level_option = click.option(
     "--log-level",
     "log_level",
@@ -399,7 +412,6 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
     cannot start (e.g. its port is taken, or another process of this machine runs it).
     """
     import asyncio
-    import logging
     import signal
 
     import zmq
@@ -425,11 +437,7 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     _warn_config(config.warnings)
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    _setup_logging(log_level)
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # before or after the node's own handlers are installed
@@ -693,6 +701,28 @@ def _status_document(config_path: str, replies: dict[int, StatusReply]) -> dict[
     }
 
 
+def _store_document(store_dir: Path, relays: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What `relay store run` last left in the store (relay.storerun), and per stream how
+    far the store is behind the relays' commits (by the time in the seqs)."""
+    from relay.core.seq import ms_of
+    from relay.storerun import read_status
+
+    runner = read_status(store_dir)
+    if runner is None:
+        return None
+    committed: dict[str, int] = {}
+    for entry in relays:
+        for name, info in ((entry["status"] or {}).get("streams") or {}).items():
+            if isinstance(info.get("committed"), int):
+                committed[name] = max(committed.get(name, -1), info["committed"])
+    behind = {}
+    for name, stream in (runner.get("streams") or {}).items():
+        if isinstance(stream, dict) and name in committed and committed[name] >= 0:
+            stored = int(stream.get("last_seq", -1))
+            behind[name] = max(0, ms_of(committed[name]) - ms_of(stored)) if stored >= 0 else None
+    return {"runner": runner, "behind_ms": behind}
+
+
 def _counters_text(status: dict[str, Any]) -> str:
     counters: dict[str, int] = dict(status.get("counters") or {})
     node = status.get("node") or {}
@@ -785,9 +815,59 @@ def _print_status(doc: dict[str, Any]) -> None:
             )
     console = Console()
     console.print(relays)
-    for table in (streams, spools):
+    for table in (streams, spools, *_store_tables(doc.get("store"))):
         if table.row_count:
             console.print(table)
+
+
+def _store_tables(store: dict[str, Any] | None) -> list[Any]:
+    """The store runner's last jobs and where each stream stands in the store."""
+    import time
+
+    from rich.table import Table
+
+    if not store:
+        return []
+    runner = store["runner"]
+    now_ms = time.time() * 1000
+    updated_s = (now_ms - runner.get("updated_ms", now_ms)) / 1000
+    jobs = Table(
+        title=f"store runner (pid {runner.get('pid')} on {runner.get('host')}, "
+        f"{runner.get('engine')}; last seen {updated_s:.0f} s ago)"
+    )
+    for name in ("job", "last run", "took", "result", "runs", "failed"):
+        jobs.add_column(name, justify="right" if name in ("took", "runs", "failed") else "left")
+    for job, last in sorted((runner.get("last") or {}).items()):
+        ago_s = (now_ms - last.get("started_ms", now_ms)) / 1000
+        figures = ", ".join(
+            f"{k}={v}" for k, v in (last.get("figures") or {}).items() if k != "changed"
+        )
+        result = figures if last.get("ok") else f"[red]{last.get('error')}[/red]"
+        failures = (runner.get("failures") or {}).get(job, 0)
+        jobs.add_row(
+            job,
+            f"{ago_s:.0f} s ago",
+            f"{last.get('duration_ms', 0)} ms",
+            result or "-",
+            str((runner.get("runs") or {}).get(job, 0)),
+            f"[red]{failures}[/red]" if failures else "0",
+        )
+    streams = Table(title="store streams")
+    for name in ("stream", "stored seq", "behind relays", "records", "files", "snapshot seq"):
+        streams.add_column(name, justify="left" if name == "stream" else "right")
+    for name, stream in sorted((runner.get("streams") or {}).items()):
+        if not isinstance(stream, dict):
+            continue
+        behind = store["behind_ms"].get(name)
+        streams.add_row(
+            name,
+            str(stream.get("last_seq")),
+            "-" if behind is None else f"{behind / 1000:.1f} s",
+            str(stream.get("records")),
+            str(stream.get("files")),
+            str(stream.get("snapshot_seq") or "-"),
+        )
+    return [jobs, streams]
 
 
 @main.command()
@@ -822,6 +902,7 @@ def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | No
     endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
     curve = _client_curve(config, key_file)
     doc = _status_document(config_path, query_status(endpoints, timeout_s, curve))
+    doc["store"] = _store_document(config.store_dir, doc["relays"])
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -1901,6 +1982,45 @@ def store_snapshot(
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store snapshot")
     sys.exit(storecmd.snapshot(config, master, stream, as_of))
+
+
+@store.command("run")
+@_config_option
+@click.option(
+    "--engine",
+    type=click.Choice(["spark", "baseline"]),
+    default="spark",
+    show_default=True,
+    help="Spark, or the pyarrow baseline in this one process (no JVM).",
+)
+@_master_option
+@click.option("--once", is_flag=True, help="Run every job once, then exit.")
+@_log_level_option
+@_key_file_option
+def store_run(
+    config_path: str, engine: str, master: str, once: bool, log_level: str, key_file: str | None
+) -> None:
+    """Keep the store up to date: ingest, snapshot (and retire old records), compact and
+    vacuum on the schedule of the topology's `store:` section, until Ctrl-C or SIGTERM.
+
+    Each job holds the store's writer lock; one log line per job that changed something;
+    figures in <store>/_runner.json and `relay status`. Exit codes: 0 stopped (or, with
+    --once, every job done), 1 a job of --once failed or an error.
+    """
+    from relay import storecmd
+
+    config = _load_config(config_path)
+    _require_admin(config, key_file, "relay store run")
+    _setup_logging(log_level)
+    if engine == "spark":
+        from relay.storerun import SparkEngine
+
+        runner_engine: Any = SparkEngine(master)
+    else:
+        from relay.tools.store_baseline import BaselineEngine
+
+        runner_engine = BaselineEngine()
+    sys.exit(storecmd.run(config, runner_engine, once=once))
 
 
 @store.command("verify")

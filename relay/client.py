@@ -906,6 +906,12 @@ class _StoreFeed:
             if request.refresh:
                 self._reader.refresh()
             point = self._reader.last_points().get(stream)
+            if point is not None and -1 < request.after_seq < self._reader.retained_after(stream):
+                # Retention removed the records right after the position (they live on
+                # only in snapshots): the store cannot serve it. ("From the beginning"
+                # reads from the first record it keeps.)
+                self._records = None
+                return StoreBatch(request, [], None, True)
             if point is None or point.seq <= request.after_seq:
                 self._records = None
                 return StoreBatch(request, [], None if point is None else point.seq, True)

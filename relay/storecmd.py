@@ -122,6 +122,32 @@ def snapshot(config: MeshConfig, master: str, stream: str | None, as_of: int | N
     return _with_session(master, "relay-store-snapshot", job)
 
 
+def run(config: MeshConfig, engine: Any, *, once: bool = False) -> int:
+    """`relay store run`: the store's jobs on the topology's `store:` schedule until SIGINT
+    or SIGTERM (the job under way finishes first), or one round with `once`. Exit 0, or 1
+    when a round of `once` had a failed job."""
+    import signal
+
+    from relay.storerun import StoreRunner
+
+    runner = StoreRunner(config.store, config.spool_dir, config.store_dir, engine)
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, stopping) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if once:
+            return 0 if all(f.ok for f in runner.step()) else EXIT_ERROR
+        runner.run(stop)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        engine.close()
+
+
 def verify(config: MeshConfig, master: str) -> int:
     from relay.store.verify import verify as run_verify
 

@@ -19,6 +19,18 @@ The file format (`config/topology.yaml` is the commented example)::
       segment_max_bytes: 16777216 # a segment closes at this size ...
       segment_max_age_ms: 10000   # ... or this age
       disk_max_bytes: 10737418240 # per relay; once full the relay stops voting (5.14)
+    store:                        # optional: how `relay store run` keeps the store
+      ingest_interval_s: 10       # ingest the spools this often
+      snapshot_interval_s: 300    # snapshot the streams with new records this often
+      keep_deltas_s: 604800       # records older than this (by seq time) are kept only as
+                                  # snapshots; default: every record is kept
+      keep_snapshots: 10          # snapshots per stream (the newest)
+      compact_interval_s: 300     # merge runs of record files smaller than
+      compact_below_bytes: 8388608    # this into files of about
+      compact_target_bytes: 134217728 # this
+      vacuum_interval_s: 3600     # delete files no version of the last
+      vacuum_retention_hours: 24  # this many hours needs
+      lock_wait_s: 60             # wait this long for another job's writer lock
     security:                     # optional (docs/security.md)
       curve: true                 # CurveZMQ on every socket; default false
       keys_dir: ../data/keys      # relative to the file; default <data_dir>/keys
@@ -136,6 +148,22 @@ class SpoolSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """How `relay store run` keeps the store (relay.store.runner; docs/store.md 7)."""
+
+    ingest_interval_s: int = 10
+    snapshot_interval_s: int = 300
+    keep_deltas_s: int | None = None  # None: keep every record
+    keep_snapshots: int = 10
+    compact_interval_s: int = 300
+    compact_below_bytes: int = 8 * 1024 * 1024
+    compact_target_bytes: int = 128 * 1024 * 1024
+    vacuum_interval_s: int = 3600
+    vacuum_retention_hours: int = 24
+    lock_wait_s: int = 60
+
+
+@dataclass(frozen=True)
 class SecuritySettings:
     """CurveZMQ on every socket (`curve`), where this machine's keys are (`keys_dir`,
     absolute), and the client key tools use when given none (`client_key_file`)."""
@@ -155,6 +183,7 @@ class MeshConfig:
     warnings: tuple[str, ...]  # e.g. a declared stream with fewer than 3 relays
     data_dir: Path  # absolute; for the spool and the store
     spool: SpoolSettings = SpoolSettings()
+    store: StoreSettings = StoreSettings()
     security: SecuritySettings = SecuritySettings()
     access: AccessPolicy = dataclasses.field(default_factory=AccessPolicy)
 
@@ -346,6 +375,15 @@ def _check_positive(value: int) -> int:
 _Positive = Annotated[int, AfterValidator(_check_positive)]
 
 
+def _check_non_negative(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"must be zero or more, got {value}")
+    return value
+
+
+_NonNegative = Annotated[int, AfterValidator(_check_non_negative)]
+
+
 class _SpoolModel(BaseModel):
     model_config = _STRICT
 
@@ -353,6 +391,21 @@ class _SpoolModel(BaseModel):
     segment_max_bytes: _Positive = SpoolSettings.segment_max_bytes
     segment_max_age_ms: _Positive = SpoolSettings.segment_max_age_ms
     disk_max_bytes: _Positive = SpoolSettings.disk_max_bytes
+
+
+class _StoreModel(BaseModel):
+    model_config = _STRICT
+
+    ingest_interval_s: _Positive = StoreSettings.ingest_interval_s
+    snapshot_interval_s: _Positive = StoreSettings.snapshot_interval_s
+    keep_deltas_s: _Positive | None = StoreSettings.keep_deltas_s
+    keep_snapshots: _Positive = StoreSettings.keep_snapshots
+    compact_interval_s: _Positive = StoreSettings.compact_interval_s
+    compact_below_bytes: _Positive = StoreSettings.compact_below_bytes
+    compact_target_bytes: _Positive = StoreSettings.compact_target_bytes
+    vacuum_interval_s: _Positive = StoreSettings.vacuum_interval_s
+    vacuum_retention_hours: _NonNegative = StoreSettings.vacuum_retention_hours
+    lock_wait_s: _NonNegative = StoreSettings.lock_wait_s
 
 
 class _SecurityModel(BaseModel):
@@ -381,6 +434,7 @@ class _FileModel(BaseModel):
     limits: dict[str, Any] | None = None
     data_dir: Annotated[str, AfterValidator(_check_data_dir)] | None = None
     spool: _SpoolModel | None = None
+    store: _StoreModel | None = None
     security: _SecurityModel | None = None
     access: dict[Annotated[str, AfterValidator(_check_client_name)], _ClientModel] | None = None
 
@@ -399,6 +453,7 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "streams": tuple(_StreamModel.model_fields),
     "limits": _LIMIT_FIELDS,
     "spool": tuple(_SpoolModel.model_fields),
+    "store": tuple(_StoreModel.model_fields),
     "security": tuple(_SecurityModel.model_fields),
     "access": tuple(_ClientModel.model_fields),
 }
@@ -607,6 +662,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
         warnings=tuple(f"{file}: {at}: {text}" for at, text in warnings),
         data_dir=data_dir,
         spool=SpoolSettings(**model.spool.model_dump()) if model.spool else SpoolSettings(),
+        store=StoreSettings(**model.store.model_dump()) if model.store else StoreSettings(),
         security=SecuritySettings(
             curve=security.curve,
             keys_dir=keys_dir,

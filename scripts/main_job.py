@@ -13,6 +13,11 @@
    and reads the stream from `earliest` with a Consumer: the store's history first, then
    the relays, and checks that both batches came back once and in order across the
    handover, after everything stored before.
+3. Meanwhile `relay store run` (Spark) runs in the background from the restart on: the
+   job waits until it has ingested the second batch too, stops it (SIGTERM), reads the
+   stream's Delta table with Polars (through deltalake) and DuckDB (over the table's file
+   list) and checks that every committed seq is in it once, then runs `relay store
+   verify` (Spark reads the same file list and checks the chain).
 Prints a short summary. The mesh is always stopped before the job ends.
 
 Exit codes: 0 on success, 1 if a transaction did not commit or the read-back does not match,
@@ -51,6 +56,10 @@ START_TIMEOUT_S = 20.0  # for every relay to come up
 READ_IDLE_S = 0.5  # the consumer's wait for a record before checking whether it is done
 READ_TIMEOUT_S = 30.0  # for the whole read-back
 STORE_JOB_TIMEOUT_S = 600.0  # one `relay store` command (Spark starts a JVM)
+# `relay store run` in the background: ingests every 10 s (config/topology.yaml); how long
+# the job waits for it to store the second batch, and polls its status while it waits
+STORE_RUN_CATCH_UP_S = 300.0
+STORE_RUN_POLL_S = 0.5
 SHOW_PROBLEMS = 5  # problems printed of each kind
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_MESH, EXIT_STORE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -337,6 +346,75 @@ def store_command(config_path: Path, *words: str) -> bool:
     return True
 
 
+def start_store_run(config_path: Path, log_dir: Path) -> subprocess.Popen[bytes]:
+    """`relay store run` in the background, as an operator runs it beside the mesh."""
+    command = [sys.executable, "-m", "relay", "store", "run", "--config", str(config_path)]
+    say(f"$ relay store run --config {shown(config_path)} &  (log: {log_dir / 'store-run.log'})")
+    with open(log_dir / "store-run.log", "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_store_run(runner: subprocess.Popen[bytes]) -> None:
+    if runner.poll() is None:
+        runner.send_signal(signal.SIGTERM)
+        try:
+            runner.wait(timeout=STORE_JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            runner.wait()
+
+
+def catch_up(config: MeshConfig, runner: subprocess.Popen[bytes], produced: Produced) -> list[str]:
+    """Wait until the runner's status shows the stream stored up to the last committed seq;
+    the problems if it does not get there."""
+    from relay.storerun import read_status
+
+    last = max(produced.committed)
+    started = time.monotonic()
+    deadline = started + STORE_RUN_CATCH_UP_S
+    while time.monotonic() < deadline:
+        if runner.poll() is not None:
+            return [f"relay store run exited {runner.returncode} (see store-run.log)"]
+        status = read_status(config.store_dir) or {}
+        stream = (status.get("streams") or {}).get(STREAM) or {}
+        if int(stream.get("last_seq", -1)) >= last:
+            say(
+                f"relay store run stored through seq {last} {time.monotonic() - started:.1f} s "
+                f"after the second batch was read (jobs run: {status.get('runs')})"
+            )
+            return []
+        time.sleep(STORE_RUN_POLL_S)
+    return [f"seq {last} not stored within {STORE_RUN_CATCH_UP_S:g} s"]
+
+
+def read_tables(config: MeshConfig, produced: Produced) -> list[str]:
+    """Read the stream's Delta table with Polars (deltalake) and DuckDB (its file list):
+    the problems if a committed seq is missing or stored twice."""
+    import duckdb
+    import polars as pl
+    from deltalake import DeltaTable
+
+    from relay.store.tables import records_table
+
+    path = records_table(config.store_dir, STREAM)
+    table = DeltaTable(str(path))
+    seqs = pl.read_delta(str(path)).get_column("seq").to_list()
+    uris = table.file_uris()
+    query = f"select count(*), count(distinct seq) from read_parquet({uris!r})"
+    rows, distinct = duckdb.execute(query).fetchall()[0]
+    say(
+        f"Delta table {shown(path)}: version {table.version()}, {len(uris)} files; Polars read "
+        f"{len(seqs)} records, DuckDB {rows} ({distinct} distinct seqs)"
+    )
+    found: list[str] = []
+    if len(seqs) != len(set(seqs)) or rows != distinct or rows != len(seqs):
+        found.append("a seq is stored more than once")
+    missing = set(produced.committed) - set(seqs)
+    if missing:
+        found.append(f"{len(missing)} committed seqs are not in the table, e.g. {min(missing)}")
+    return found
+
+
 def consume_command(config_path: Path, expected: list[int]) -> list[str]:
     """Run `relay consume --from earliest` as a user would; the problems with what it
     printed, given the seqs the in-process read got (`expected`, in order)."""
@@ -394,6 +472,7 @@ def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int
         mesh = start_mesh(config_path, log_dir)
         if mesh is None:
             return EXIT_MESH
+        runner = start_store_run(config_path, log_dir)
         try:
             more, more_id = produce(config, source, count, first=count)
             batches.append(more)
@@ -402,8 +481,15 @@ def run(config_path: Path, config: MeshConfig, count: int, log_dir: Path) -> int
             whole = read_back(config, reader, (producer_id, more_id), both, use_store=True)
             report_read(whole, reader)
             printed = consume_command(config_path, whole.all_seqs)
+            problems.append(
+                ("`relay store run` did not store everything:", catch_up(config, runner, both))
+            )
         finally:
+            stop_store_run(runner)
             stop_mesh(mesh)
+        problems.append(("the Delta table does not match:", read_tables(config, both)))
+        if not store_command(config_path, "verify"):
+            return EXIT_STORE
         problems.append(
             (f"{len(more.failures)} of {count} transactions did not commit:", more.failures)
         )

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
-    ("incarnation", "hoptrace", "loop"),
+    ("incarnation", "hoptrace", "loop", "storerun"),
     ("service", "engines", "spool", "sockets", "acceptors", "security", "metasync"),
     ("wire", "topology", "store"),
     ("segment", "access", "meta"),

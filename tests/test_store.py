@@ -200,7 +200,7 @@ def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path:
     from relay.store.snapshot import snapshot
 
     full = _streams(800)
-    first = [_slice(r, 0, 500) for r in full]
+    first = [r.slice(0, 500) for r in full]
     spool, store = str(tmp_path / "spool"), tmp_path / "store"
     write_spools(spool, first, segment_records=120)
     ingest(spark, spool, str(store))
@@ -297,9 +297,7 @@ def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:
     records = generate("gappy", 300)
     spool = tmp_path / "spool"
     # No relay holds records 100..149: record 150 does not chain from record 99.
-    write_spools(
-        str(spool), [_slice(records, 0, 100), _slice(records, 150, 300)], segment_records=60
-    )
+    write_spools(str(spool), [records.slice(0, 100), records.slice(150, 300)], segment_records=60)
     with pytest.raises(IngestFailed, match="does not chain from seq") as failure:
         ingest(spark, str(spool), str(tmp_path / "store"))
     [problem] = failure.value.problems
@@ -315,7 +313,7 @@ def test_a_crash_before_commit_leaves_the_store_as_it_was(
 
     full = _streams(400)
     spool, store = str(tmp_path / "spool"), tmp_path / "store"
-    write_spools(spool, [_slice(r, 0, 200) for r in full], segment_records=100)
+    write_spools(spool, [r.slice(0, 200) for r in full], segment_records=100)
     ingest(spark, spool, str(store))
     before = _stored_rows(store)
     versions = load_store(store).versions()
@@ -552,7 +550,7 @@ def test_the_tables_read_as_delta_tables_elsewhere(tmp_path: Path) -> None:
         assert len(DeltaTable(path).to_pandas()) == len(records)
         uris = DeltaTable(path).file_uris()
         query = f"select count(*), max(seq) from read_parquet({uris!r})"
-        assert duckdb.sql(query).fetchall() == [(len(records), records.seqs[-1])]
+        assert duckdb.execute(query).fetchall() == [(len(records), records.seqs[-1])]
         snapshot = _rows_of_snapshot_table(store, records.stream, records.seqs[-1])
         assert snapshot == _expected_snapshot(records)
 
@@ -585,7 +583,7 @@ def test_a_store_of_the_manifest_layout_is_converted(tmp_path: Path) -> None:
 
     full = _streams(300)
     spool, store = str(tmp_path / "spool"), tmp_path / "store"
-    write_spools(spool, [_slice(r, 0, 200) for r in full], segment_records=60)
+    write_spools(spool, [r.slice(0, 200) for r in full], segment_records=60)
     store_baseline.ingest_baseline(spool, str(store))
     store_baseline.snapshot_baseline(str(store))
     _to_manifest_layout(store)
@@ -652,25 +650,6 @@ def _to_manifest_layout(store: Path) -> None:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _slice(records: StreamRecords, start: int, stop: int) -> StreamRecords:
-    return StreamRecords(
-        records.stream,
-        *(
-            getattr(records, name)[start:stop]
-            for name in (
-                "seqs",
-                "digests",
-                "producer_ids",
-                "producer_seqs",
-                "keys",
-                "values",
-                "kinds",
-                "duplicates",
-            )
-        ),
-    )
 
 
 def _rewrite_relay_copy(

@@ -78,6 +78,11 @@ class StoreReader:
             if state.records
         }
 
+    def retained_after(self, stream: str) -> int:
+        """The seq of the snapshot the stream's kept records continue from, once retention
+        removed older ones (-1: the records start at the beginning)."""
+        return self._state(stream).retained_after
+
     def snapshot(self, stream: str) -> StoredSnapshot | None:
         """The latest snapshot of `stream`, or None if it has none yet."""
         info = latest_snapshot(self.store_path, stream, self._state(stream))

@@ -102,6 +102,7 @@ class RecordFile:
     first_seq: int
     last_seq: int
     records: int
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,9 @@ class StreamState:
     files: list[RecordFile] = field(default_factory=list)  # in seq order
     version: int = -1  # of the records table; -1: no table yet
     snapshot_seqs: list[int] = field(default_factory=list)  # ascending
+    # The snapshot the first kept record continues from when retention removed the
+    # records before it (relay.store.maintain); -1: the records start at the genesis.
+    retained_after: int = -1
 
     @property
     def last_digest_bytes(self) -> bytes | None:
@@ -168,11 +172,13 @@ def load_stream(
     prefix = str(path.relative_to(store))
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows:
-        columns = actions.select(["path", "min.seq", "max.seq", "num_records"]).to_pylist()
+        names = ["path", "min.seq", "max.seq", "num_records", "size_bytes"]
         state.files = sorted(
             (
-                RecordFile(f"{prefix}/{a['path']}", a["min.seq"], a["max.seq"], a["num_records"])
-                for a in columns
+                RecordFile(f"{prefix}/{path}", first, last, records, size)
+                for path, first, last, records, size in zip(
+                    *(actions.column(n).to_pylist() for n in names), strict=True
+                )
             ),
             key=lambda f: f.first_seq,
         )
@@ -180,6 +186,8 @@ def load_stream(
         state.last_seq = state.files[-1].last_seq
         if digests:
             state.last_digest = _digest_in(Path(store) / state.files[-1].path, state.last_seq).hex()
+        below = [s for s in state.snapshot_seqs if s < state.files[0].first_seq]
+        state.retained_after = below[-1] if below else -1
     return state
 
 

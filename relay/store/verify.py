@@ -17,7 +17,7 @@ from typing import Any
 from relay.store import chaincheck
 from relay.store.errors import ChainProblem, VerifyFailed
 from relay.store.spark import RECORD_DDL, SUMMARY_DDL, parallelism
-from relay.store.tables import StoreState, load_store
+from relay.store.tables import StoreState, load_snapshot, load_store
 
 # Stored bytes per range task.
 RANGE_INPUT_BYTES = 64 * 1024 * 1024
@@ -55,11 +55,14 @@ def verify(spark: Any, store_path: str) -> dict[str, tuple[int, bytes]]:
             {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
             for row in checked.collect()
         ]
-    return judge(store, summaries)
+    return judge(store_path, store, summaries)
 
 
-def judge(store: StoreState, summaries: list[dict[str, object]]) -> dict[str, tuple[int, bytes]]:
-    """Stitch each stream from genesis and compare with where its table says it ends."""
+def judge(
+    store_path: str, store: StoreState, summaries: list[dict[str, object]]
+) -> dict[str, tuple[int, bytes]]:
+    """Stitch each stream from its genesis (or from the snapshot its kept records continue
+    from, after retention) and compare with where its table says it ends."""
     by_stream: dict[str, list[dict[str, object]]] = {}
     for summary in summaries:
         by_stream.setdefault(str(summary["stream"]), []).append(summary)
@@ -67,6 +70,9 @@ def judge(store: StoreState, summaries: list[dict[str, object]]) -> dict[str, tu
     points = {}
     for stream, state in sorted(store.streams.items()):
         start_seq, start_digest = chaincheck.start_point(stream, None, None)
+        if state.retained_after >= 0:
+            anchor = load_snapshot(store_path, stream, state.retained_after)
+            start_seq, start_digest = anchor.seq, bytes.fromhex(anchor.digest)
         outcome = chaincheck.stitch(stream, by_stream.get(stream, []), start_seq, start_digest)
         if outcome.problem is not None:
             problems.append(outcome.problem)

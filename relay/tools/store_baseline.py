@@ -119,7 +119,7 @@ def verify_baseline(store_path: str) -> dict[str, tuple[int, bytes]]:
     summaries: list[dict[str, object]] = []
     for state in store.streams.values():
         summaries.extend(chaincheck.check_sorted(_stored_batches(store_path, state), _discard))
-    return judge(store, summaries)
+    return judge(store_path, store, summaries)
 
 
 def _stored_batches(store_path: str, state: StreamState) -> Iterator[pa.RecordBatch]:
@@ -131,3 +131,19 @@ def _stored_batches(store_path: str, state: StreamState) -> Iterator[pa.RecordBa
 
 def _discard(stream: str, rows: pa.RecordBatch) -> None:
     pass
+
+
+class BaselineEngine:
+    """The baseline as an engine of `relay store run` (relay.storerun.Engine): one process,
+    no JVM (`relay store run --engine baseline`)."""
+
+    name = "baseline"
+
+    def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> IngestResult:
+        return ingest_baseline(spool_root, store, lock_wait_s=lock_wait_s)
+
+    def snapshot(self, store: str, lock_wait_s: float) -> dict[str, SnapshotInfo]:
+        return snapshot_baseline(store, lock_wait_s=lock_wait_s)
+
+    def close(self) -> None:
+        pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
@@ -43,6 +43,11 @@ class StreamRecords:
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+    def slice(self, start: int, stop: int) -> StreamRecords:
+        """Records [start, stop): what a relay spooled of the stream, for example."""
+        columns = [f.name for f in fields(self) if f.name != "stream"]
+        return StreamRecords(self.stream, *(getattr(self, c)[start:stop] for c in columns))
 
     def table(self, relay: int, start: int = 0, stop: int | None = None) -> pa.Table:
         """Rows [start, stop) as a spool segment of `relay`."""
