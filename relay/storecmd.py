@@ -81,7 +81,8 @@ def ingest(config: MeshConfig, master: str) -> int:
         result = run_ingest(spark, str(config.spool_dir), str(config.store_dir))
         print(
             f"ingest: {result.records_added} records from {result.segments_read} segments "
-            f"into {config.store_dir}"
+            f"into {config.store_dir} ({result.copies_checked} other relays' copies compared "
+            "in content)"
         )
         for stream, (seq, digest) in sorted(result.streams.items()):
             version = result.versions.get(stream, -1)
@@ -152,11 +153,17 @@ def verify(config: MeshConfig, master: str) -> int:
     from relay.store.verify import verify as run_verify
 
     def job(spark: Any) -> int:
-        points = run_verify(spark, str(config.store_dir))
-        for stream, (seq, digest) in sorted(points.items()):
+        verified = run_verify(spark, str(config.store_dir))
+        for stream, (seq, digest) in sorted(verified.points.items()):
             print(f"verified {stream}: chain intact to seq {seq} digest {digest.hex()}")
-        if not points:
+        if not verified.points:
             print("verify: the store is empty")
+        unchecked = verified.snapshots_unchecked
+        print(
+            f"verified {verified.snapshots_checked} snapshots: each is the fold of the records "
+            "up to its seq"
+            + (f" ({unchecked} older than the first kept record not checked)" if unchecked else "")
+        )
         return 0
 
     return _with_session(master, "relay-store-verify", job)

@@ -185,6 +185,7 @@ class StoreRunner:
             "changed": result.records_added > 0,
             "records_added": result.records_added,
             "segments_read": result.segments_read,
+            "copies_checked": result.copies_checked,
             "outvoted": len(result.outvoted),
             "quarantined": len(result.quarantined),
         }

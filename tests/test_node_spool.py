@@ -106,7 +106,7 @@ def test_relays_spool_and_carry_on_from_their_history(tmp_path: Path) -> None:
     assert all(node.counters["seeded_streams"] == 1 for node in nodes)
     result = ingest_baseline(str(config.spool_dir), str(config.store_dir))
     assert result.records_added == 65 and not result.problems  # one chain from the genesis
-    assert verify_baseline(str(config.store_dir))[STREAM][0] == max(second)
+    assert verify_baseline(str(config.store_dir)).points[STREAM][0] == max(second)
 
     # Once ingested, the spools are reclaimed; the next start seeds from the store alone.
     third, nodes = asyncio.run(run_mesh(config, [b"c%d" % i for i in range(5)]))

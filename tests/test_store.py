@@ -183,7 +183,9 @@ def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
         assert made[records.stream].seq == records.seqs[-1]
         assert made[records.stream].digest == records.digests[-1].hex()
         assert _snapshot_of(store, records.stream) == _expected_snapshot(records)
-    assert verify(spark, str(store)) == {r.stream: (r.seqs[-1], r.digests[-1]) for r in streams}
+    verified = verify(spark, str(store))
+    assert verified.points == {r.stream: (r.seqs[-1], r.digests[-1]) for r in streams}
+    assert verified.snapshots_checked == len(streams)
 
     # The pyarrow baseline builds the same store.
     other = tmp_path / "baseline"
@@ -291,6 +293,21 @@ def test_a_corrupt_copy_is_outvoted_by_a_copy_that_chains(tmp_path: Path) -> Non
     assert stored[bad_seq] == records.values[77]
 
 
+def test_copies_ingest_does_not_store_are_checked_in_content(tmp_path: Path) -> None:
+    """Relay 2's copy keeps the right digest but not the right content, and is not the
+    copy stored (relay 0's is): compared with the stored one, it is outvoted and named."""
+    records = generate("quiet", 200, seed=11)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    write_spools(str(spool), [records], relays=3, segment_records=100)
+    bad_seq = records.seqs[150]
+    _rewrite_relay_copy(spool, relay=2, stream="quiet", seq=bad_seq, keep_digest=True)
+    result = store_baseline.ingest_baseline(str(spool), str(store))
+    assert result.outvoted == [("quiet", 2, bad_seq)] and len(result.quarantined) == 1
+    assert result.copies_checked == 2 * len(records)
+    stored = {r.seq: r.value for r in StoreReader(store).records_after("quiet", -1)}
+    assert stored[bad_seq] == records.values[150]
+
+
 def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:
     from relay.store.ingest import ingest
 
@@ -367,6 +384,79 @@ def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:
     assert (problem.stream, problem.seq) == (streams[1].stream, streams[1].seqs[10])
     with pytest.raises(VerifyFailed):
         store_baseline.verify_baseline(str(store))
+
+
+def test_verify_finds_a_seq_stored_twice(spark: Any, tmp_path: Path) -> None:
+    """A records file added a second time under another name (by hand, with deltalake):
+    verify names the overlap; the reader still yields each seq once."""
+    import json as json_module
+
+    from deltalake import DeltaTable, Schema
+    from deltalake.transaction import AddAction
+
+    from relay.store.chaincheck import RECORD_SCHEMA
+    from relay.store.verify import verify
+
+    records = generate("twice", 300, seed=12)
+    write_spools(str(tmp_path / "spool"), [records], segment_records=100)
+    store = tmp_path / "store"
+    store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
+    [original] = load_store(store).streams["twice"].files
+    table = tables.records_table(store, "twice")
+    shutil.copy(store / original.path, table / "copy.parquet")
+    stats = {
+        "numRecords": original.records,
+        "minValues": {"seq": original.first_seq},
+        "maxValues": {"seq": original.last_seq},
+        "nullCount": {"seq": 0},
+    }
+    size = (table / "copy.parquet").stat().st_size
+    DeltaTable(table).create_write_transaction(
+        [AddAction("copy.parquet", size, {}, 0, True, json_module.dumps(stats))],
+        mode="append",
+        schema=Schema.from_arrow(RECORD_SCHEMA),
+    )
+    for check in (
+        lambda: verify(spark, str(store)),
+        lambda: store_baseline.verify_baseline(str(store)),
+    ):
+        with pytest.raises(VerifyFailed, match="stored more than once"):
+            check()
+    seqs = [r.seq for r in StoreReader(store).records_after("twice", -1)]
+    assert seqs == sorted(set(seqs)) and len(seqs) == records.duplicates.count(False)
+
+
+def test_verify_compares_every_snapshot_with_the_fold(spark: Any, tmp_path: Path) -> None:
+    """Two snapshots per stream, each checked against the fold of the records (the second
+    on top of the first); a snapshot row changed on disk is found and named."""
+    from relay.store.verify import verify
+
+    full = _streams(300)
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    for stop in (150, 300):
+        write_spools(spool, [r.slice(0, stop) for r in full], segment_records=50)
+        store_baseline.ingest_baseline(spool, str(store))
+        store_baseline.snapshot_baseline(str(store))
+    verified = verify(spark, str(store))
+    assert (verified.snapshots_checked, verified.snapshots_unchecked) == (4, 0)
+    assert store_baseline.verify_baseline(str(store)).snapshots_checked == 4
+    # Change one value of the first stream's older snapshot.
+    seq = full[0].seqs[149]
+    [path] = tables.load_snapshot(store, full[0].stream, seq).files
+    rows = pq.read_table(store / path).to_pylist()
+    rows[3]["value"] = b"tampered"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(store / path)), store / path)
+    for check in (
+        lambda: verify(spark, str(store)),
+        lambda: store_baseline.verify_baseline(str(store)),
+    ):
+        with pytest.raises(VerifyFailed) as failure:
+            check()
+        # (The newer snapshot is folded on top of the changed one: it differs as well.)
+        problem, *after = failure.value.problems
+        assert (problem.stream, problem.seq) == (full[0].stream, seq)
+        assert "not the fold" in str(problem) and "1 rows of the fold are not in it" in str(problem)
+        assert all(p.stream == full[0].stream and p.seq > seq for p in after)
 
 
 def test_spooled_segments_ingest(spark: Any, tmp_path: Path) -> None:

@@ -69,7 +69,9 @@ def test_retention_keeps_older_history_only_as_snapshots(tmp_path: Path) -> None
     assert state.retained_after == points[1] and state.snapshot_seqs == points[1:]
     assert state.files[0].first_seq == records.seqs[400]
     # The kept chain still checks, from the snapshot it continues.
-    assert store_baseline.verify_baseline(str(store)) == {"kept": (points[2], records.digests[-1])}
+    verified = store_baseline.verify_baseline(str(store))
+    assert verified.points == {"kept": (points[2], records.digests[-1])}
+    assert (verified.snapshots_checked, verified.snapshots_unchecked) == (1, 1)
     # Readers: from the beginning means from the first record kept; the latest snapshot is
     # there, and its base with the records after it rebuild the same state.
     assert _stored_seqs(store, "kept") == _kept(records, points[1])

@@ -41,7 +41,7 @@ SUMMARY_DDL = (
     "stream STRING, head_seq BIGINT, head_tx_hash BINARY, head_digest BINARY, "
     "head_relays STRING, last_seq BIGINT, last_digest BINARY, records BIGINT, path STRING, "
     "file_first_seq BIGINT, problem_seq BIGINT, problem STRING, problem_relays STRING, "
-    "outvoted STRING"
+    "outvoted STRING, copies_checked BIGINT"
 )
 CHANGE_DDL = (
     "stream STRING, entity STRING, key BINARY, op TINYINT, value BINARY, seq BIGINT, "

@@ -1,30 +1,62 @@
 """Verify: re-check every stream's chain in the store end to end (a PySpark job), run by
 `relay store verify --config TOPOLOGY` (relay.storecmd; docs/store.md 4).
 
-The stored records of all streams are range-partitioned on (stream, seq); each task
-checks the links inside its range (`chaincheck.check_sorted`, writing nothing) and the
-driver stitches the ranges from each stream's genesis digest. Every stream must end at
-the last point and record count its records table names. Raises VerifyFailed listing every
-problem (exit status 2 from the command).
+1. The stored records of all streams are range-partitioned on (stream, seq); each task
+   checks the links inside its range (`chaincheck.check_sorted`, writing nothing) and the
+   driver stitches the ranges from each stream's genesis digest (after retention: from
+   the digest of the snapshot the kept records continue). Every stream must end at the
+   last point and record count its records table names, and no two of its files may hold
+   the same seq (each seq is stored once).
+2. Every snapshot must equal the fold of the snapshot below it and the records in between
+   (`plan.plan_snapshot_checks`): one job folds them all, each check's rows apart from the
+   others (`plan.check_tag`), and compares the fold with the snapshot's rows both ways.
+Raises VerifyFailed listing every problem (exit status 2 from the command).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relay.store import chaincheck
 from relay.store.errors import ChainProblem, VerifyFailed
-from relay.store.spark import RECORD_DDL, SUMMARY_DDL, parallelism
+from relay.store.plan import (
+    SnapshotCheck,
+    expand_and_fold_files,
+    fold_live,
+    plan_snapshot_checks,
+    snapshot_difference,
+)
+from relay.store.spark import (
+    CHANGE_DDL,
+    RECORD_DDL,
+    SNAPSHOT_DDL,
+    SUMMARY_DDL,
+    parallelism,
+)
 from relay.store.tables import StoreState, load_snapshot, load_store
 
 # Stored bytes per range task.
 RANGE_INPUT_BYTES = 64 * 1024 * 1024
 
 
-def verify(spark: Any, store_path: str) -> dict[str, tuple[int, bytes]]:
-    """Every stream's (last seq, last digest), checked from genesis. Raises VerifyFailed."""
+@dataclass(frozen=True, slots=True)
+class Verified:
+    points: dict[str, tuple[int, bytes]]  # stream -> (last seq, last digest), checked
+    snapshots_checked: int  # each equal to the fold of the records up to its seq
+    snapshots_unchecked: int  # at or before the first kept record (their records retired)
+
+
+# The snapshot-check map tasks: a record file, the seqs of it a check takes, the check.
+CHECK_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT, tag STRING"
+DIFFERENCES_SHOWN = 1  # example rows per differing snapshot
+
+
+def verify(spark: Any, store_path: str) -> Verified:
+    """Check every stream's chain from its start and every snapshot against the fold of
+    the records. Raises VerifyFailed."""
     from pyspark.sql import functions as F
 
     store = load_store(store_path)
@@ -55,20 +87,125 @@ def verify(spark: Any, store_path: str) -> dict[str, tuple[int, bytes]]:
             {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
             for row in checked.collect()
         ]
-    return judge(store_path, store, summaries)
+    checks, unchecked = plan_snapshot_checks(store_path, store)
+    differences = _check_snapshots(spark, store_path, checks) if checks else []
+    return judge(store_path, store, summaries, differences, len(checks), unchecked)
+
+
+def _check_snapshots(
+    spark: Any, store_path: str, checks: list[SnapshotCheck]
+) -> list[ChainProblem]:
+    """Fold every check in one job and compare with the snapshots' rows both ways."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    store = Path(store_path)
+    tasks = [
+        (str(store / f.path), c.base.seq if c.base else -1, c.snapshot.seq, c.tag)
+        for c in checks
+        for f in c.delta_files
+    ]
+    parts = []
+    if tasks:
+        frame = spark.createDataFrame(
+            spark.sparkContext.parallelize(tasks, len(tasks)), CHECK_TASK_DDL
+        )
+        parts.append(frame.mapInArrow(expand_and_fold_files, CHANGE_DDL))
+    for check in checks:
+        if check.base is not None and check.base.files:
+            base = spark.read.schema(SNAPSHOT_DDL).parquet(
+                *(str(store / p) for p in check.base.files)
+            )
+            parts.append(
+                base.select(
+                    F.lit(check.tag).alias("stream"),
+                    "entity",
+                    "key",
+                    F.lit(0).cast("tinyint").alias("op"),
+                    "value",
+                    "seq",
+                    F.lit(0).alias("change_index"),
+                )
+            )
+    columns = ["stream", "entity", "key", "value", "seq"]
+    if parts:
+        changes = reduce(lambda a, b: a.unionByName(b), parts)
+        expected = changes.repartition(parallelism(spark), "stream", "entity", "key").mapInArrow(
+            fold_live, SNAPSHOT_DDL
+        )
+    else:
+        expected = spark.createDataFrame([], SNAPSHOT_DDL)
+    actual_parts = [
+        spark.read.schema(SNAPSHOT_DDL)
+        .parquet(*(str(store / p) for p in c.snapshot.files))
+        .withColumn("stream", F.lit(c.tag))
+        .select(*columns)
+        for c in checks
+        if c.snapshot.files
+    ]
+    actual = (
+        reduce(lambda a, b: a.unionByName(b), actual_parts)
+        if actual_parts
+        else spark.createDataFrame([], SNAPSHOT_DDL)
+    )
+    spark.sparkContext.setJobDescription(f"verify {len(checks)} snapshots")
+    missing = expected.select(*columns).exceptAll(actual).withColumn("side", F.lit("missing"))
+    unexpected = actual.exceptAll(expected.select(*columns)).withColumn("side", F.lit("extra"))
+    rows = (
+        missing.unionByName(unexpected)
+        .groupBy("stream", "side")
+        .agg(F.count("*").alias("rows"), F.min(F.struct("entity", "key")).alias("example"))
+        .collect()
+    )
+    spark.sparkContext.setJobDescription(None)
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = found.setdefault(row["stream"], {"missing": 0, "extra": 0, "example": None})
+        entry[row["side"]] = row["rows"]
+        example = row["example"]
+        entry["example"] = (
+            entry["example"] or f"entity {example['entity']!r} key {bytes(example['key'])!r}"
+        )
+    by_tag = {c.tag: c for c in checks}
+    return [
+        snapshot_difference(
+            by_tag[tag].stream, by_tag[tag].snapshot.seq, e["missing"], e["extra"], e["example"]
+        )
+        for tag, e in sorted(found.items())
+    ]
 
 
 def judge(
-    store_path: str, store: StoreState, summaries: list[dict[str, object]]
-) -> dict[str, tuple[int, bytes]]:
+    store_path: str,
+    store: StoreState,
+    summaries: list[dict[str, object]],
+    snapshot_problems: list[ChainProblem],
+    snapshots_checked: int,
+    snapshots_unchecked: int,
+) -> Verified:
     """Stitch each stream from its genesis (or from the snapshot its kept records continue
-    from, after retention) and compare with where its table says it ends."""
+    from, after retention) and compare with where its table says it ends; no two files of
+    a stream may hold the same seq. Raises VerifyFailed with these problems and
+    `snapshot_problems`."""
     by_stream: dict[str, list[dict[str, object]]] = {}
     for summary in summaries:
         by_stream.setdefault(str(summary["stream"]), []).append(summary)
     problems = []
     points = {}
     for stream, state in sorted(store.streams.items()):
+        for before, after in zip(state.files, state.files[1:], strict=False):
+            if after.first_seq <= before.last_seq:
+                problems.append(
+                    ChainProblem(
+                        f"stream {stream!r}: files {before.path} and {after.path} both hold seqs "
+                        f"{after.first_seq}..{min(before.last_seq, after.last_seq)} (a seq is "
+                        "stored more than once)",
+                        stream=stream,
+                        seq=after.first_seq,
+                        relays=(),
+                    )
+                )
         start_seq, start_digest = chaincheck.start_point(stream, None, None)
         if state.retained_after >= 0:
             anchor = load_snapshot(store_path, stream, state.retained_after)
@@ -93,9 +230,10 @@ def judge(
                 )
             )
         points[stream] = (outcome.last_seq, outcome.last_digest)
+    problems.extend(snapshot_problems)
     if problems:
         raise VerifyFailed(
             f"{len(problems)} stream(s) fail verification: " + "; ".join(str(p) for p in problems),
             problems=tuple(problems),
         )
-    return points
+    return Verified(points, snapshots_checked, snapshots_unchecked)

@@ -15,11 +15,13 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.store import chaincheck
 from relay.store.changes import Op
+from relay.store.errors import ChainProblem
 from relay.store.plan import (
     CHANGE_SCHEMA,
     SNAPSHOT_SCHEMA,
     BeforeCommit,
     IngestResult,
+    SnapshotCheck,
     SnapshotWriter,
     check_range,
     expand_and_fold,
@@ -29,11 +31,20 @@ from relay.store.plan import (
     plan_ingest,
     plan_ranges,
     plan_snapshot,
+    plan_snapshot_checks,
     range_bytes_for,
     read_delta,
+    snapshot_difference,
 )
-from relay.store.tables import SnapshotInfo, StreamState, load_store, new_run, writing
-from relay.store.verify import judge
+from relay.store.tables import (
+    RecordFile,
+    SnapshotInfo,
+    StreamState,
+    load_store,
+    new_run,
+    writing,
+)
+from relay.store.verify import Verified, judge
 
 # Rows per batch handed to the checker (as Spark's Arrow batches).
 BATCH_ROWS = 20_000
@@ -81,45 +92,83 @@ def _snapshot(
     run, staging = new_run(store_path)
     writer = SnapshotWriter(str(staging), run)
     for target in targets:
-        # Folded as it is read: memory holds the changes of a few batches and the keys.
-        delta = (
-            batch
-            for record_file in target.delta_files
-            for batch in read_delta(str(store / record_file.path), target.base_seq, target.seq)
-        )
-        changes = pa.Table.from_batches(expand_and_fold(delta), CHANGE_SCHEMA)
-        if target.base:
-            base = pa.concat_tables(
-                [pq.read_table(store / p, schema=SNAPSHOT_SCHEMA) for p in target.base.files]
-                or [SNAPSHOT_SCHEMA.empty_table()]
-            )
-            count = base.num_rows
-            base_changes = pa.table(
-                [
-                    base.column("stream"),
-                    base.column("entity"),
-                    base.column("key"),
-                    pa.array([int(Op.PUT)] * count, pa.int8()),
-                    base.column("value"),
-                    base.column("seq"),
-                    pa.array([0] * count, pa.int32()),
-                ],
-                schema=CHANGE_SCHEMA,
-            )
-            changes = pa.concat_tables([base_changes, changes])
-        latest = live_rows(changes)
+        latest = _fold(store, target.base, target.delta_files, target.seq)
         for batch in latest.to_batches(max_chunksize=BATCH_ROWS):
             writer.write(batch)
     written = writer.close()
     return finish_snapshot(store_path, targets, written, staging, before_commit)
 
 
-def verify_baseline(store_path: str) -> dict[str, tuple[int, bytes]]:
+def _fold(
+    store: Path, base: SnapshotInfo | None, delta_files: list[RecordFile], upto_seq: int
+) -> pa.Table:
+    """The snapshot rows at `upto_seq`: `base`'s rows (none: from the first record) plus
+    the changes of the records after it in `delta_files`, folded as they are read (memory
+    holds the changes of a few batches and the keys)."""
+    after_seq = base.seq if base else -1
+    delta = (
+        batch
+        for record_file in delta_files
+        for batch in read_delta(str(store / record_file.path), after_seq, upto_seq)
+    )
+    changes = pa.Table.from_batches(expand_and_fold(delta), CHANGE_SCHEMA)
+    if base:
+        rows = _snapshot_rows(store, base)
+        count = rows.num_rows
+        base_changes = pa.table(
+            [
+                rows.column("stream"),
+                rows.column("entity"),
+                rows.column("key"),
+                pa.array([int(Op.PUT)] * count, pa.int8()),
+                rows.column("value"),
+                rows.column("seq"),
+                pa.array([0] * count, pa.int32()),
+            ],
+            schema=CHANGE_SCHEMA,
+        )
+        changes = pa.concat_tables([base_changes, changes])
+    return live_rows(changes)
+
+
+def _snapshot_rows(store: Path, info: SnapshotInfo) -> pa.Table:
+    return pa.concat_tables(
+        [pq.read_table(store / p, schema=SNAPSHOT_SCHEMA) for p in info.files]
+        or [SNAPSHOT_SCHEMA.empty_table()]
+    )
+
+
+def verify_baseline(store_path: str) -> Verified:
     store = load_store(store_path)
     summaries: list[dict[str, object]] = []
     for state in store.streams.values():
         summaries.extend(chaincheck.check_sorted(_stored_batches(store_path, state), _discard))
-    return judge(store_path, store, summaries)
+    checks, unchecked = plan_snapshot_checks(store_path, store)
+    differences = []
+    for check in checks:
+        expected = _fold(Path(store_path), check.base, check.delta_files, check.snapshot.seq)
+        actual = _snapshot_rows(Path(store_path), check.snapshot)
+        difference = _difference(check, expected, actual)
+        if difference is not None:
+            differences.append(difference)
+    return judge(store_path, store, summaries, differences, len(checks), unchecked)
+
+
+def _difference(check: SnapshotCheck, expected: pa.Table, actual: pa.Table) -> ChainProblem | None:
+    columns = ["entity", "key", "value", "seq"]
+    order = [("entity", "ascending"), ("key", "ascending")]
+    want = expected.select(columns).sort_by(order)
+    got = actual.select(columns).sort_by(order)
+    if want.equals(got):
+        return None
+    want_rows = {tuple(r.values()) for r in want.to_pylist()}
+    got_rows = {tuple(r.values()) for r in got.to_pylist()}
+    missing, unexpected = want_rows - got_rows, got_rows - want_rows
+    example = min(missing or unexpected)
+    text = f"entity {example[0]!r} key {example[1]!r}"
+    return snapshot_difference(
+        check.stream, check.snapshot.seq, len(missing), len(unexpected), text
+    )
 
 
 def _stored_batches(store_path: str, state: StreamState) -> Iterator[pa.RecordBatch]:
