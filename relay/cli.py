@@ -1932,10 +1932,10 @@ def store() -> None:
 
 _master_option = click.option(
     "--master",
-    default="local[*]",
-    show_default=True,
+    default=None,
     metavar="URL",
-    help="Spark master (ignored under spark-submit).",
+    help="Spark master [default: the topology's store.spark.master, else local[*]; "
+    "ignored under spark-submit].",
 )
 
 
@@ -1943,7 +1943,7 @@ _master_option = click.option(
 @_config_option
 @_master_option
 @_key_file_option
-def store_ingest(config_path: str, master: str, key_file: str | None) -> None:
+def store_ingest(config_path: str, master: str | None, key_file: str | None) -> None:
     """Append every relay's closed spool segments to the store.
 
     Checks that all relays agree on the digest at every seq and that each stream's chain
@@ -1971,7 +1971,11 @@ def store_ingest(config_path: str, master: str, key_file: str | None) -> None:
 @_master_option
 @_key_file_option
 def store_snapshot(
-    config_path: str, stream: str | None, as_of: int | None, master: str, key_file: str | None
+    config_path: str,
+    stream: str | None,
+    as_of: int | None,
+    master: str | None,
+    key_file: str | None,
 ) -> None:
     """Build each stream's snapshot (last value per entity and key) from the previous one
     plus newer records. Exit codes: 0 done, 1 an error."""
@@ -1998,7 +2002,12 @@ def store_snapshot(
 @_log_level_option
 @_key_file_option
 def store_run(
-    config_path: str, engine: str, master: str, once: bool, log_level: str, key_file: str | None
+    config_path: str,
+    engine: str,
+    master: str | None,
+    once: bool,
+    log_level: str,
+    key_file: str | None,
 ) -> None:
     """Keep the store up to date: ingest, snapshot (and retire old records), compact and
     vacuum on the schedule of the topology's `store:` section, until Ctrl-C or SIGTERM.
@@ -2015,7 +2024,7 @@ def store_run(
     if engine == "spark":
         from relay.storerun import SparkEngine
 
-        runner_engine: Any = SparkEngine(master)
+        runner_engine: Any = SparkEngine(storecmd.session_for(config, master, "relay-store-run"))
     else:
         from relay.tools.store_baseline import BaselineEngine
 
@@ -2027,7 +2036,7 @@ def store_run(
 @_config_option
 @_master_option
 @_key_file_option
-def store_verify(config_path: str, master: str, key_file: str | None) -> None:
+def store_verify(config_path: str, master: str | None, key_file: str | None) -> None:
     """Re-check every stream's chain in the store end to end. Exit codes: 0 intact, 2 a
     broken chain (named), 1 another error."""
     from relay import storecmd

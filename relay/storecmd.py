@@ -50,11 +50,27 @@ def _watch_stages(spark: Any, done: threading.Event, console: Console) -> None:
             )
 
 
-def _with_session(master: str, app: str, job: Callable[[Any], int]) -> int:
+def session_for(config: MeshConfig, master: str | None, app: str) -> Any:
+    """A Spark session as the topology's `store.spark` says (`master` overrides its
+    master)."""
     from relay.store.spark import get_session
 
+    settings = config.store.spark
+    python = settings.executor_python
+    return get_session(
+        master or settings.master,
+        app_name=app,
+        extra_config=dict(settings.conf),
+        driver_host=settings.driver_host,
+        executor_python=None if python is None else str(python),
+    )
+
+
+def _with_session(
+    config: MeshConfig, master: str | None, app: str, job: Callable[[Any], int]
+) -> int:
     console = Console(stderr=True)
-    spark = get_session(master, app_name=app)
+    spark = session_for(config, master, app)
     done = threading.Event()
     watcher = threading.Thread(target=_watch_stages, args=(spark, done, console), daemon=True)
     if console.is_terminal:
@@ -74,7 +90,7 @@ def _with_session(master: str, app: str, job: Callable[[Any], int]) -> int:
         spark.stop()
 
 
-def ingest(config: MeshConfig, master: str) -> int:
+def ingest(config: MeshConfig, master: str | None) -> int:
     from relay.store.ingest import ingest as run_ingest
 
     def job(spark: Any) -> int:
@@ -95,10 +111,10 @@ def ingest(config: MeshConfig, master: str) -> int:
             )
         return 0
 
-    return _with_session(master, "relay-store-ingest", job)
+    return _with_session(config, master, "relay-store-ingest", job)
 
 
-def snapshot(config: MeshConfig, master: str, stream: str | None, as_of: int | None) -> int:
+def snapshot(config: MeshConfig, master: str | None, stream: str | None, as_of: int | None) -> int:
     from relay.store.snapshot import snapshot as run_snapshot
 
     def job(spark: Any) -> int:
@@ -120,7 +136,7 @@ def snapshot(config: MeshConfig, master: str, stream: str | None, as_of: int | N
             print("snapshot: up to date")
         return 0
 
-    return _with_session(master, "relay-store-snapshot", job)
+    return _with_session(config, master, "relay-store-snapshot", job)
 
 
 def run(config: MeshConfig, engine: Any, *, once: bool = False) -> int:
@@ -149,13 +165,17 @@ def run(config: MeshConfig, engine: Any, *, once: bool = False) -> int:
         engine.close()
 
 
-def verify(config: MeshConfig, master: str) -> int:
+def verify(config: MeshConfig, master: str | None) -> int:
     from relay.store.verify import verify as run_verify
 
     def job(spark: Any) -> int:
         verified = run_verify(spark, str(config.store_dir))
         for stream, (seq, digest) in sorted(verified.points.items()):
-            print(f"verified {stream}: chain intact to seq {seq} digest {digest.hex()}")
+            count = verified.records[stream]
+            print(
+                f"verified {stream}: chain intact to seq {seq} digest {digest.hex()} "
+                f"({count} records)"
+            )
         if not verified.points:
             print("verify: the store is empty")
         unchecked = verified.snapshots_unchecked
@@ -166,4 +186,4 @@ def verify(config: MeshConfig, master: str) -> int:
         )
         return 0
 
-    return _with_session(master, "relay-store-verify", job)
+    return _with_session(config, master, "relay-store-verify", job)

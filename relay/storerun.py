@@ -55,10 +55,8 @@ class Engine(Protocol):
 class SparkEngine:
     name = "spark"
 
-    def __init__(self, master: str) -> None:
-        from relay.store.spark import get_session
-
-        self.spark = get_session(master, app_name="relay-store-run")
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
 
     def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> Any:
         from relay.store.ingest import ingest

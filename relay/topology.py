@@ -31,6 +31,11 @@ The file format (`config/topology.yaml` is the commented example)::
       vacuum_interval_s: 3600     # delete files no version of the last
       vacuum_retention_hours: 24  # this many hours needs
       lock_wait_s: 60             # wait this long for another job's writer lock
+      spark:                      # where the store's Spark jobs run
+        master: spark://10.0.0.5:7077   # default local[*]; `--master` overrides it
+        driver_host: 10.0.0.4     # executors reach the driver here; default 127.0.0.1
+        executor_python: /opt/relay/.venv/bin/python  # default: the command's Python
+        conf: {spark.executor.memory: 4g}   # any other Spark setting
     security:                     # optional (docs/security.md)
       curve: true                 # CurveZMQ on every socket; default false
       keys_dir: ../data/keys      # relative to the file; default <data_dir>/keys
@@ -148,6 +153,18 @@ class SpoolSettings:
 
 
 @dataclass(frozen=True)
+class SparkSettings:
+    """Where the store's Spark jobs run (docs/store.md 4): the master (`--master`
+    overrides it), the address executors reach the driver at, the Python executors run
+    (absolute; default: the one running the command) and any other Spark settings."""
+
+    master: str = "local[*]"
+    driver_host: str = "127.0.0.1"
+    executor_python: Path | None = None
+    conf: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class StoreSettings:
     """How `relay store run` keeps the store (relay.store.runner; docs/store.md 7)."""
 
@@ -161,6 +178,7 @@ class StoreSettings:
     vacuum_interval_s: int = 3600
     vacuum_retention_hours: int = 24
     lock_wait_s: int = 60
+    spark: SparkSettings = SparkSettings()
 
 
 @dataclass(frozen=True)
@@ -393,6 +411,15 @@ class _SpoolModel(BaseModel):
     disk_max_bytes: _Positive = SpoolSettings.disk_max_bytes
 
 
+class _SparkModel(BaseModel):
+    model_config = _STRICT
+
+    master: str = SparkSettings.master
+    driver_host: str = SparkSettings.driver_host
+    executor_python: Annotated[str, AfterValidator(_check_path)] | None = None
+    conf: dict[str, str | int | float | bool] = {}
+
+
 class _StoreModel(BaseModel):
     model_config = _STRICT
 
@@ -406,6 +433,7 @@ class _StoreModel(BaseModel):
     vacuum_interval_s: _Positive = StoreSettings.vacuum_interval_s
     vacuum_retention_hours: _NonNegative = StoreSettings.vacuum_retention_hours
     lock_wait_s: _NonNegative = StoreSettings.lock_wait_s
+    spark: _SparkModel | None = None
 
 
 class _SecurityModel(BaseModel):
@@ -454,12 +482,34 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "limits": _LIMIT_FIELDS,
     "spool": tuple(_SpoolModel.model_fields),
     "store": tuple(_StoreModel.model_fields),
+    "store.spark": tuple(_SparkModel.model_fields),
     "security": tuple(_SecurityModel.model_fields),
     "access": tuple(_ClientModel.model_fields),
 }
 
 
 # --- loading ---------------------------------------------------------------------------
+
+
+def _store_settings(model: _StoreModel | None, base: Path) -> StoreSettings:
+    if model is None:
+        return StoreSettings()
+    fields = model.model_dump(exclude={"spark"})
+    spark = model.spark or _SparkModel()
+    python = spark.executor_python
+    return StoreSettings(
+        **fields,
+        spark=SparkSettings(
+            master=spark.master,
+            driver_host=spark.driver_host,
+            executor_python=None if python is None else Path(os.path.abspath(base / python)),
+            conf=tuple(sorted((k, _conf_text(v)) for k, v in spark.conf.items())),
+        ),
+    )
+
+
+def _conf_text(value: str | int | float | bool) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def load(path: str | Path) -> MeshConfig:
@@ -662,7 +712,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
         warnings=tuple(f"{file}: {at}: {text}" for at, text in warnings),
         data_dir=data_dir,
         spool=SpoolSettings(**model.spool.model_dump()) if model.spool else SpoolSettings(),
-        store=StoreSettings(**model.store.model_dump()) if model.store else StoreSettings(),
+        store=_store_settings(model.store, base),
         security=SecuritySettings(
             curve=security.curve,
             keys_dir=keys_dir,
@@ -772,7 +822,10 @@ def _plain(err: Any) -> str:
         return "missing; this field is required"
     if kind == "extra_forbidden":
         loc = err["loc"]
-        context = str(loc[0]) if len(loc) > 1 else ""
+        # The section: `store.spark`, or the first part (`relays`, `access` under a name).
+        context = ".".join(str(part) for part in loc[:-1] if not isinstance(part, int))
+        if context not in _ALLOWED_KEYS:
+            context = str(loc[0]) if len(loc) > 1 else ""
         allowed = _ALLOWED_KEYS.get(context, ())
         return "unknown field" + _suggest(str(loc[-1]), allowed)
     if kind in ("int_type", "int_parsing", "int_from_float"):

@@ -1,7 +1,13 @@
-"""Spark ingest + snapshot against the single-process pyarrow baseline, side by side.
+"""Spark ingest + snapshot against the pyarrow baseline, side by side, and DuckDB's fold.
 
     .venv/bin/python scripts/bench_store.py --records 100000,1000000 [--streams 4]
-        [--engines baseline,spark] [--stage-times] [--workdir DIR]
+        [--engines baseline,pool,spark] [--workers 2] [--stage-times] [--workdir DIR]
+
+Engines: `baseline` (pyarrow, one process: one core), `pool` (the same tasks in a pool of
+--workers processes: as many cores as Spark's `local[--workers]`), `spark`. After them,
+DuckDB folds the baseline store's records into snapshot rows (DuckDB reads the records,
+pyarrow expands the change lists, DuckDB's window function keeps the last change per key),
+timed beside the engines' snapshots and checked against them.
 
 For each size: generate N committed records (correct chains) over --streams streams and
 write the spools of --relays relays (every relay holds every record, segment boundaries
@@ -37,7 +43,7 @@ from relay.store.spark import get_session
 from relay.tools import store_baseline
 from relay.tools.synthetic import generate, write_spools, write_spools_in_chunks
 
-ENGINES = ("baseline", "spark")
+ENGINES = ("baseline", "pool", "spark")
 # How often the memory sampler sums the resident memory of this process tree.
 MEMORY_SAMPLE_S = 0.25
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -53,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-records", type=int, default=50_000)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
     parser.add_argument("--repeat", type=int, default=1, help="runs per engine, best kept")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--workers", type=int, default=2, help="processes of `pool`")
+    parser.add_argument("--master", default=None, help="default local[--workers]")
     parser.add_argument("--stage-times", action="store_true", help="print Spark's stages")
     parser.add_argument("--workdir", default=None, help="kept if given; else a temp dir")
     parser.add_argument(
         "--reuse-spools", action="store_true", help="use the spools a run left in --workdir"
     )
     args = parser.parse_args(argv)
+    args.master = args.master or f"local[{args.workers}]"
     sizes = [int(s) for s in args.records.split(",") if s]
     engines = [e for e in args.engines.split(",") if e]
     if not set(engines) <= set(ENGINES):
@@ -143,7 +151,7 @@ def _bench(
         f"{time.perf_counter() - started:.1f} s"
     )
 
-    timings: dict[str, tuple[float, float, float]] = {}
+    timings: dict[str, tuple[float, float, float, float]] = {}
     for _run in range(args.repeat):  # engines alternate: both see the same machine load
         for engine in engines:
             store = folder / f"store-{engine}"
@@ -156,14 +164,15 @@ def _bench(
                     ingested = time.perf_counter()
                     snapshot(spark, str(store))
                 else:
-                    store_baseline.ingest_baseline(str(spool), str(store))
+                    workers = args.workers if engine == "pool" else 1
+                    store_baseline.ingest_baseline(str(spool), str(store), workers=workers)
                     ingested = time.perf_counter()
-                    store_baseline.snapshot_baseline(str(store))
+                    store_baseline.snapshot_baseline(str(store), workers=workers)
                 done = time.perf_counter()
             ingest_s, snapshot_s, total_s = ingested - started, done - ingested, done - started
             stalled = (_cpu_pressure_total_us() - pressure_start) / 1e6 / total_s
             if engine not in timings or total_s < timings[engine][2]:
-                timings[engine] = (ingest_s, snapshot_s, total_s)
+                timings[engine] = (ingest_s, snapshot_s, total_s, meter.cpu_s)
             print(
                 f"  {engine:8}  ingest {ingest_s:7.1f} s  snapshot {snapshot_s:6.1f} s  "
                 f"total {total_s:7.1f} s  {total / total_s:9.0f} tx/s  "
@@ -172,10 +181,26 @@ def _bench(
             )
             if engine == "spark" and stages:
                 stages.print_new()
-    if len(timings) == len(ENGINES):
-        ratio = timings["spark"][2] / timings["baseline"][2]
-        best = "best of each" if args.repeat > 1 else "one run each"
-        print(f"  spark / baseline time ({best}): {ratio:.2f}x")
+    best = "best of each" if args.repeat > 1 else "one run each"
+    if "spark" in timings:
+        for other in ("baseline", "pool"):
+            if other in timings:
+                spark_t, other_t = timings["spark"], timings[other]
+                print(
+                    f"  spark / {other} ({best}): time {spark_t[2] / other_t[2]:.2f}x "
+                    f"(ingest {spark_t[0] / other_t[0]:.2f}x, snapshot "
+                    f"{spark_t[1] / other_t[1]:.2f}x), CPU {spark_t[3] / other_t[3]:.2f}x"
+                )
+    if "baseline" in engines:
+        fold_s, sql_s, cpu_s, same = _duckdb_fold(folder / "store-baseline", args.workers)
+        snapshots = ", ".join(f"{e} {t[1]:.1f} s" for e, t in timings.items())
+        print(
+            f"  duckdb fold ({args.workers} threads): {fold_s:.1f} s of which the SQL fold "
+            f"{sql_s:.1f} s, CPU {cpu_s:.1f} s; the engines' snapshots: {snapshots}; "
+            f"{'same rows as' if same else 'FAILED: other rows than'} the baseline's snapshots"
+        )
+        if not same:
+            return False
 
     stores = [folder / f"store-{engine}" for engine in engines]
     for store in stores:
@@ -188,6 +213,46 @@ def _bench(
         return False
     print("  the stores end at the generated chains' last points with equal snapshots")
     return True
+
+
+def _duckdb_fold(store: Path, threads: int) -> tuple[float, float, float, bool]:
+    """DuckDB's fold of every stream of `store` into snapshot rows: total and SQL seconds,
+    CPU seconds, and whether the rows equal the store's snapshots."""
+    import duckdb
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from relay.store.plan import CHANGE_SCHEMA, expand_changes
+    from relay.store.tables import load_store
+
+    connection = duckdb.connect()
+    connection.execute(f"SET threads = {threads}")
+    reader = StoreReader(store)
+    same = True
+    sql_s = 0.0
+    cpu_start = time.process_time()
+    started = time.perf_counter()
+    for stream, state in load_store(store, digests=False).streams.items():
+        files = [str(store / f.path) for f in state.files]
+        records = connection.sql(
+            "SELECT stream, seq, key, value, kind FROM read_parquet($files) WHERE NOT duplicate",
+            params={"files": files},
+        ).to_arrow_reader(64 * 1024)
+        changes = pa.Table.from_batches((expand_changes(b) for b in records), CHANGE_SCHEMA)
+        connection.register("changes", changes)
+        sql_started = time.perf_counter()
+        live = connection.sql(
+            "SELECT entity, key, value, seq FROM changes QUALIFY row_number() OVER "
+            "(PARTITION BY entity, key ORDER BY seq DESC, change_index DESC) = 1 AND op = 0"
+        ).to_arrow_table()
+        connection.unregister("changes")
+        sql_s += time.perf_counter() - sql_started
+        order = [("entity", "ascending"), ("key", "ascending")]
+        stored = reader.snapshot(stream)
+        got = pa.table(live).sort_by(order)
+        same &= stored is not None and stored.rows.sort_by(order).equals(
+            got.cast(stored.rows.schema)
+        )
+    return time.perf_counter() - started, sql_s, time.process_time() - cpu_start, same
 
 
 def _same_result(left: Path, right: Path) -> bool:

@@ -400,11 +400,12 @@ def read_tables(config: MeshConfig, produced: Produced) -> list[str]:
     table = DeltaTable(str(path))
     seqs = pl.read_delta(str(path)).get_column("seq").to_list()
     uris = table.file_uris()
-    query = f"select count(*), count(distinct seq) from read_parquet({uris!r})"
-    rows, distinct = duckdb.execute(query).fetchall()[0]
+    query = f"select count(*), count(distinct seq), max(seq) from read_parquet({uris!r})"
+    rows, distinct, last = duckdb.execute(query).fetchall()[0]
     say(
         f"Delta table {shown(path)}: version {table.version()}, {len(uris)} files; Polars read "
-        f"{len(seqs)} records, DuckDB {rows} ({distinct} distinct seqs)"
+        f"{len(seqs)} records to seq {max(seqs)}, DuckDB {rows} ({distinct} distinct seqs) "
+        f"to seq {last}"
     )
     found: list[str] = []
     if len(seqs) != len(set(seqs)) or rows != distinct or rows != len(seqs):

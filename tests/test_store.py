@@ -645,6 +645,22 @@ def test_the_tables_read_as_delta_tables_elsewhere(tmp_path: Path) -> None:
         assert snapshot == _expected_snapshot(records)
 
 
+def test_the_baseline_in_a_process_pool_builds_the_same_store(tmp_path: Path) -> None:
+    """`workers=2` (the benchmark's fair baseline: as many cores as Spark's local[2]) runs
+    the same tasks in two processes and builds the same store."""
+    streams = _streams(400)
+    spool = str(tmp_path / "spool")
+    write_spools(spool, streams, segment_records=40)
+    one, two = tmp_path / "one", tmp_path / "two"
+    store_baseline.ingest_baseline(spool, str(one))
+    store_baseline.snapshot_baseline(str(one))
+    store_baseline.ingest_baseline(spool, str(two), workers=2)
+    store_baseline.snapshot_baseline(str(two), workers=2)
+    assert _stored_rows(two) == _stored_rows(one) == _expected_rows(streams)
+    for records in streams:
+        assert _snapshot_of(two, records.stream) == _snapshot_of(one, records.stream)
+
+
 @pytest.mark.parametrize("name", ["a/b c", ".hidden", "x~y%z", "ünï", "~~%7E"])
 def test_table_folders_name_any_stream(name: str) -> None:
     folder = tables.table_dir_name(name)

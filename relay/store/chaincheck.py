@@ -531,7 +531,10 @@ def check_segment_range(
     if checked:
         # Every other copy of a stored record, with the same digest, must hold the same
         # content (the digest covers it, so a copy that differs is corrupt on its relay).
-        differing, state.copies_checked = _differing_copies(ordered, records.slice(0, checked))
+        stored_parts = chosen.column("part").combine_chunks().slice(0, checked)
+        differing, state.copies_checked = _differing_copies(
+            ordered, records.slice(0, checked), stored_parts
+        )
         stored = sorted(set(stored) | set(differing))
     if stored:
         state.outvoted = ",".join(f"{relay}:{seq}" for relay, seq in stored)
@@ -549,34 +552,47 @@ CONTENT_COLUMNS = ["producer_id", "producer_seq", "key", "value", "kind"]
 
 
 def _differing_copies(
-    segments: Sequence[SegmentRef], stored: pa.Table
+    segments: Sequence[SegmentRef], stored: pa.Table, parts: pa.Array
 ) -> tuple[list[tuple[int, int]], int]:
     """The (relay, seq) of every copy in `segments` of a stored record with the stored
-    digest but other content, and how many copies were compared. One segment at a time,
-    column by column (vectorised: no Python per record)."""
-    first, last = stored.column("seq")[0].as_py(), stored.column("seq")[-1].as_py()
-    reference = stored.select(["seq", "digest", *CONTENT_COLUMNS])
+    digest but other content, and how many copies were compared (`parts`: the index in
+    `segments` each stored record was read from, itself not compared). One segment at a
+    time, column by column: no Python per record."""
+    import numpy as np
+
+    stored_seqs = stored.column("seq").to_numpy()  # ascending
+    first, last = int(stored_seqs[0]), int(stored_seqs[-1])
+    stored_parts = parts.to_numpy()
     differing: list[tuple[int, int]] = []
     compared = 0
-    for segment in segments:
+    for part, segment in enumerate(segments):
         if segment.last_seq < first or segment.first_seq > last:
             continue
-        copy = pq.read_table(segment.path, columns=["seq", "digest", *CONTENT_COLUMNS])
-        both = copy.join(reference, "seq", right_suffix="_stored")
-        both = both.filter(pc.equal(both.column("digest"), both.column("digest_stored")))
-        compared += both.num_rows
-        same = None
+        seqs = pq.read_table(segment.path, columns=["seq"]).column("seq").to_numpy()
+        # The position of each of the segment's seqs among the stored ones (both sorted).
+        at = np.minimum(np.searchsorted(stored_seqs, seqs), len(stored_seqs) - 1)
+        # Stored, and not the very copy that was stored.
+        wanted = (stored_seqs[at] == seqs) & (stored_parts[at] != part)
+        rows = pa.array(np.flatnonzero(wanted))
+        at = pa.array(at[wanted])
+        if len(rows) == 0:
+            continue
+        copy = pq.read_table(segment.path, columns=["digest", *CONTENT_COLUMNS]).take(rows)
+        reference = stored.select(["digest", *CONTENT_COLUMNS]).take(at)
+        same_digest = pc.equal(copy.column("digest"), reference.column("digest"))
+        compared += pc.sum(same_digest).as_py() or 0
+        same = same_digest
         for name in CONTENT_COLUMNS:
-            mine, theirs = both.column(name), both.column(f"{name}_stored")
+            mine, theirs = copy.column(name), reference.column(name)
             equal = pc.fill_null(
                 pc.equal(mine, theirs), pc.and_(pc.is_null(mine), pc.is_null(theirs))
             )
-            same = equal if same is None else pc.and_(same, equal)
-        if same is not None and both.num_rows:
-            for seq in both.filter(pc.invert(same)).column("seq").to_pylist():
-                differing.append((segment.relay, seq))
-    # The stored copies compared with themselves: not counted as checked.
-    return differing, compared - stored.num_rows
+            same = pc.and_(same, equal)
+        # Copies with another digest were outvoted by the digest vote already.
+        bad = pc.and_(same_digest, pc.invert(same))
+        for seq in pa.array(seqs).take(rows.filter(bad)).to_pylist():
+            differing.append((segment.relay, seq))
+    return differing, compared
 
 
 def _digest_at(seq: int, segments: Sequence[SegmentRef]) -> bytes | None:

@@ -71,17 +71,22 @@ def get_session(
     *,
     app_name: str = "relay-store",
     extra_config: dict[str, str] | None = None,
+    driver_host: str = "127.0.0.1",
+    executor_python: str | None = None,
 ) -> Any:
-    """The SparkSession to run the store's jobs in (`extra_config`: more settings for a
-    local session, e.g. an event log for stage timings)."""
+    """The SparkSession to run the store's jobs in: `master` (local, or a cluster's
+    `spark://...`), the address the executors reach this driver at (`driver_host`), the
+    Python the executors run (`executor_python`, as it is on their machines; default this
+    one), and more settings (`extra_config`, e.g. an event log for stage timings, or the
+    topology's `store.spark.conf`)."""
     from pyspark.sql import SparkSession
 
     if under_spark_submit():
         session = SparkSession.builder.appName(app_name).getOrCreate()
     else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_PYTHON", executor_python or sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("SPARK_LOCAL_IP", driver_host)
         log_config = os.path.join(tempfile.gettempdir(), "relay-store-log4j2.properties")
         with open(log_config, "w") as sink:
             sink.write(_LOG4J2)
@@ -94,8 +99,9 @@ def get_session(
             .appName(app_name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", driver_host)
+            .config("spark.driver.bindAddress", driver_host)
+            .config("spark.pyspark.python", executor_python or sys.executable)
             .config("spark.driver.extraJavaOptions", java_options)
             .config("spark.sql.shuffle.partitions", "4")
             .config("spark.sql.adaptive.enabled", "true")

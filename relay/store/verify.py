@@ -45,6 +45,7 @@ RANGE_INPUT_BYTES = 64 * 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class Verified:
     points: dict[str, tuple[int, bytes]]  # stream -> (last seq, last digest), checked
+    records: dict[str, int]  # stream -> records stored (kept)
     snapshots_checked: int  # each equal to the fold of the records up to its seq
     snapshots_unchecked: int  # at or before the first kept record (their records retired)
 
@@ -193,6 +194,7 @@ def judge(
         by_stream.setdefault(str(summary["stream"]), []).append(summary)
     problems = []
     points = {}
+    records = {}
     for stream, state in sorted(store.streams.items()):
         for before, after in zip(state.files, state.files[1:], strict=False):
             if after.first_seq <= before.last_seq:
@@ -230,10 +232,11 @@ def judge(
                 )
             )
         points[stream] = (outcome.last_seq, outcome.last_digest)
+        records[stream] = outcome.records
     problems.extend(snapshot_problems)
     if problems:
         raise VerifyFailed(
             f"{len(problems)} stream(s) fail verification: " + "; ".join(str(p) for p in problems),
             problems=tuple(problems),
         )
-    return Verified(points, snapshots_checked, snapshots_unchecked)
+    return Verified(points, records, snapshots_checked, snapshots_unchecked)

@@ -1,14 +1,19 @@
-"""The same ingest, snapshot and verify as the Spark jobs, in one pyarrow process: the
-yardstick of `scripts/bench_store.py`, and a way to build a store without a JVM.
+"""The same ingest, snapshot and verify as the Spark jobs, with pyarrow and no JVM: the
+yardstick of `scripts/bench_store.py`, and a way to build a store without Spark.
 
-It writes the same store (the same tables) through the same shared code
-(`chaincheck`, `plan`): ingest runs the Spark job's range tasks one after the other.
+It writes the same store (the same tables) through the same shared code (`chaincheck`,
+`plan`): ingest runs the Spark job's range tasks, snapshot folds each stream. With
+`workers=1` (the default) everything runs in this process, one task after the other; with
+more, the tasks run in a pool of that many processes (the same number of cores as a Spark
+`local[N]`, for a fair comparison).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -22,6 +27,7 @@ from relay.store.plan import (
     BeforeCommit,
     IngestResult,
     SnapshotCheck,
+    SnapshotTarget,
     SnapshotWriter,
     check_range,
     expand_and_fold,
@@ -56,15 +62,24 @@ def ingest_baseline(
     *,
     before_commit: BeforeCommit | None = None,
     lock_wait_s: float = 0.0,
+    workers: int = 1,
 ) -> IngestResult:
     with writing(store_path, "ingest (baseline)", lock_wait_s):
         plan = plan_ingest(spool_root, load_store(store_path))
         run, staging = new_run(store_path)
-        summaries: list[dict[str, object]] = []
-        # The same range tasks as the Spark job, one after the other (sized as for one core).
-        for ingest_range in plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=1)):
-            summaries.extend(check_range(ingest_range, str(staging)))
+        # The same range tasks as the Spark job, sized for `workers` cores.
+        ranges = plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=workers))
+        folders = [str(staging)] * len(ranges)
+        summaries = [row for rows in _map(check_range, workers, ranges, folders) for row in rows]
         return finish_ingest(store_path, plan, summaries, staging, run, before_commit)
+
+
+def _map(function: Any, workers: int, *arguments: list[Any]) -> list[Any]:
+    """`function` over `arguments` here (one worker) or in a pool of `workers` processes."""
+    if workers <= 1:
+        return list(map(function, *arguments))
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(function, *arguments))
 
 
 def snapshot_baseline(
@@ -74,29 +89,35 @@ def snapshot_baseline(
     streams: Collection[str] | None = None,
     before_commit: BeforeCommit | None = None,
     lock_wait_s: float = 0.0,
+    workers: int = 1,
 ) -> dict[str, SnapshotInfo]:
     with writing(store_path, "snapshot (baseline)", lock_wait_s):
-        return _snapshot(store_path, as_of, streams, before_commit)
+        targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
+        if not targets:
+            return {}
+        run, staging = new_run(store_path)
+        count = len(targets)
+        written = _map(
+            _fold_and_write,
+            workers,
+            [store_path] * count,
+            targets,
+            [str(staging)] * count,
+            [f"{run}-{i}" for i in range(count)],
+        )
+        entries = [entry for entries in written for entry in entries]
+        return finish_snapshot(store_path, targets, entries, staging, before_commit)
 
 
-def _snapshot(
-    store_path: str,
-    as_of: dict[str, int] | None,
-    streams: Collection[str] | None,
-    before_commit: BeforeCommit | None,
-) -> dict[str, SnapshotInfo]:
-    targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
-    if not targets:
-        return {}
-    store = Path(store_path)
-    run, staging = new_run(store_path)
-    writer = SnapshotWriter(str(staging), run)
-    for target in targets:
-        latest = _fold(store, target.base, target.delta_files, target.seq)
-        for batch in latest.to_batches(max_chunksize=BATCH_ROWS):
-            writer.write(batch)
-    written = writer.close()
-    return finish_snapshot(store_path, targets, written, staging, before_commit)
+def _fold_and_write(
+    store_path: str, target: SnapshotTarget, staging: str, prefix: str
+) -> list[dict[str, object]]:
+    """One stream's snapshot rows, written under `staging` (a task of the pool)."""
+    writer = SnapshotWriter(staging, prefix)
+    latest = _fold(Path(store_path), target.base, target.delta_files, target.seq)
+    for batch in latest.to_batches(max_chunksize=BATCH_ROWS):
+        writer.write(batch)
+    return writer.close()
 
 
 def _fold(
@@ -183,16 +204,19 @@ def _discard(stream: str, rows: pa.RecordBatch) -> None:
 
 
 class BaselineEngine:
-    """The baseline as an engine of `relay store run` (relay.storerun.Engine): one process,
-    no JVM (`relay store run --engine baseline`)."""
+    """The baseline as an engine of `relay store run` (relay.storerun.Engine): no JVM
+    (`relay store run --engine baseline`), in this process or a pool of `workers`."""
 
     name = "baseline"
 
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
+
     def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> IngestResult:
-        return ingest_baseline(spool_root, store, lock_wait_s=lock_wait_s)
+        return ingest_baseline(spool_root, store, lock_wait_s=lock_wait_s, workers=self.workers)
 
     def snapshot(self, store: str, lock_wait_s: float) -> dict[str, SnapshotInfo]:
-        return snapshot_baseline(store, lock_wait_s=lock_wait_s)
+        return snapshot_baseline(store, lock_wait_s=lock_wait_s, workers=self.workers)
 
     def close(self) -> None:
         pass
