@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 from relay.tools.synthetic import StreamRecords, generate, write_spools
+from store_topology import spooling_topology
 
 STORE_CLI_TIMEOUT_S = 240
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,14 +31,7 @@ def relay_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def spooled_topology(tmp_path: Path) -> tuple[Path, list[StreamRecords]]:
     """A one-relay topology whose data directory holds the spools of two streams."""
-    topology = tmp_path / "config" / "topology.yaml"
-    topology.parent.mkdir()
-    topology.write_text(
-        "relays:\n"
-        "  - {id: 0, host: 127.0.0.1, mesh_port: 7100, client_port: 7200, streams: [s.*]}\n"
-        "data_dir: ../data\n"
-        "spool: {enabled: true}\n"
-    )
+    topology = spooling_topology(tmp_path)
     records = [generate("s.a", 300, seed=1), generate("s.b", 120, seed=2)]
     write_spools(str(tmp_path / "data" / "spool"), records, relays=3, segment_records=100)
     return topology, records

@@ -18,6 +18,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 from relay.store.reader import StoreReader  # noqa: E402
 from relay.tools.synthetic import generate, write_spools  # noqa: E402
+from store_topology import spooling_topology  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -98,20 +99,13 @@ def cluster(tmp_path: Path) -> Iterator[str]:
 
 
 def test_the_jobs_run_on_a_standalone_cluster(cluster: str, tmp_path: Path) -> None:
-    topology = tmp_path / "config" / "topology.yaml"
-    topology.parent.mkdir()
-    topology.write_text(
-        "relays:\n"
-        "  - {id: 0, host: 127.0.0.1, mesh_port: 7100, client_port: 7200, streams: [s.*]}\n"
-        "data_dir: ../data\n"
-        "spool: {enabled: true}\n"
-        "store:\n"
-        "  spark:\n"
-        f"    master: {cluster}\n"
-        "    driver_host: 127.0.0.1\n"
-        f"    executor_python: {sys.executable}\n"
-        "    conf: {spark.executor.memory: 512m, spark.cores.max: 2}\n"
-    )
+    spark = {
+        "master": cluster,
+        "driver_host": "127.0.0.1",
+        "executor_python": sys.executable,
+        "conf": {"spark.executor.memory": "512m", "spark.cores.max": 2},
+    }
+    topology = spooling_topology(tmp_path, {"spark": spark})
     records = [generate("s.a", 400, seed=1), generate("s.b", 200, seed=2)]
     write_spools(str(tmp_path / "data" / "spool"), records, relays=3, segment_records=100)
 

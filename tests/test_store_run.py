@@ -25,6 +25,7 @@ from relay.tools import store_baseline
 from relay.tools.store_baseline import BaselineEngine
 from relay.tools.synthetic import StreamRecords, generate, write_spools
 from relay.topology import StoreSettings
+from store_topology import spooling_topology
 from waiting import wait_until
 
 RUN_CLI_TIMEOUT_S = 120
@@ -182,23 +183,10 @@ def test_the_runner_runs_each_job_on_its_schedule(tmp_path: Path) -> None:
     assert load_store(store).streams["sched"].snapshot_seqs[-1] == records.seqs[-1]
 
 
-def _topology(tmp_path: Path, store_section: dict[str, Any]) -> Path:
-    topology = tmp_path / "config" / "topology.yaml"
-    topology.parent.mkdir()
-    topology.write_text(
-        "relays:\n"
-        "  - {id: 0, host: 127.0.0.1, mesh_port: 7100, client_port: 7200, streams: [s.*]}\n"
-        "data_dir: ../data\n"
-        "spool: {enabled: true}\n"
-        f"store: {json.dumps(store_section)}\n"
-    )
-    return topology
-
-
 def test_relay_store_run_keeps_the_store_up_to_date(tmp_path: Path) -> None:
     """The command as an operator runs it: it ingests what the relays spool as it comes
     and snapshots it, then stops cleanly on SIGTERM."""
-    topology = _topology(tmp_path, {"ingest_interval_s": 1, "snapshot_interval_s": 1})
+    topology = spooling_topology(tmp_path, {"ingest_interval_s": 1, "snapshot_interval_s": 1})
     records = generate("s.live", 300, seed=7)
     spool, store = tmp_path / "data" / "spool", tmp_path / "data" / "store"
     _spool_upto(spool, [records], 100)
@@ -229,7 +217,7 @@ def test_relay_store_run_keeps_the_store_up_to_date(tmp_path: Path) -> None:
 
 
 def test_relay_store_run_once_names_a_bad_schedule(tmp_path: Path) -> None:
-    topology = _topology(tmp_path, {"ingest_interval_s": 0})
+    topology = spooling_topology(tmp_path, {"ingest_interval_s": 0})
     done = subprocess.run(
         [sys.executable, "-m", "relay", "store", "run", "--config", str(topology), "--once"],
         capture_output=True,
@@ -243,7 +231,7 @@ def test_relay_store_run_once_names_a_bad_schedule(tmp_path: Path) -> None:
 def test_relay_status_shows_the_store_runner(tmp_path: Path) -> None:
     """After a round of `relay store run --once`, `relay status` shows its jobs and where
     each stream stands in the store (the relays are down here: exit 1)."""
-    topology = _topology(tmp_path, {})
+    topology = spooling_topology(tmp_path, {})
     records = generate("s.seen", 150, seed=8)
     _spool_upto(tmp_path / "data" / "spool", [records], 150)
 
