@@ -215,7 +215,7 @@ _log_level_option = click.option(
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
     show_default=True,
-    help="Log level of the relay process(es).",
+    help="Log level of the processes the command runs (relays, the store runner).",
 )
 
 
