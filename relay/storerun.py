@@ -2,9 +2,9 @@
 hand (docs/store.md 7). On the schedule of the topology's `store:` section it
 
 - ingests the relays' spools every `ingest_interval_s`,
-- snapshots every stream with new records every `snapshot_interval_s`, then, with
-  `keep_deltas_s` set, retires the records older than that which a snapshot covers
-  (relay.store.maintain.retire),
+- snapshots every stream with new records every `snapshot_interval_s`, then keeps the
+  newest `keep_snapshots` of each and, with `keep_deltas_s` set, retires the records older
+  than that which a snapshot covers (relay.store.maintain.retire),
 - compacts small record files every `compact_interval_s`,
 - vacuums files no recent version needs every `vacuum_interval_s`.
 
@@ -195,18 +195,22 @@ class StoreRunner:
             "snapshots": len(made),
             "rows": sum(info.rows for info in made.values()),
         }
-        if self.settings.keep_deltas_s is not None:
-            figures.update(self._retire())
-            figures["changed"] = figures["changed"] or figures["records_retired"] > 0
+        figures.update(self._retire())
+        figures["changed"] = (
+            figures["changed"] or figures["records_retired"] > 0 or figures["snapshots_removed"] > 0
+        )
         return figures
 
     def _retire(self) -> dict[str, Any]:
+        """Retention: records older than keep_deltas_s (if set) kept only as snapshots, and
+        the snapshots beyond keep_snapshots removed."""
         from relay.store.maintain import retire
         from relay.store.tables import writing
 
-        assert self.settings.keep_deltas_s is not None
-        cut_ms = wall_ms(int(self.clock() * 1000) - self.settings.keep_deltas_s * 1000)
-        cut_seq = compose(cut_ms, 0, 0) - 1  # every seq of an earlier millisecond
+        cut_seq = -1  # no record is old enough
+        if self.settings.keep_deltas_s is not None:
+            cut_ms = wall_ms(int(self.clock() * 1000) - self.settings.keep_deltas_s * 1000)
+            cut_seq = compose(cut_ms, 0, 0) - 1  # every seq of an earlier millisecond
         with writing(self.store, "retire", self.settings.lock_wait_s):
             result = retire(self.store, cut_seq, self.settings.keep_snapshots)
         return {

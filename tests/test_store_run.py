@@ -180,7 +180,13 @@ def test_the_runner_runs_each_job_on_its_schedule(tmp_path: Path) -> None:
     assert runner.failures["snapshot"] == 1
     clock.now_s += 30
     assert {f.job: f.ok for f in runner.step()}["snapshot"]
-    assert load_store(store).streams["sched"].snapshot_seqs[-1] == records.seqs[-1]
+    assert load_store(store).streams["sched"].snapshot_seqs == [records.seqs[99], records.seqs[-1]]
+    # Only the newest keep_snapshots stay, even with every record kept.
+    runner.settings = StoreSettings(keep_snapshots=1)
+    _spool_upto(spool, [records], 200)
+    clock.now_s += 300
+    runner.step()
+    assert load_store(store).streams["sched"].snapshot_seqs == [records.seqs[-1]]
 
 
 def test_relay_store_run_keeps_the_store_up_to_date(tmp_path: Path) -> None:
