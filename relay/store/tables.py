@@ -40,7 +40,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -526,8 +526,3 @@ def writing(store: str | os.PathLike[str], job: str, wait_s: float = 0.0) -> Ite
         sweep(store)
         migrate_manifest_store(store)
         yield
-
-
-def all_record_files(state: StoreState) -> Iterable[RecordFile]:
-    for stream_state in state.streams.values():
-        yield from stream_state.files

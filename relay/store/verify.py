@@ -52,7 +52,6 @@ class Verified:
 
 # The snapshot-check map tasks: a record file, the seqs of it a check takes, the check.
 CHECK_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT, tag STRING"
-DIFFERENCES_SHOWN = 1  # example rows per differing snapshot
 
 
 def verify(spark: Any, store_path: str) -> Verified:
