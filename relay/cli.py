@@ -1939,11 +1939,23 @@ _master_option = click.option(
 )
 
 
+_wait_option = click.option(
+    "--wait-s",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another job writing the store (else exit 1 naming it).",
+)
+
+
 @store.command("ingest")
 @_config_option
 @_master_option
+@_wait_option
 @_key_file_option
-def store_ingest(config_path: str, master: str | None, key_file: str | None) -> None:
+def store_ingest(config_path: str, master: str | None, wait_s: float, key_file: str | None) -> None:
     """Append every relay's closed spool segments to the store.
 
     Checks that all relays agree on the digest at every seq and that each stream's chain
@@ -1954,7 +1966,7 @@ def store_ingest(config_path: str, master: str | None, key_file: str | None) -> 
 
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store ingest")
-    sys.exit(storecmd.ingest(config, master))
+    sys.exit(storecmd.ingest(config, master, wait_s))
 
 
 @store.command("snapshot")
@@ -1969,12 +1981,14 @@ def store_ingest(config_path: str, master: str | None, key_file: str | None) -> 
     help="Snapshot as of this seq (with --stream).",
 )
 @_master_option
+@_wait_option
 @_key_file_option
 def store_snapshot(
     config_path: str,
     stream: str | None,
     as_of: int | None,
     master: str | None,
+    wait_s: float,
     key_file: str | None,
 ) -> None:
     """Build each stream's snapshot (last value per entity and key) from the previous one
@@ -1985,7 +1999,7 @@ def store_snapshot(
         raise click.BadParameter("needs --stream", param_hint="--as-of")
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store snapshot")
-    sys.exit(storecmd.snapshot(config, master, stream, as_of))
+    sys.exit(storecmd.snapshot(config, master, stream, as_of, wait_s))
 
 
 @store.command("run")

@@ -90,11 +90,12 @@ def _with_session(
         spark.stop()
 
 
-def ingest(config: MeshConfig, master: str | None) -> int:
+def ingest(config: MeshConfig, master: str | None, wait_s: float = 0.0) -> int:
+    """`relay store ingest`; `wait_s`: how long to wait for another job's writer lock."""
     from relay.store.ingest import ingest as run_ingest
 
     def job(spark: Any) -> int:
-        result = run_ingest(spark, str(config.spool_dir), str(config.store_dir))
+        result = run_ingest(spark, str(config.spool_dir), str(config.store_dir), lock_wait_s=wait_s)
         print(
             f"ingest: {result.records_added} records from {result.segments_read} segments "
             f"into {config.store_dir} ({result.copies_checked} other relays' copies compared "
@@ -114,7 +115,13 @@ def ingest(config: MeshConfig, master: str | None) -> int:
     return _with_session(config, master, "relay-store-ingest", job)
 
 
-def snapshot(config: MeshConfig, master: str | None, stream: str | None, as_of: int | None) -> int:
+def snapshot(
+    config: MeshConfig,
+    master: str | None,
+    stream: str | None,
+    as_of: int | None,
+    wait_s: float = 0.0,
+) -> int:
     from relay.store.snapshot import snapshot as run_snapshot
 
     def job(spark: Any) -> int:
@@ -128,6 +135,7 @@ def snapshot(config: MeshConfig, master: str | None, stream: str | None, as_of: 
             spark,
             str(config.store_dir),
             as_of={stream: as_of} if stream is not None and as_of is not None else None,
+            lock_wait_s=wait_s,
             streams=None if stream is None else (stream,),
         )
         for name, info in sorted(made.items()):

@@ -56,6 +56,23 @@ def test_ingest_snapshot_verify_from_the_topology(tmp_path: Path) -> None:
     assert f"verified s.b: chain intact to seq {records[1].seqs[-1]}" in checked.stdout
 
 
+def test_a_second_writer_exits_naming_the_holder(tmp_path: Path) -> None:
+    """While another job writes the store, `relay store ingest` touches nothing and says
+    who holds it (exit 1); once it is free the same command ingests."""
+    from relay.store.tables import WriterLock
+
+    topology, records = spooled_topology(tmp_path)
+    store = tmp_path / "data" / "store"
+    with WriterLock(store, "a snapshot run by hand"):
+        refused = relay_cli("store", "ingest", "--config", str(topology), "--wait-s", "0.5")
+        assert refused.returncode == 1
+        assert "is being written by a snapshot run by hand (pid" in refused.stderr
+        assert not (store / "streams").exists()
+    done = relay_cli("store", "ingest", "--config", str(topology))
+    assert done.returncode == 0, done.stderr
+    assert f"s.a: last seq {records[0].seqs[-1]}" in done.stdout
+
+
 @pytest.mark.skipif(not SPARK_SUBMIT.exists(), reason="no spark-submit next to this Python")
 def test_spark_submit_runs_the_same_command(tmp_path: Path) -> None:
     """docs/store.md 4: `spark-submit relay/__main__.py store ingest --config ...` runs the
