@@ -166,7 +166,7 @@ class SparkSettings:
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """How `relay store run` keeps the store (relay.store.runner; docs/store.md 7)."""
+    """How `relay store run` keeps the store (relay.storerun; docs/store.md 7)."""
 
     ingest_interval_s: int = 10
     snapshot_interval_s: int = 300

@@ -141,6 +141,26 @@ def test_compaction_merges_small_files_in_seq_order(tmp_path: Path) -> None:
     assert [p.name for p in on_disk] == [Path(only.path).name]
 
 
+def test_compaction_keeps_the_file_ends_snapshots_were_taken_at(tmp_path: Path) -> None:
+    """Retention cuts only at a snapshot taken at a file end: compaction never merges
+    across one, so old records can still be retired after it."""
+    records = generate("cuts", 600, seed=9)
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    for stop in range(100, 601, 100):  # six small files, a snapshot after the third
+        _spool_upto(spool, [records], stop)
+        store_baseline.ingest_baseline(str(spool), str(store))
+        if stop == 300:
+            store_baseline.snapshot_baseline(str(store))
+    with tables.writing(store, "compact"):
+        result = maintain.compact(store, below_bytes=1 << 20, target_bytes=64 << 20)
+    assert (result.files_before, result.files_after) == (6, 2)
+    files = load_store(store).streams["cuts"].files
+    assert [f.last_seq for f in files] == [records.seqs[299], records.seqs[-1]]
+    with tables.writing(store, "retire"):
+        retired = maintain.retire(store, cut_seq=records.seqs[-1], keep_snapshots=5)
+    assert retired.records_removed == 300
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now_s = 1_800_000_000.0

@@ -1,5 +1,5 @@
 """Keeping a store in shape: retention, compaction and vacuum of its Delta tables
-(through deltalake, no Spark), run by `relay store run` (relay.store.runner) under the
+(through deltalake, no Spark), run by `relay store run` (relay.storerun) under the
 store's writer lock (docs/store.md 7).
 
 - **Retention** (`retire`): a stream's records older than a cut are kept only as
@@ -11,8 +11,9 @@ store's writer lock (docs/store.md 7).
   `keep_snapshots` go too, never the one the kept records continue from.
 - **Compaction** (`compact`): runs of consecutive small record files are rewritten as one
   file in seq order, in one commit that removes them (a Delta overwrite with a predicate
-  on their seq range). Delta's own `optimize` bin-packs files in no particular order, and
-  readers rely on each file holding its records in seq order.
+  on their seq range), never across a snapshot's seq (retention cuts there). Delta's own
+  `optimize` bin-packs files in no particular order, and readers rely on each file
+  holding its records in seq order.
 - **Vacuum** (`vacuum`): files that no version of the last `retention_hours` needs are
   deleted (readers pinned to an older version, and time travel further back, lose them),
   and the expired part of the log with them.
@@ -104,10 +105,12 @@ class CompactResult:
 
 def compact(store: str | os.PathLike[str], below_bytes: int, target_bytes: int) -> CompactResult:
     """Rewrite each run of consecutive record files smaller than `below_bytes` (at least
-    two, at most about `target_bytes` together) as one file."""
+    two, at most about `target_bytes` together, none running past a snapshot's seq) as
+    one file."""
     result = CompactResult()
     for stream, state in load_store(store, digests=False).streams.items():
-        for group in _small_runs(state.files, below_bytes, target_bytes):
+        snapshots = set(state.snapshot_seqs)
+        for group in _small_runs(state.files, below_bytes, target_bytes, snapshots):
             written = _rewrite(store, stream, group, target_bytes)
             result.files_before += len(group)
             result.files_after += written
@@ -123,22 +126,31 @@ def compact(store: str | os.PathLike[str], below_bytes: int, target_bytes: int) 
 
 
 def _small_runs(
-    files: list[RecordFile], below_bytes: int, target_bytes: int
+    files: list[RecordFile], below_bytes: int, target_bytes: int, ends: set[int]
 ) -> list[list[RecordFile]]:
+    """The runs to merge. A run ends at a file whose last seq is in `ends` (a snapshot's
+    seq): retention removes records only up to a snapshot at a file end, so compaction
+    keeps those ends."""
     runs: list[list[RecordFile]] = []
     current: list[RecordFile] = []
     total = 0
+
+    def close() -> None:
+        nonlocal current, total
+        if len(current) > 1:
+            runs.append(current)
+        current, total = [], 0
+
     for record_file in files:
         small = record_file.size_bytes < below_bytes
         if not small or total + record_file.size_bytes > target_bytes:
-            if len(current) > 1:
-                runs.append(current)
-            current, total = [], 0
+            close()
         if small:
             current.append(record_file)
             total += record_file.size_bytes
-    if len(current) > 1:
-        runs.append(current)
+            if record_file.last_seq in ends:
+                close()
+    close()
     return runs
 
 
