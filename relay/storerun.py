@@ -208,11 +208,15 @@ class StoreRunner:
         from relay.store.tables import writing
 
         cut_seq = -1  # no record is old enough
-        if self.settings.keep_deltas_s is not None:
-            cut_ms = wall_ms(int(self.clock() * 1000) - self.settings.keep_deltas_s * 1000)
+        spread_ms = None
+        keep_deltas_s = self.settings.keep_deltas_s
+        if keep_deltas_s is not None:
+            cut_ms = wall_ms(int(self.clock() * 1000) - keep_deltas_s * 1000)
             cut_seq = compose(cut_ms, 0, 0) - 1  # every seq of an earlier millisecond
+            # Snapshots spread over the window, so that the cut finds one as it moves on.
+            spread_ms = max(1, keep_deltas_s * 1000 // self.settings.keep_snapshots)
         with writing(self.store, "retire", self.settings.lock_wait_s):
-            result = retire(self.store, cut_seq, self.settings.keep_snapshots)
+            result = retire(self.store, cut_seq, self.settings.keep_snapshots, spread_ms)
         return {
             "records_retired": result.records_removed,
             "files_retired": result.files_removed,

@@ -88,6 +88,44 @@ def test_retention_keeps_older_history_only_as_snapshots(tmp_path: Path) -> None
     assert load_store(store).streams["kept"].last_seq == records.seqs[-1]
 
 
+def test_snapshots_spread_over_the_window_stay_for_later_cuts(tmp_path: Path) -> None:
+    """With few snapshots kept and a long retention window, pruning to the newest would
+    leave no snapshot for the cut to reach as it moves on: one per period above the cut
+    stays, and the next retire finds its point."""
+    from relay.core.seq import compose
+
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    chunks: list[StreamRecords] = []
+    for hour in range(3):  # records an hour apart, a snapshot after each hour's
+        previous = chunks[-1] if chunks else None
+        chunks.append(
+            generate(
+                "spread",
+                100,
+                seed=hour,
+                first_seq=compose(3_600_000 * (hour + 1), 0, 0),
+                previous_digest=previous.digests[-1] if previous else None,
+                first_index=100 * hour,
+            )
+        )
+        write_spools(str(spool), chunks, segment_records=50)
+        store_baseline.ingest_baseline(str(spool), str(store))
+        store_baseline.snapshot_baseline(str(store))
+    points = [c.seqs[-1] for c in chunks]
+    with tables.writing(store, "retire"):
+        spread = maintain.retire(store, cut_seq=-1, keep_snapshots=1, spread_ms=3_600_000)
+    assert spread.snapshots_removed == 0
+    assert load_store(store).streams["spread"].snapshot_seqs == points
+    # The cut moves past the second hour: the records up to its snapshot retire.
+    with tables.writing(store, "retire"):
+        later = maintain.retire(store, cut_seq=points[1], keep_snapshots=1, spread_ms=3_600_000)
+    assert later.retained_after == {"spread": points[1]} and later.records_removed == 200
+    # Without the spread only the newest (and the anchor) would have stayed.
+    with tables.writing(store, "retire"):
+        maintain.retire(store, cut_seq=points[1], keep_snapshots=1)
+    assert load_store(store).streams["spread"].snapshot_seqs == points[1:]
+
+
 def test_a_consumer_cannot_start_in_retired_history(tmp_path: Path) -> None:
     """A position inside retired history is not served from the store (the records right
     after it are gone); from the beginning reads what is kept."""

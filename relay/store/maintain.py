@@ -8,7 +8,8 @@ store's writer lock (docs/store.md 7).
   kept record continues from that snapshot's digest, a consumer that starts from it
   misses nothing, and verify checks the kept chain from there. The last file always
   stays (where the stream stands is read from it). Snapshots beyond the newest
-  `keep_snapshots` go too, never the one the kept records continue from.
+  `keep_snapshots` go too, never the one the kept records continue from, nor one per
+  period above the cut (`spread_ms`: the points the cut will reach later).
 - **Compaction** (`compact`): runs of consecutive small record files are rewritten as one
   file in seq order, in one commit that removes them (a Delta overwrite with a predicate
   on their seq range), never across a snapshot's seq (retention cuts there). Delta's own
@@ -31,6 +32,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from relay.core.seq import ms_of
 from relay.store.chaincheck import RECORD_SCHEMA
 from relay.store.errors import StoreCorrupt
 from relay.store.tables import (
@@ -53,10 +55,17 @@ class RetireResult:
     retained_after: dict[str, int] = field(default_factory=dict)
 
 
-def retire(store: str | os.PathLike[str], cut_seq: int, keep_snapshots: int) -> RetireResult:
+def retire(
+    store: str | os.PathLike[str],
+    cut_seq: int,
+    keep_snapshots: int,
+    spread_ms: int | None = None,
+) -> RetireResult:
     """Remove each stream's records at or below the newest snapshot point at or below
     `cut_seq` that ends a record file (not the last file), and its snapshots beyond the
-    newest `keep_snapshots` (never the one its kept records continue from)."""
+    newest `keep_snapshots`, never the one its kept records continue from, nor (with
+    `spread_ms`) the newest in each `spread_ms` of seq time above the cut: those are the
+    points later cuts will need as the cut moves on."""
     from deltalake import CommitProperties, DeltaTable
 
     result = RetireResult()
@@ -89,6 +98,11 @@ def retire(store: str | os.PathLike[str], cut_seq: int, keep_snapshots: int) -> 
                 through,
             )
         keep = set(state.snapshot_seqs[-keep_snapshots:]) | {retained_after}
+        if spread_ms is not None:
+            newest_per_period = {
+                ms_of(s) // spread_ms: s for s in state.snapshot_seqs if s > cut_seq
+            }
+            keep |= set(newest_per_period.values())
         for seq in state.snapshot_seqs:
             if seq not in keep:
                 shutil.rmtree(snapshot_table(store, stream, seq), ignore_errors=True)
