@@ -387,7 +387,7 @@ class Spool:
             return
         try:
             stored = load_store(self.store_dir, digests=False)
-        except StoreError as error:
+        except (StoreError, ImportError) as error:  # deltalake missing: never stop the writer
             log.warning("spool of relay %d: cannot read the store: %s", self.relay_id, error)
             return
         removed = freed = 0
