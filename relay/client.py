@@ -905,7 +905,7 @@ class _StoreFeed:
         ):
             if request.refresh:
                 self._reader.refresh()
-            point = self._reader.last_points().get(stream)
+            point = self._reader.last_point(stream)
             if point is not None and -1 < request.after_seq < self._reader.retained_after(stream):
                 # Retention removed the records right after the position (they live on
                 # only in snapshots): the store cannot serve it. ("From the beginning"

@@ -240,7 +240,7 @@ def fold_durable_history(
     point, digest = GENESIS_POINT, genesis(METADATA_STREAM)
     if (store_dir / STREAMS_DIR).is_dir():
         reader = StoreReader(store_dir)
-        stored = reader.last_points().get(METADATA_STREAM)
+        stored = reader.last_point(METADATA_STREAM)
         if stored is not None:
             for record in reader.records_after(METADATA_STREAM):
                 state.apply(record.seq, record.kind, record.value, False)

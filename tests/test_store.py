@@ -278,34 +278,32 @@ def test_copies_without_a_majority_stop_the_stream(tmp_path: Path) -> None:
     assert StoreReader(store).last_points()["tied"].seq == records.seqs[119]
 
 
-def test_a_corrupt_copy_is_outvoted_by_a_copy_that_chains(tmp_path: Path) -> None:
-    """Relay 0's copy keeps the right digest but not the right content: the copy stored
-    first fails the chain, relay 1's chains and is stored instead."""
+@pytest.mark.parametrize(
+    ("relay", "index", "segment_records"),
+    [
+        # Relay 0's copy, the one stored first: it fails the chain, relay 1's is stored.
+        (0, 77, 200),
+        # Relay 2's copy, not the one stored (relay 0's is): compared in content.
+        (2, 150, 100),
+    ],
+)
+def test_a_copy_with_the_right_digest_and_other_content_is_outvoted(
+    tmp_path: Path, relay: int, index: int, segment_records: int
+) -> None:
+    """A relay's copy keeps the right digest but not the right content: whether it is the
+    copy ingest would store or another, it is outvoted, named and its segment quarantined,
+    and the right content is stored."""
     records = generate("flaky", 200, seed=9)
     spool, store = tmp_path / "spool", tmp_path / "store"
-    write_spools(str(spool), [records], relays=3, segment_records=200)
-    bad_seq = records.seqs[77]
-    _rewrite_relay_copy(spool, relay=0, stream="flaky", seq=bad_seq, keep_digest=True)
+    write_spools(str(spool), [records], relays=3, segment_records=segment_records)
+    bad_seq = records.seqs[index]
+    _rewrite_relay_copy(spool, relay=relay, stream="flaky", seq=bad_seq, keep_digest=True)
     result = store_baseline.ingest_baseline(str(spool), str(store))
-    assert result.outvoted == [("flaky", 0, bad_seq)] and len(result.quarantined) == 1
+    assert result.outvoted == [("flaky", relay, bad_seq)] and len(result.quarantined) == 1
+    assert result.copies_checked == 2 * len(records)
     stored = {r.seq: r.value for r in StoreReader(store).records_after("flaky", -1)}
     assert len(stored) == records.duplicates.count(False)
-    assert stored[bad_seq] == records.values[77]
-
-
-def test_copies_ingest_does_not_store_are_checked_in_content(tmp_path: Path) -> None:
-    """Relay 2's copy keeps the right digest but not the right content, and is not the
-    copy stored (relay 0's is): compared with the stored one, it is outvoted and named."""
-    records = generate("quiet", 200, seed=11)
-    spool, store = tmp_path / "spool", tmp_path / "store"
-    write_spools(str(spool), [records], relays=3, segment_records=100)
-    bad_seq = records.seqs[150]
-    _rewrite_relay_copy(spool, relay=2, stream="quiet", seq=bad_seq, keep_digest=True)
-    result = store_baseline.ingest_baseline(str(spool), str(store))
-    assert result.outvoted == [("quiet", 2, bad_seq)] and len(result.quarantined) == 1
-    assert result.copies_checked == 2 * len(records)
-    stored = {r.seq: r.value for r in StoreReader(store).records_after("quiet", -1)}
-    assert stored[bad_seq] == records.values[150]
+    assert stored[bad_seq] == records.values[index]
 
 
 def test_a_broken_chain_is_reported(spark: Any, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from relay.store.tables import (
     commit_snapshot,
     is_table,
     new_run,
+    position_metadata,
     records_table,
     snapshot_table,
 )
@@ -98,15 +99,8 @@ def _convert_stream(
             )
             for entry in sorted(state["files"], key=lambda f: f["first_seq"])
         ]
-        metadata = {
-            "relay.job": "migrate",
-            "relay.run": run,
-            "relay.first_seq": str(files[0].first_seq),
-            "relay.last_seq": str(state["last_seq"]),
-            "relay.last_digest": str(state["last_digest"]),
-            "relay.records_added": str(sum(f.records for f in files)),
-            "relay.outvoted": "0",
-        }
+        digest = bytes.fromhex(state["last_digest"])
+        metadata = position_metadata("migrate", run, files, digest, 0, 0)
         commit_records(root, stream, StreamState(), files, staging, metadata)
         converted = True
     snapshot = state.get("snapshot")

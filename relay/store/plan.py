@@ -29,6 +29,7 @@ from relay.store.tables import (
     digest_at,
     drop_staging,
     load_snapshot,
+    position_metadata,
 )
 
 log = logging.getLogger("relay.store")
@@ -200,16 +201,14 @@ def finish_ingest(
         ]
         if before_commit is not None:
             before_commit()
-        metadata = {
-            "relay.job": "ingest",
-            "relay.run": run,
-            "relay.first_seq": str(files[0].first_seq),
-            "relay.last_seq": str(outcome.last_seq),
-            "relay.last_digest": outcome.last_digest.hex(),
-            "relay.records_added": str(outcome.records),
-            "relay.outvoted": str(len(outcome.outvoted)),
-            "relay.copies_checked": str(outcome.copies_checked),
-        }
+        metadata = position_metadata(
+            "ingest",
+            run,
+            files,
+            outcome.last_digest,
+            len(outcome.outvoted),
+            outcome.copies_checked,
+        )
         state = plan.store.streams.get(stream)
         versions[stream] = commit_records(
             store, stream, state or StreamState(), files, staging, metadata

@@ -1,14 +1,16 @@
 """Read the store without Spark (pyarrow only): what a consumer needs to bootstrap.
 
     reader = StoreReader(store_path)
+    reader.last_point(stream)           -> StoredPoint(seq, digest) | None
     reader.last_points()                -> {stream: StoredPoint(seq, digest)}
     reader.snapshot(stream)             -> StoredSnapshot(seq, digest, rows) | None
     reader.records_after(stream, seq)   -> iterator of StoredRecord, in seq order
 
-It reads the store's Delta tables (relay.store.tables). A reader sees each stream's records
-table at the version current when it was made (`refresh()` moves it on); the files that
-version names stay in place while newer commits happen (only a vacuum past the retention
-window removes them). Records are read file by file in row groups, so memory stays
+It reads the store's Delta tables (relay.store.tables), a stream's when it is first asked
+about (a consumer reads one stream: it does not load the others). A reader then sees that
+stream's records table at that version (`refresh()` moves it on); the files that version
+names stay in place while newer commits happen (only a vacuum past the retention window
+removes them). Records are read file by file in row groups, so memory stays
 bounded whatever the stream's length.
 """
 
@@ -26,7 +28,13 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from relay.segment import to_unsigned64
 from relay.store.errors import StoreCorrupt, UnknownStoredStream
 from relay.store.plan import SNAPSHOT_SCHEMA
-from relay.store.tables import StoreState, StreamState, latest_snapshot, load_store
+from relay.store.tables import (
+    StreamState,
+    latest_snapshot,
+    load_stream,
+    records_table,
+    stream_names,
+)
 
 RECORD_READ_COLUMNS = ["seq", "key", "value", "producer_id", "producer_seq", "kind", "duplicate"]
 
@@ -57,26 +65,30 @@ class StoredSnapshot:
 class StoreReader:
     def __init__(self, store_path: str | os.PathLike[str]) -> None:
         self.store_path = Path(store_path)
-        self._store: StoreState = load_store(self.store_path)
+        self._streams: dict[str, StreamState] = {}  # loaded so far
 
     def refresh(self) -> None:
-        self._store = load_store(self.store_path)
-
-    @property
-    def versions(self) -> dict[str, int]:
-        """Per stream the version of its records table this reader reads."""
-        return self._store.versions()
+        self._streams = {}
 
     def streams(self) -> list[str]:
-        return sorted(s for s, st in self._store.streams.items() if st.records)
+        return sorted(s for s in stream_names(self.store_path) if self._state(s).records)
+
+    def last_point(self, stream: str) -> StoredPoint | None:
+        """The last stored (seq, digest) of `stream`; None when it has no stored record."""
+        if (
+            stream not in self._streams
+            and not records_table(self.store_path, stream).parent.is_dir()
+        ):
+            return None
+        state = self._state(stream)
+        if not state.records:
+            return None
+        return StoredPoint(state.last_seq, bytes.fromhex(state.last_digest))
 
     def last_points(self) -> dict[str, StoredPoint]:
         """Per stream the last stored (seq, digest)."""
-        return {
-            stream: StoredPoint(state.last_seq, bytes.fromhex(state.last_digest))
-            for stream, state in self._store.streams.items()
-            if state.records
-        }
+        points = {s: self.last_point(s) for s in stream_names(self.store_path)}
+        return {stream: point for stream, point in points.items() if point is not None}
 
     def retained_after(self, stream: str) -> int:
         """The seq of the snapshot the stream's kept records continue from, once retention
@@ -128,9 +140,13 @@ class StoreReader:
                     )
 
     def _state(self, stream: str) -> StreamState:
-        state = self._store.streams.get(stream)
+        state = self._streams.get(stream)
         if state is None:
-            raise UnknownStoredStream(f"the store at {self.store_path} has no stream {stream!r}")
+            if not records_table(self.store_path, stream).parent.is_dir():
+                raise UnknownStoredStream(
+                    f"the store at {self.store_path} has no stream {stream!r}"
+                )
+            state = self._streams[stream] = load_stream(self.store_path, stream)
         return state
 
     def _read(self, relative: str, columns: list[str]) -> pa.Table:

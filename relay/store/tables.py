@@ -147,27 +147,22 @@ def stream_names(store: str | os.PathLike[str]) -> list[str]:
     return sorted(stream_of_dir(entry.name) for entry in os.scandir(folder) if entry.is_dir())
 
 
-def load_store(
-    store: str | os.PathLike[str], *, digests: bool = True, versions: dict[str, int] | None = None
-) -> StoreState:
-    """Every stream's state (at `versions[stream]` of its records table if given, else the
-    latest). `digests=False` leaves `last_digest` empty (it costs a read of each stream's
-    last file; a spool's reclaim needs only the seqs)."""
+def load_store(store: str | os.PathLike[str], *, digests: bool = True) -> StoreState:
+    """Every stream's state, at the latest version of its records table. `digests=False`
+    leaves `last_digest` empty (it costs a read of each stream's last file; a spool's
+    reclaim needs only the seqs)."""
     state = StoreState()
     for stream in stream_names(store):
-        version = None if versions is None else versions.get(stream)
-        state.streams[stream] = load_stream(store, stream, digests=digests, version=version)
+        state.streams[stream] = load_stream(store, stream, digests=digests)
     return state
 
 
-def load_stream(
-    store: str | os.PathLike[str], stream: str, *, digests: bool = True, version: int | None = None
-) -> StreamState:
+def load_stream(store: str | os.PathLike[str], stream: str, *, digests: bool = True) -> StreamState:
     state = StreamState(snapshot_seqs=snapshot_seqs(store, stream))
     path = records_table(store, stream)
     if not is_table(path):
         return state
-    table = _open(path, version)
+    table = _open(path)
     state.version = table.version()
     prefix = str(path.relative_to(store))
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -191,12 +186,12 @@ def load_stream(
     return state
 
 
-def _open(path: Path, version: int | None = None) -> Any:
+def _open(path: Path) -> Any:
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
     try:
-        return DeltaTable(str(path), version=version)
+        return DeltaTable(str(path))
     except (DeltaError, OSError) as error:
         raise StoreCorrupt(f"table {path} unreadable: {error}") from None
 
@@ -267,10 +262,10 @@ def _first_commit(table: Any) -> dict[str, Any]:
 
 
 def latest_snapshot(
-    store: str | os.PathLike[str], stream: str, state: StreamState, at_or_below: int | None = None
+    store: str | os.PathLike[str], stream: str, state: StreamState
 ) -> SnapshotInfo | None:
-    """The snapshot with the highest seq (at or below `at_or_below` if given)."""
-    seqs = [s for s in state.snapshot_seqs if at_or_below is None or s <= at_or_below]
+    """The snapshot with the highest seq."""
+    seqs = state.snapshot_seqs
     return load_snapshot(store, stream, seqs[-1]) if seqs else None
 
 
@@ -297,6 +292,22 @@ def new_run(store: str | os.PathLike[str]) -> tuple[str, Path]:
 
 def drop_staging(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def position_metadata(
+    job: str, run: str, files: list[StagedFile], last_digest: bytes, outvoted: int, checked: int
+) -> dict[str, str]:
+    """The commit metadata of records added (files in seq order): the chain position."""
+    return {
+        "relay.job": job,
+        "relay.run": run,
+        "relay.first_seq": str(files[0].first_seq),
+        "relay.last_seq": str(files[-1].last_seq),
+        "relay.last_digest": last_digest.hex(),
+        "relay.records_added": str(sum(f.records for f in files)),
+        "relay.outvoted": str(outvoted),
+        "relay.copies_checked": str(checked),
+    }
 
 
 def commit_records(
