@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from relay.client import Consumer, Metadata, Record, Start
     from relay.launcher import Mesh, StatusReply
     from relay.security import ClientCurve
+    from relay.store.location import StoreLocation
     from relay.store.reader import StoredSnapshot
     from relay.topology import MeshConfig
 
@@ -701,13 +702,13 @@ def _status_document(config_path: str, replies: dict[int, StatusReply]) -> dict[
     }
 
 
-def _store_document(store_dir: Path, relays: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _store_document(store: StoreLocation, relays: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What `relay store run` last left in the store (relay.storerun), and per stream how
     far the store is behind the relays' commits (by the time in the seqs)."""
     from relay.core.seq import ms_of
     from relay.storerun import read_status
 
-    runner = read_status(store_dir)
+    runner = read_status(store)
     if runner is None:
         return None
     committed: dict[str, int] = {}
@@ -720,7 +721,7 @@ def _store_document(store_dir: Path, relays: list[dict[str, Any]]) -> dict[str, 
         if isinstance(stream, dict) and name in committed and committed[name] >= 0:
             stored = int(stream.get("last_seq", -1))
             behind[name] = max(0, ms_of(committed[name]) - ms_of(stored)) if stored >= 0 else None
-    return {"runner": runner, "behind_ms": behind}
+    return {"location": str(store), "runner": runner, "behind_ms": behind}
 
 
 def _counters_text(status: dict[str, Any]) -> str:
@@ -902,7 +903,7 @@ def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | No
     endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
     curve = _client_curve(config, key_file)
     doc = _status_document(config_path, query_status(endpoints, timeout_s, curve))
-    doc["store"] = _store_document(config.store_dir, doc["relays"])
+    doc["store"] = _store_document(config.store_location, doc["relays"])
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -1361,14 +1362,16 @@ def consume(
     if durable is not None:
         _check_durable(durable)
     relays = _client_endpoints(config, relay_id, stream)
-    store: Path | Literal[False] = False if no_store else (ingested_store(config) or False)
+    store: StoreLocation | Literal[False] = False if no_store else (ingested_store(config) or False)
     if start == "snapshot" and is_pattern(stream):
         raise click.BadParameter(
             f"{stream!r} is a pattern; --from snapshot reads one stream's snapshot",
             param_hint="--from",
         )
     if start == "snapshot" and not store:
-        click.echo(f"error: --from snapshot needs a store; {config.store_dir} has none", err=True)
+        click.echo(
+            f"error: --from snapshot needs a store; {config.store_location} has none", err=True
+        )
         sys.exit(2)
     curve = _client_curve(config, key_file)
     options: dict[str, Any] = {"timeout_s": timeout_s, "count": count, "store": store}

@@ -57,8 +57,8 @@ match (StreamsReq, every `pattern_refresh_s`, so streams that appear later are r
 from their beginning), and the next record yielded is the oldest one buffered of any of
 them; all share one connection per relay.
 
-The store (docs/store.md 5; `store=` a path, or by default the topology's `store_dir` once
-a store was ingested there; `store=False` never) holds every stream's history from its
+The store (docs/store.md 5; `store=` a path or URI, or by default the topology's store
+location once a store was ingested there; `store=False` never) holds every stream's history from its
 genesis up to its last ingested point, so it covers what the relays' bounded buffers no
 longer hold. Whenever the relays cannot serve the consumer's position (they answer
 `out_of_range`, also mid-stream after a slow consumer fell behind, or, from the beginning,
@@ -160,6 +160,7 @@ from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store import STREAMS_DIR
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
+from relay.store.location import StoreLocation, as_location
 from relay.topology import MeshConfig, is_pattern, load
 from relay.wire import MAX_READ_ENTRIES, MAX_WAIT_MS
 
@@ -227,7 +228,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 
 RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
 TopologySource: TypeAlias = str | Path | MeshConfig
-StoreSource: TypeAlias = str | os.PathLike[str] | Literal[False] | None
+StoreSource: TypeAlias = str | os.PathLike[str] | StoreLocation | Literal[False] | None
 KeyFile: TypeAlias = str | os.PathLike[str] | None
 # Where a subscription starts: for one stream, or for each stream of a pattern (a mapping:
 # per stream, None meaning "latest", as in Consumer.positions; the others from their
@@ -880,16 +881,16 @@ class _StoreFeed:
     last point it runs to come from the same manifest, so once it is exhausted every
     stored record up to that point was read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, location: StoreLocation) -> None:
         try:
             from relay.store.reader import StoreReader
         except ImportError as error:
             raise ImportError(
-                f"reading the store at {path} needs pyarrow ({error}): install the store "
+                f"reading the store at {location} needs pyarrow ({error}): install the store "
                 "extra (pip install 'relay[store]'), or pass store=False"
             ) from error
-        self.path = path
-        self._reader: StoreReader = StoreReader(path)
+        self.location = location
+        self._reader: StoreReader = StoreReader(location)
         self._records: Iterator[StoredRecord] | None = None  # the read being continued
         self._stream = ""  # ... of this stream
         self._after = -1  # ... which continues after this seq
@@ -936,23 +937,24 @@ class _StoreFeed:
             return None
 
 
-def ingested_store(config: MeshConfig) -> Path | None:
-    """The topology's store_dir once a store was ingested there (it has a folder of
+def ingested_store(config: MeshConfig) -> StoreLocation | None:
+    """The topology's store location once a store was ingested there (it has a folder of
     stream tables), else None: the store a consumer of that topology reads by default."""
-    return config.store_dir if (config.store_dir / STREAMS_DIR).is_dir() else None
+    location = config.store_location
+    return location if location.is_dir(STREAMS_DIR) else None
 
 
 def _open_store(store: StoreSource, config: MeshConfig | None) -> _StoreFeed | None:
-    """The store a consumer reads: `store` False none, a path that store, None the
-    topology's ingested store (`ingested_store`)."""
+    """The store a consumer reads: `store` False none, a path, URI or location that store,
+    None the topology's ingested store (`ingested_store`)."""
     if store is False:
         return None
     if store is None:
-        path = None if config is None else ingested_store(config)
-        return None if path is None else _StoreFeed(path)
-    if isinstance(store, bool) or not isinstance(store, str | os.PathLike):
-        raise TypeError(f"store must be a path, None or False, got {store!r}")
-    return _StoreFeed(Path(store))
+        location = None if config is None else ingested_store(config)
+        return None if location is None else _StoreFeed(location)
+    if isinstance(store, bool) or not isinstance(store, str | os.PathLike | StoreLocation):
+        raise TypeError(f"store must be a path, URI, StoreLocation, None or False, got {store!r}")
+    return _StoreFeed(as_location(store))
 
 
 class _Lane:
@@ -1153,8 +1155,8 @@ class _ConsumerBase(Generic[_L]):
         if start == "snapshot":
             if self._store is None:
                 raise ValueError(
-                    "start='snapshot' needs a store: pass store=path, or a topology whose "
-                    "store_dir holds one (relay store ingest)"
+                    "start='snapshot' needs a store: pass store=path or URI, or a topology "
+                    "whose store location holds one (relay store ingest)"
                 )
             snapshot = self._store.snapshot(stream)
         engine = ReadEngine(
@@ -1165,7 +1167,7 @@ class _ConsumerBase(Generic[_L]):
             connect_grace_s=self._connect_grace_s,
             now=time.monotonic(),
             first_request_id=_random_request_id(),
-            store_path=None if self._store is None else str(self._store.path),
+            store_path=None if self._store is None else str(self._store.location),
         )
         if snapshot is None:
             engine.subscribe(stream, start)
@@ -1453,7 +1455,7 @@ class Consumer(_ConsumerBase[_SyncLinks]):
     `subscribe`, then iterate over `Record`s (`record.stream` says whose).
 
     `store`: the persistent store that serves the history the relays no longer hold (a
-    path; by default the topology's store_dir if a store was ingested there; False:
+    path or URI; by default the topology's store location if a store was ingested there; False:
     never). Iteration ends after `count` records (counted from the last `subscribe`), or
     when one `next()` waited `timeout_s` seconds without a record (both optional; by
     default it waits forever). Errors: UnknownStream, OutOfRange (see

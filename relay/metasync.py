@@ -32,6 +32,7 @@ from relay.core.digest import chain, genesis, tx_hash
 from relay.core.state import GENESIS_POINT
 from relay.errors import FieldError, MalformedFrame
 from relay.meta import METADATA_STREAM, MetaState, MetaView, Versioned
+from relay.store.location import StoreArg, as_location
 
 META_SYNC_MARK = b"\xc1M"
 _REQUEST = META_SYNC_MARK + b"Q"
@@ -226,7 +227,7 @@ class DurableFold:
 
 
 def fold_durable_history(
-    store_dir: Path, spool_dir: Path | None, relay_id: int
+    store: StoreArg, spool_dir: Path | None, relay_id: int
 ) -> DurableFold | None:
     """Fold the metadata stream's stored records, then this relay's spooled ones after
     them while each continues the digest chain (a spool with a gap stops there). None
@@ -238,8 +239,9 @@ def fold_durable_history(
     state = MetaState()
     state.applied = GENESIS_POINT
     point, digest = GENESIS_POINT, genesis(METADATA_STREAM)
-    if (store_dir / STREAMS_DIR).is_dir():
-        reader = StoreReader(store_dir)
+    location = as_location(store)
+    if location.is_dir(STREAMS_DIR):
+        reader = StoreReader(location)
         stored = reader.last_point(METADATA_STREAM)
         if stored is not None:
             for record in reader.records_after(METADATA_STREAM):

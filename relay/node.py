@@ -609,8 +609,7 @@ class RelayNode:
         relay's own spool, which may be further on): should the mesh start with no relay
         holding a stream, it carries on from there instead of from the genesis."""
         points: dict[str, tuple[int, bytes]] = {}
-        if (self.config.store_dir / STREAMS_DIR).is_dir():
-            points.update(self._stored_points())
+        points.update(self._stored_points())
         if self.config.spool.enabled:
             from relay.spool import last_spooled_points
 
@@ -629,8 +628,18 @@ class RelayNode:
         self._fold_wanted = METADATA_STREAM in points
 
     def _stored_points(self) -> dict[str, tuple[int, bytes]]:
-        """Per stream the store's last (seq, digest); none when the store is unreadable
-        (pyarrow and deltalake, the store's: imported only when a store is there)."""
+        """Per stream the store's last (seq, digest); none when there is no store or it is
+        unreadable (pyarrow and deltalake, the store's: imported only when a store is
+        there)."""
+        location = self.config.store_location
+        try:
+            if not location.is_dir(STREAMS_DIR):
+                return {}
+        except OSError as error:  # an object store out of reach: carry on without it
+            log.error(
+                "relay=%d store %s unreachable, not seeding from it: %s", self.id, location, error
+            )
+            return {}
         try:
             from relay.store.errors import StoreError
             from relay.store.tables import load_store
@@ -638,8 +647,8 @@ class RelayNode:
             log.error("relay=%d cannot read the store, not seeding from it: %s", self.id, error)
             return {}
         try:
-            stored = load_store(self.config.store_dir)
-        except StoreError as error:
+            stored = load_store(location)
+        except (StoreError, OSError) as error:
             log.error("relay=%d store unreadable, not seeding from it: %s", self.id, error)
             return {}
         return {
@@ -653,7 +662,7 @@ class RelayNode:
         either (the whole mesh restarted): docs/metadata.md 3. Runs in a worker thread."""
         spool = self.config.spool_dir if self.config.spool.enabled else None
         try:
-            durable = fold_durable_history(self.config.store_dir, spool, self.id)
+            durable = fold_durable_history(self.config.store_location, spool, self.id)
         except Exception as error:  # unreadable history must not stop the relay: peers may help
             log.error("relay=%d metadata history unreadable, not folded: %s", self.id, error)
             return None
@@ -678,7 +687,7 @@ class RelayNode:
             segment_max_bytes=settings.segment_max_bytes,
             segment_max_age_ms=settings.segment_max_age_ms,
             disk_max_bytes=settings.disk_max_bytes,
-            store_dir=self.config.store_dir,
+            store=self.config.store_location,
         )
         log.info("relay=%d spooling to %s", self.id, self._spool.root)
 

@@ -23,7 +23,7 @@ one clear error, counts it, drops the stream's later records and names the strea
 `refused_streams` (the relay stops voting on it). It never raises into the caller and
 never blocks it. Restarting the relay starts the stream again.
 
-Disk: given the store (`store_dir`), the writer removes this relay's segments that the
+Disk: given the store (`store`, a location), the writer removes this relay's segments that the
 store lists as ingested, and counts the disk again, every RECLAIM_INTERVAL_MS; so a mesh
 whose store is ingested regularly keeps its spools small, and a full spool gets room back.
 
@@ -55,6 +55,7 @@ from relay.segment import (
     write_segment_file,
 )
 from relay.store.errors import StoreError
+from relay.store.location import StoreLocation
 from relay.store.tables import load_store
 
 log = logging.getLogger("relay.spool")
@@ -119,7 +120,7 @@ class Spool:
         segment_max_age_ms: int = DEFAULT_SEGMENT_MAX_AGE_MS,
         disk_max_bytes: int = DEFAULT_DISK_MAX_BYTES,
         pending_max_bytes: int = DEFAULT_PENDING_MAX_BYTES,
-        store_dir: str | os.PathLike[str] | None = None,
+        store: StoreLocation | None = None,
     ) -> None:
         for name, value in (
             ("segment_max_bytes", segment_max_bytes),
@@ -136,7 +137,7 @@ class Spool:
         self.segment_max_age_ms = segment_max_age_ms
         self.disk_max_bytes = disk_max_bytes
         self.pending_max_bytes = pending_max_bytes
-        self.store_dir = None if store_dir is None else Path(store_dir)
+        self.store = store
         # Unbounded in batches: what waits is bounded in bytes, by the room the relay
         # respects (room_bytes).
         self._queue: queue.Queue[tuple[str, Sequence[SpoolRecord], int] | int | _Close] = (
@@ -383,11 +384,11 @@ class Spool:
     def _reclaim(self) -> None:
         """Remove this relay's segments whose records the store holds (each stream's
         records table reaches their last seq)."""
-        if self.store_dir is None:
+        if self.store is None:
             return
         try:
-            stored = load_store(self.store_dir, digests=False)
-        except (StoreError, ImportError) as error:  # deltalake missing: never stop the writer
+            stored = load_store(self.store, digests=False)
+        except (StoreError, ImportError, OSError) as error:  # never stop the writer over it
             log.warning("spool of relay %d: cannot read the store: %s", self.relay_id, error)
             return
         removed = freed = 0

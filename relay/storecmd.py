@@ -95,10 +95,10 @@ def ingest(config: MeshConfig, master: str | None, wait_s: float = 0.0) -> int:
     from relay.store.ingest import ingest as run_ingest
 
     def job(spark: Any) -> int:
-        result = run_ingest(spark, str(config.spool_dir), str(config.store_dir), lock_wait_s=wait_s)
+        result = run_ingest(spark, str(config.spool_dir), config.store_location, lock_wait_s=wait_s)
         print(
             f"ingest: {result.records_added} records from {result.segments_read} segments "
-            f"into {config.store_dir} ({result.copies_checked} other relays' copies compared "
+            f"into {config.store_location} ({result.copies_checked} other relays' copies compared "
             "in content)"
         )
         for stream, (seq, digest) in sorted(result.streams.items()):
@@ -128,12 +128,12 @@ def snapshot(
         if stream is not None:
             from relay.store.reader import StoreReader
 
-            if stream not in StoreReader(str(config.store_dir)).streams():
+            if stream not in StoreReader(config.store_location).streams():
                 print(f"snapshot FAILED: the store holds no stream {stream!r}", file=sys.stderr)
                 return EXIT_ERROR
         made = run_snapshot(
             spark,
-            str(config.store_dir),
+            config.store_location,
             as_of={stream: as_of} if stream is not None and as_of is not None else None,
             lock_wait_s=wait_s,
             streams=None if stream is None else (stream,),
@@ -155,7 +155,7 @@ def run(config: MeshConfig, engine: Any, *, once: bool = False) -> int:
 
     from relay.storerun import StoreRunner
 
-    runner = StoreRunner(config.store, config.spool_dir, config.store_dir, engine)
+    runner = StoreRunner(config.store, config.spool_dir, config.store_location, engine)
     stop = threading.Event()
 
     def stopping(signum: int, frame: object) -> None:
@@ -177,7 +177,7 @@ def verify(config: MeshConfig, master: str | None) -> int:
     from relay.store.verify import verify as run_verify
 
     def job(spark: Any) -> int:
-        verified = run_verify(spark, str(config.store_dir))
+        verified = run_verify(spark, config.store_location)
         for stream, (seq, digest) in sorted(verified.points.items()):
             count = verified.records[stream]
             print(

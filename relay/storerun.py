@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from relay.core.seq import compose, wall_ms
 from relay.store.errors import IngestFailed, StoreError, StoreLocked
+from relay.store.location import StoreArg, StoreLocation, as_location
 from relay.topology import StoreSettings
 
 log = logging.getLogger("relay.store")
@@ -45,9 +46,9 @@ class Engine(Protocol):
 
     name: str
 
-    def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> Any: ...
+    def ingest(self, spool_root: str, store: StoreLocation, lock_wait_s: float) -> Any: ...
 
-    def snapshot(self, store: str, lock_wait_s: float) -> Any: ...
+    def snapshot(self, store: StoreLocation, lock_wait_s: float) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -58,12 +59,12 @@ class SparkEngine:
     def __init__(self, spark: Any) -> None:
         self.spark = spark
 
-    def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> Any:
+    def ingest(self, spool_root: str, store: StoreLocation, lock_wait_s: float) -> Any:
         from relay.store.ingest import ingest
 
         return ingest(self.spark, spool_root, store, lock_wait_s=lock_wait_s)
 
-    def snapshot(self, store: str, lock_wait_s: float) -> Any:
+    def snapshot(self, store: StoreLocation, lock_wait_s: float) -> Any:
         from relay.store.snapshot import snapshot
 
         return snapshot(self.spark, store, lock_wait_s=lock_wait_s)
@@ -92,14 +93,14 @@ class StoreRunner:
         self,
         settings: StoreSettings,
         spool_root: Path,
-        store: Path,
+        store: StoreArg,
         engine: Engine,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.spool_root = spool_root
-        self.store = store
+        self.store = as_location(store)
         self.engine = engine
         self.clock = clock
         self.started_ms = int(clock() * 1000)
@@ -176,9 +177,7 @@ class StoreRunner:
     # --- the jobs -------------------------------------------------------------------------
 
     def _ingest(self) -> dict[str, Any]:
-        result = self.engine.ingest(
-            str(self.spool_root), str(self.store), self.settings.lock_wait_s
-        )
+        result = self.engine.ingest(str(self.spool_root), self.store, self.settings.lock_wait_s)
         return {
             "changed": result.records_added > 0,
             "records_added": result.records_added,
@@ -189,7 +188,7 @@ class StoreRunner:
         }
 
     def _snapshot(self) -> dict[str, Any]:
-        made = self.engine.snapshot(str(self.store), self.settings.lock_wait_s)
+        made = self.engine.snapshot(self.store, self.settings.lock_wait_s)
         figures: dict[str, Any] = {
             "changed": bool(made),
             "snapshots": len(made),
@@ -278,20 +277,17 @@ class StoreRunner:
         }
 
     def _write_status(self) -> None:
-        path = self.store / STATUS_FILE
-        temporary = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
         try:
-            self.store.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(self.status(), indent=1, sort_keys=True))
-            os.replace(temporary, path)
-        except OSError as error:
-            log.warning("store runner: cannot write %s: %s", path, error)
+            document = json.dumps(self.status(), indent=1, sort_keys=True).encode()
+            self.store.write_bytes(STATUS_FILE, document)
+        except (OSError, StoreError) as error:
+            log.warning("store runner: cannot write %s: %s", self.store.uri(STATUS_FILE), error)
 
 
-def read_status(store: Path) -> dict[str, Any] | None:
+def read_status(store: StoreArg) -> dict[str, Any] | None:
     """The last status a runner left in `store` (None: none ran there)."""
     try:
-        status = json.loads((store / STATUS_FILE).read_text())
+        status = json.loads(as_location(store).read_bytes(STATUS_FILE))
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None

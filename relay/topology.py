@@ -19,7 +19,11 @@ The file format (`config/topology.yaml` is the commented example)::
       segment_max_bytes: 16777216 # a segment closes at this size ...
       segment_max_age_ms: 10000   # ... or this age
       disk_max_bytes: 10737418240 # per relay; once full the relay stops voting (5.14)
-    store:                        # optional: how `relay store run` keeps the store
+    store:                        # optional: where the store is and how `relay store run` keeps it
+      location: s3://bucket/relay # a path (relative to the file) or s3:// URI; default
+                                  # <data_dir>/store (docs/store.md 8)
+      s3: {endpoint_url: "http://10.0.0.6:9000", region: eu-west-1, allow_http: true}
+                                  # optional; credentials come from the AWS environment
       ingest_interval_s: 10       # ingest the spools this often
       snapshot_interval_s: 300    # snapshot the streams with new records this often
       keep_deltas_s: 604800       # records older than this (by seq time) are kept only as
@@ -89,6 +93,7 @@ from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
 from relay.meta import METADATA_STREAM, InvalidMetaOp, check_key
+from relay.store.location import BadStoreLocation, StoreLocation, as_location
 
 __all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
 
@@ -179,6 +184,9 @@ class StoreSettings:
     vacuum_retention_hours: int = 24
     lock_wait_s: int = 60
     spark: SparkSettings = SparkSettings()
+    # Where the store is: an absolute path or an s3:// URI; None: <data_dir>/store.
+    location: str | None = None
+    s3: tuple[tuple[str, str], ...] = ()  # S3 options (relay.store.location.S3_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -211,9 +219,10 @@ class MeshConfig:
         return self.data_dir / "spool"
 
     @property
-    def store_dir(self) -> Path:
-        """The persistent store that `relay store ingest` builds from the spool."""
-        return self.data_dir / "store"
+    def store_location(self) -> StoreLocation:
+        """The persistent store that `relay store ingest` builds from the spool (checked
+        when the file was loaded)."""
+        return as_location(self.store.location or self.data_dir / "store", dict(self.store.s3))
 
     def core_config(self, relay_id: int) -> CoreConfig:
         """The core's configuration for one relay of this mesh."""
@@ -420,6 +429,14 @@ class _SparkModel(BaseModel):
     conf: dict[str, str | int | float | bool] = {}
 
 
+class _S3Model(BaseModel):
+    model_config = _STRICT
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    allow_http: bool = False
+
+
 class _StoreModel(BaseModel):
     model_config = _STRICT
 
@@ -434,6 +451,8 @@ class _StoreModel(BaseModel):
     vacuum_retention_hours: _NonNegative = StoreSettings.vacuum_retention_hours
     lock_wait_s: _NonNegative = StoreSettings.lock_wait_s
     spark: _SparkModel | None = None
+    location: Annotated[str, AfterValidator(_check_path)] | None = None
+    s3: _S3Model | None = None
 
 
 class _SecurityModel(BaseModel):
@@ -483,6 +502,7 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "spool": tuple(_SpoolModel.model_fields),
     "store": tuple(_StoreModel.model_fields),
     "store.spark": tuple(_SparkModel.model_fields),
+    "store.s3": tuple(_S3Model.model_fields),
     "security": tuple(_SecurityModel.model_fields),
     "access": tuple(_ClientModel.model_fields),
 }
@@ -494,11 +514,18 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
 def _store_settings(model: _StoreModel | None, base: Path) -> StoreSettings:
     if model is None:
         return StoreSettings()
-    fields = model.model_dump(exclude={"spark"})
+    fields = model.model_dump(exclude={"spark", "location", "s3"})
     spark = model.spark or _SparkModel()
     python = spark.executor_python
+    location = model.location
+    if location is not None and "://" not in location:
+        location = os.path.abspath(base / location)
+    s3 = model.s3.model_dump(exclude_none=True, exclude_defaults=True) if model.s3 else {}
+    s3_options = tuple(sorted((k, _conf_text(v)) for k, v in s3.items()))
     return StoreSettings(
         **fields,
+        location=location,
+        s3=s3_options,
         spark=SparkSettings(
             master=spark.master,
             driver_host=spark.driver_host,
@@ -690,6 +717,16 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
                 "metadata: ['*']}})",
             )
         )
+
+    store = model.store
+    if store is not None and store.s3 is not None and "://" not in (store.location or ""):
+        problems.append(("store.s3", "S3 options need an s3:// store.location"))
+    elif store is not None and store.location is not None:
+        try:
+            s3 = store.s3.model_dump(exclude_none=True) if store.s3 else None
+            as_location(store.location, s3)
+        except BadStoreLocation as error:
+            problems.append(("store.location", str(error)))
 
     if problems:
         raise ConfigError(_join(file, problems))

@@ -214,7 +214,7 @@ def read_back(
         relays=relays_first(config, relay_id, STREAM),
         curve=client_curve(config),
         timeout_s=READ_IDLE_S,
-        store=config.store_dir if use_store else False,
+        store=config.store_location if use_store else False,
     )
     with consumer.subscribe(STREAM, "earliest"):
         while True:
@@ -375,7 +375,7 @@ def catch_up(config: MeshConfig, runner: subprocess.Popen[bytes], produced: Prod
     while time.monotonic() < deadline:
         if runner.poll() is not None:
             return [f"relay store run exited {runner.returncode} (see store-run.log)"]
-        status = read_status(config.store_dir) or {}
+        status = read_status(config.store_location) or {}
         stream = (status.get("streams") or {}).get(STREAM) or {}
         if int(stream.get("last_seq", -1)) >= last:
             say(
@@ -396,7 +396,8 @@ def read_tables(config: MeshConfig, produced: Produced) -> list[str]:
 
     from relay.store.tables import records_table
 
-    path = records_table(config.store_dir, STREAM)
+    location = config.store_location
+    path = location.local_root / records_table(STREAM)
     table = DeltaTable(str(path))
     seqs = pl.read_delta(str(path)).get_column("seq").to_list()
     uris = table.file_uris()

@@ -59,7 +59,7 @@ def test_ingest_snapshot_verify_from_the_topology(tmp_path: Path) -> None:
 def test_a_second_writer_exits_naming_the_holder(tmp_path: Path) -> None:
     """While another job writes the store, `relay store ingest` touches nothing and says
     who holds it (exit 1); once it is free the same command ingests."""
-    from relay.store.tables import WriterLock
+    from relay.store.lock import WriterLock
 
     topology, records = spooled_topology(tmp_path)
     store = tmp_path / "data" / "store"

@@ -389,11 +389,11 @@ def test_out_of_range_when_neither_the_store_nor_a_relay_covers(tmp_path: Path) 
 def test_the_topology_store_by_default_and_store_false(tmp_path: Path) -> None:
     path = write_loopback_topology(tmp_path / "mesh", {1: [STREAM]})
     config = load(path)
-    history = History(tmp_path, config.store_dir).ingest(100)
+    history = History(tmp_path, config.store_location.local_root).ingest(100)
     live = live_entries(history.last_seq)
     stored = history.records()
     with FakeRelay(live, oldest=history.last_seq, bind=config.relays[1].client_endpoint):
-        # By default a topology's store_dir is read once a store was ingested there.
+        # By default a topology's store location is read once a store was ingested there.
         with Consumer(topology=config, count=len(stored) + len(live)) as c:
             assert list(c.subscribe(STREAM)) == stored + as_records(live)
         # store=False: the relays only, exactly as before ("earliest" is the oldest entry
@@ -405,7 +405,7 @@ def test_the_topology_store_by_default_and_store_false(tmp_path: Path) -> None:
                 next(c.subscribe(STREAM, stored[0].seq))
             assert "store" not in str(caught.value)
             assert c.oldest_available == history.last_seq
-    # A topology whose store_dir holds no store: the consumer has none.
+    # A topology whose store location holds no store: the consumer has none.
     bare = load(write_loopback_topology(tmp_path / "bare", {1: [STREAM]}))
     with Consumer(topology=bare) as c, pytest.raises(ValueError, match="needs a store"):
         c.subscribe(STREAM, "snapshot")
@@ -496,7 +496,7 @@ def test_real_relays_restarted_from_the_store(tmp_path: Path) -> None:
     """The whole mesh restarted with empty buffers: the relays carry on from the store's
     last point, and a consumer gets the stored history, then what commits since."""
     config = load(write_loopback_topology(tmp_path / "mesh", {1: [STREAM], 2: [STREAM]}))
-    history = History(tmp_path, config.store_dir).ingest(100)
+    history = History(tmp_path, config.store_location.local_root).ingest(100)
     stored = history.records()
     with Mesh(config):
         with Producer(topology=config, send_timeout_s=RELAY_JOIN_TIMEOUT_S) as producer:

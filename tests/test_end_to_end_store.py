@@ -147,10 +147,10 @@ def test_consumers_read_the_store_then_the_live_mesh(tmp_path: Path, spark: Any)
                 timeout_s=60,
                 poll_s=0.05,
             )
-            ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
+            ingested = ingest(spark, str(config.spool_dir), config.store_location)
             assert ingested.records_added == BEFORE_INGEST and not ingested.problems
             stored_through = ingested.streams[STREAM][0]
-            made = snapshot(spark, str(config.store_dir))
+            made = snapshot(spark, config.store_location)
             snapshot_seq = made[STREAM].seq
             assert snapshot_seq == stored_through
 

@@ -395,7 +395,7 @@ def test_marks_survive_a_whole_mesh_restart_through_the_store(tmp_path: Path, sp
     )
     position, version = write_marks_then_stop(config_path, tmp_path / "logs")
     config = Mesh(config_path).config
-    ingested = ingest(spark, str(config.spool_dir), str(config.store_dir))
+    ingested = ingest(spark, str(config.spool_dir), config.store_location)
     assert not ingested.problems and METADATA_STREAM in ingested.streams, ingested
     shutil.rmtree(config.spool_dir)  # as relays reclaim what the store holds
     synced = check_marks_after_restart(config_path, tmp_path / "logs2", position, version, True)

@@ -104,9 +104,9 @@ def test_relays_spool_and_carry_on_from_their_history(tmp_path: Path) -> None:
     second, nodes = asyncio.run(run_mesh(config, [b"b%d" % i for i in range(25)]))
     assert min(second) > max(first)
     assert all(node.counters["seeded_streams"] == 1 for node in nodes)
-    result = ingest_baseline(str(config.spool_dir), str(config.store_dir))
+    result = ingest_baseline(str(config.spool_dir), config.store_location)
     assert result.records_added == 65 and not result.problems  # one chain from the genesis
-    assert verify_baseline(str(config.store_dir)).points[STREAM][0] == max(second)
+    assert verify_baseline(config.store_location).points[STREAM][0] == max(second)
 
     # Once ingested, the spools are reclaimed; the next start seeds from the store alone.
     third, nodes = asyncio.run(run_mesh(config, [b"c%d" % i for i in range(5)]))
@@ -114,8 +114,8 @@ def test_relays_spool_and_carry_on_from_their_history(tmp_path: Path) -> None:
     assert all(node.counters["seeded_streams"] == 1 for node in nodes)
     left = find_segments(config.spool_dir)
     assert left and all(segment.first_seq == min(third) for segment in left), left
-    assert ingest_baseline(str(config.spool_dir), str(config.store_dir)).records_added == 5
-    stored = list(StoreReader(config.store_dir).records_after(STREAM, -1))
+    assert ingest_baseline(str(config.spool_dir), config.store_location).records_added == 5
+    stored = list(StoreReader(config.store_location.local_root).records_after(STREAM, -1))
     assert [r.seq for r in stored] == sorted(first + second + third)
     values = [b"a%d" % i for i in range(40)] + [b"b%d" % i for i in range(25)]
     assert sorted(r.value for r in stored) == sorted(values + [b"c%d" % i for i in range(5)])
@@ -171,13 +171,15 @@ def test_full_spools_refuse_writes_and_lose_nothing_acknowledged(tmp_path: Path)
     assert len(committed) > 50 and unknown <= 2
     everywhere = {seq for relay in RELAYS for seq, _, _ in spooled(config, relay)}
     assert set(committed) <= everywhere
-    result = ingest_baseline(str(config.spool_dir), str(config.store_dir))
+    result = ingest_baseline(str(config.spool_dir), config.store_location)
     assert not result.problems and result.records_added >= len(committed)
 
     # The store took the spools: the relays reclaim them and take writes again.
     more, _ = asyncio.run(run_mesh(config, [b"after%d" % i for i in range(10)]))
     assert min(more) > max(committed)
-    assert ingest_baseline(str(config.spool_dir), str(config.store_dir)).records_added == 10
-    stored = [r.seq for r in StoreReader(config.store_dir).records_after(STREAM, -1)]
+    assert ingest_baseline(str(config.spool_dir), config.store_location).records_added == 10
+    stored = [
+        r.seq for r in StoreReader(config.store_location.local_root).records_after(STREAM, -1)
+    ]
     assert set(committed) | set(more) <= set(stored)
     assert stored == sorted(set(stored))

@@ -16,6 +16,7 @@ import pytest
 import relay.spool as spool_module
 from relay.segment import find_segments, stream_dir_name, to_unsigned64
 from relay.spool import Spool, SpoolRecord
+from relay.store.location import as_location
 from relay.tools.synthetic import generate
 from waiting import wait_until
 
@@ -195,7 +196,7 @@ def test_ingested_segments_are_reclaimed_by_their_own_relay(tmp_path: Path) -> N
     assert {s.relay for s in written} == {0, 1}
     assert ingest_baseline(str(spool_dir), str(store_dir)).records_added == 200
     later = generate(STREAM, 220, seed=5).records(200, 220)  # not ingested yet
-    spool = Spool(spool_dir, 0, store_dir=store_dir)
+    spool = Spool(spool_dir, 0, store=as_location(store_dir))
     try:
         spool.append(STREAM, later)
         spool.tick(1)  # the first tick reclaims

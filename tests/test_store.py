@@ -27,6 +27,7 @@ from relay.store.changes import (
     encode_changes,
 )
 from relay.store.errors import IngestFailed, InvalidChanges, StoreLocked, VerifyFailed
+from relay.store.lock import WriterLock
 from relay.store.reader import StoreReader
 from relay.store.tables import load_store
 from relay.tools import store_baseline
@@ -123,7 +124,7 @@ def _rows_of_snapshot_table(store: Path, stream: str, seq: int) -> dict[Any, Any
     """A snapshot table's rows as Polars reads them through deltalake."""
     import polars as pl
 
-    frame = pl.read_delta(str(tables.snapshot_table(store, stream, seq)))
+    frame = pl.read_delta(str(store / tables.snapshot_table(stream, seq)))
     return {(r["entity"], r["key"]): (r["value"], r["seq"]) for r in frame.iter_rows(named=True)}
 
 
@@ -158,7 +159,7 @@ def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
     from deltalake import DeltaTable
 
     state = load_store(store)
-    files = [u for s in STREAMS for u in DeltaTable(tables.records_table(store, s)).file_uris()]
+    files = [u for s in STREAMS for u in DeltaTable(store / tables.records_table(s)).file_uris()]
     stored = spark.read.parquet(*files)
     expected = spark.createDataFrame(_expected_rows(streams), schema=stored.schema)
     assertDataFrameEqual(stored, expected)
@@ -174,7 +175,7 @@ def test_ingest_and_snapshot_match_expected_data_and_the_baseline(
             for s in find_segments(tmp_path / "spool")
             if s.stream == name
         )
-        [commit] = DeltaTable(tables.records_table(store, name)).history(1)
+        [commit] = DeltaTable(store / tables.records_table(name)).history(1)
         assert commit["relay.last_seq"] == str(stream_state.last_seq)
         assert commit["relay.last_digest"] == stream_state.last_digest
 
@@ -236,9 +237,9 @@ def test_ingest_twice_adds_nothing_and_new_segments_append(spark: Any, tmp_path:
     # Time travel: the records table as of each ingest's version.
     from deltalake import DeltaTable
 
-    table = DeltaTable(tables.records_table(store, full[1].stream), version=0)
+    table = DeltaTable((store / tables.records_table(full[1].stream)), version=0)
     assert table.to_pyarrow_table().num_rows == 500
-    assert DeltaTable(tables.records_table(store, full[1].stream)).version() == 1
+    assert DeltaTable(store / tables.records_table(full[1].stream)).version() == 1
 
 
 def test_a_divergent_copy_is_outvoted_and_quarantined(spark: Any, tmp_path: Path) -> None:
@@ -400,7 +401,7 @@ def test_verify_finds_a_seq_stored_twice(spark: Any, tmp_path: Path) -> None:
     store = tmp_path / "store"
     store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
     [original] = load_store(store).streams["twice"].files
-    table = tables.records_table(store, "twice")
+    table = store / tables.records_table("twice")
     shutil.copy(store / original.path, table / "copy.parquet")
     stats = {
         "numRecords": original.records,
@@ -631,7 +632,7 @@ def test_the_tables_read_as_delta_tables_elsewhere(tmp_path: Path) -> None:
     store_baseline.ingest_baseline(str(tmp_path / "spool"), str(store))
     store_baseline.snapshot_baseline(str(store))
     for records in streams:
-        path = tables.records_table(store, records.stream)
+        path = store / tables.records_table(records.stream)
         frame = pl.read_delta(str(path)).sort("seq")
         assert frame["seq"].to_list() == records.seqs
         assert frame["digest"].to_list() == records.digests
@@ -708,7 +709,7 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
     streams = _streams(100)
     spool, store = str(tmp_path / "spool"), tmp_path / "store"
     write_spools(spool, streams, segment_records=50)
-    with tables.WriterLock(store, "someone else's ingest"):
+    with WriterLock(store, "someone else's ingest"):
         with pytest.raises(StoreLocked, match="someone else's ingest") as failure:
             store_baseline.ingest_baseline(spool, str(store))
         assert "pid" in failure.value.holder and failure.value.retriable

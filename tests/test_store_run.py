@@ -17,8 +17,10 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from relay.store import maintain, tables
+from relay.store.location import as_location
+from relay.store.lock import LOCK_FILE, WriterLock
 from relay.store.reader import StoreReader
-from relay.store.tables import WriterLock, load_store
+from relay.store.tables import load_store
 from relay.storerun import STATUS_FILE, StoreRunner, read_status
 from relay.tools import store_baseline
 from relay.tools.store_baseline import BaselineEngine
@@ -139,7 +141,7 @@ def test_a_consumer_cannot_start_in_retired_history(tmp_path: Path) -> None:
         store_baseline.snapshot_baseline(str(store))
     with tables.writing(store, "retire"):
         maintain.retire(store, cut_seq=records.seqs[-1], keep_snapshots=5)
-    feed = _StoreFeed(store)
+    feed = _StoreFeed(as_location(store))
     inside = feed.read("old", StoreRead(records.seqs[10], refresh=True), 1000)
     assert inside.records == [] and inside.store_last is None
     earliest = feed.read("old", StoreRead(-1, refresh=True), 1000)
@@ -169,11 +171,13 @@ def test_compaction_merges_small_files_in_seq_order(tmp_path: Path) -> None:
     # readers of older versions until a vacuum past the retention.
     from deltalake import DeltaTable
 
-    assert DeltaTable(tables.records_table(store, "small"), version=before.version).version() == 4
+    assert (
+        DeltaTable((store / tables.records_table("small")), version=before.version).version() == 4
+    )
     with tables.writing(store, "vacuum"):
         vacuumed = maintain.vacuum(store, retention_hours=0)
     assert vacuumed.files_removed == 5
-    on_disk = list(tables.records_table(store, "small").glob("*.parquet"))
+    on_disk = list((store / tables.records_table("small")).glob("*.parquet"))
     assert [p.name for p in on_disk] == [Path(only.path).name]
 
 
@@ -322,6 +326,6 @@ def test_relay_status_shows_the_store_runner(tmp_path: Path) -> None:
 def _no_leftover_lock(tmp_path: Path) -> Any:
     yield
     # Every lock a test took was released: a new writer gets it at once.
-    for lock in tmp_path.rglob(tables.LOCK_FILE):
+    for lock in tmp_path.rglob(LOCK_FILE):
         with WriterLock(lock.parent, "check"):
             pass

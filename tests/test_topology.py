@@ -449,7 +449,7 @@ def test_spool_settings_default_off_and_checked(tmp_path: Path) -> None:
     plain = loads(relays, tmp_path / "t.yaml")
     assert not plain.spool.enabled
     assert plain.spool_dir == plain.data_dir / "spool"
-    assert plain.store_dir == plain.data_dir / "store"
+    assert plain.store_location.local_root == plain.data_dir / "store"
     on = loads(relays + "spool: {enabled: true, segment_max_age_ms: 500}\n", tmp_path / "t.yaml")
     assert on.spool.enabled and on.spool.segment_max_age_ms == 500
     with pytest.raises(ConfigError) as info:

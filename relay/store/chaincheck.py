@@ -21,7 +21,6 @@ or after it is passed on.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from relay.core.digest import chain, genesis, tx_hash
 from relay.core.messages import Transaction
 from relay.segment import SEGMENT_SCHEMA, SegmentRef, stream_dir_name, to_unsigned64
 from relay.store.errors import ChainProblem
+from relay.store.location import Folder
 
 # The columns of the store's record files, in order: a segment's columns minus `relay`.
 RECORD_SCHEMA = SEGMENT_SCHEMA.remove(SEGMENT_SCHEMA.get_field_index("relay"))
@@ -387,9 +387,9 @@ def start_point(stream: str, last_seq: int | None, last_digest: bytes | None) ->
 class RecordFileWriter:
     """A sink that writes each stream's verified rows to one Parquet file per range under
     `directory`/stream=<escaped>/, named `<prefix>-<first_seq>.parquet`, in row groups of
-    RECORD_FILE_ROW_GROUP_ROWS."""
+    RECORD_FILE_ROW_GROUP_ROWS; the paths it returns are relative to the store."""
 
-    def __init__(self, directory: str, prefix: str) -> None:
+    def __init__(self, directory: Folder, prefix: str) -> None:
         self.directory = directory
         self.prefix = prefix
         self._files: dict[str, _OpenFile] = {}
@@ -400,11 +400,10 @@ class RecordFileWriter:
         entry = self._files.get(stream)
         if entry is None:
             first_seq = rows.column("seq")[0].as_py()
-            folder = os.path.join(self.directory, stream_dir_name(stream))
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f"{self.prefix}-{first_seq}.parquet")
-            writer = pq.ParquetWriter(
-                path,
+            name = f"{stream_dir_name(stream)}/{self.prefix}-{first_seq}.parquet"
+            path = f"{self.directory.relative}/{name}"
+            writer = self.directory.parquet_writer(
+                name,
                 RECORD_SCHEMA,
                 compression=RECORD_FILE_COMPRESSION,
                 use_dictionary=["stream", "kind", "duplicate"],
@@ -459,7 +458,7 @@ def check_segment_range(
     after_seq: int,
     last_seq: int,
     segments: Sequence[SegmentRef],
-    directory: str,
+    directory: Folder,
     prefix: str | None = None,
     *,
     after_digest: bytes | None = None,

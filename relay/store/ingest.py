@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay.store.location import Folder, StoreArg, StoreLocation
 from relay.store.plan import (
     BeforeCommit,
     IngestResult,
@@ -40,7 +41,7 @@ from relay.store.tables import load_store, new_run, writing
 def ingest(
     spark: Any,
     spool_root: str,
-    store_path: str,
+    store_path: StoreArg,
     *,
     before_commit: BeforeCommit | None = None,
     lock_wait_s: float = 0.0,
@@ -48,27 +49,27 @@ def ingest(
     """Append every new closed segment under `spool_root` to the store at `store_path`.
     Raises IngestFailed (after committing the verified part) on a chain problem, and
     StoreLocked if another job holds the store after `lock_wait_s`."""
-    with writing(store_path, "ingest", lock_wait_s):
-        return _ingest(spark, spool_root, store_path, before_commit)
+    with writing(store_path, "ingest", lock_wait_s) as location:
+        return _ingest(spark, spool_root, location, before_commit)
 
 
 def _ingest(
-    spark: Any, spool_root: str, store_path: str, before_commit: BeforeCommit | None
+    spark: Any, spool_root: str, location: StoreLocation, before_commit: BeforeCommit | None
 ) -> IngestResult:
-    plan = plan_ingest(spool_root, load_store(store_path))
-    run, staging = new_run(store_path)
+    plan = plan_ingest(spool_root, load_store(location))
+    run, staging = new_run(location)
     summaries: list[dict[str, object]] = []
     if plan.to_read:
         ranges = plan_ranges(plan, range_bytes_for(plan.input_bytes, parallelism(spark)))
-        staging_dir = str(staging)
+        folder = Folder(location, staging)
 
         def check_ranges(tasks: Any) -> Any:
             for task in tasks:
-                yield from check_range(task, staging_dir)
+                yield from check_range(task, folder)
 
         # One partition per range (biggest first); the summaries are the only output.
         tasks = spark.sparkContext.parallelize(ranges, len(ranges))
         spark.sparkContext.setJobDescription(f"ingest {len(ranges)} ranges")
         summaries = tasks.mapPartitions(check_ranges).collect()
         spark.sparkContext.setJobDescription(None)
-    return finish_ingest(store_path, plan, summaries, staging, run, before_commit)
+    return finish_ingest(location, plan, summaries, staging, run, before_commit)

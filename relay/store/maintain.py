@@ -23,24 +23,25 @@ store's writer lock (docs/store.md 7).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.core.seq import ms_of
 from relay.store.chaincheck import RECORD_SCHEMA
 from relay.store.errors import StoreCorrupt
+from relay.store.location import StoreArg, StoreLocation, as_location
+from relay.store.lock import check
 from relay.store.tables import (
     RecordFile,
     is_table,
     load_store,
+    open_table,
+    read_parquet,
     records_table,
     snapshot_table,
+    stream_names,
 )
 
 log = logging.getLogger("relay.store")
@@ -56,7 +57,7 @@ class RetireResult:
 
 
 def retire(
-    store: str | os.PathLike[str],
+    store: StoreArg,
     cut_seq: int,
     keep_snapshots: int,
     spread_ms: int | None = None,
@@ -66,10 +67,11 @@ def retire(
     newest `keep_snapshots`, never the one its kept records continue from, nor (with
     `spread_ms`) the newest in each `spread_ms` of seq time above the cut: those are the
     points later cuts will need as the cut moves on."""
-    from deltalake import CommitProperties, DeltaTable
+    from deltalake import CommitProperties
 
+    location = as_location(store)
     result = RetireResult()
-    for stream, state in load_store(store, digests=False).streams.items():
+    for stream, state in load_store(location, digests=False).streams.items():
         ends = {f.last_seq for f in state.files[:-1]}
         points = [s for s in state.snapshot_seqs if s <= cut_seq and s in ends]
         retained_after = state.retained_after
@@ -83,7 +85,7 @@ def retire(
                     "relay.retained_after": str(through),
                 }
             )
-            DeltaTable(str(records_table(store, stream))).delete(
+            open_table(location, records_table(stream)).delete(
                 f"seq <= {through}", commit_properties=properties
             )
             result.files_removed += len(going)
@@ -105,7 +107,7 @@ def retire(
             keep |= set(newest_per_period.values())
         for seq in state.snapshot_seqs:
             if seq not in keep:
-                shutil.rmtree(snapshot_table(store, stream, seq), ignore_errors=True)
+                location.delete_dir(snapshot_table(stream, seq))
                 result.snapshots_removed += 1
     return result
 
@@ -117,15 +119,16 @@ class CompactResult:
     records: int = 0
 
 
-def compact(store: str | os.PathLike[str], below_bytes: int, target_bytes: int) -> CompactResult:
+def compact(store: StoreArg, below_bytes: int, target_bytes: int) -> CompactResult:
     """Rewrite each run of consecutive record files smaller than `below_bytes` (at least
     two, at most about `target_bytes` together, none running past a snapshot's seq) as
     one file."""
+    location = as_location(store)
     result = CompactResult()
-    for stream, state in load_store(store, digests=False).streams.items():
+    for stream, state in load_store(location, digests=False).streams.items():
         snapshots = set(state.snapshot_seqs)
         for group in _small_runs(state.files, below_bytes, target_bytes, snapshots):
-            written = _rewrite(store, stream, group, target_bytes)
+            written = _rewrite(location, stream, group, target_bytes)
             result.files_before += len(group)
             result.files_after += written
             result.records += sum(f.records for f in group)
@@ -169,14 +172,14 @@ def _small_runs(
 
 
 def _rewrite(
-    store: str | os.PathLike[str], stream: str, group: list[RecordFile], target_bytes: int
+    location: StoreLocation, stream: str, group: list[RecordFile], target_bytes: int
 ) -> int:
-    from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
+    from deltalake import CommitProperties, WriterProperties, write_deltalake
 
-    path = records_table(store, stream)
+    table_name = records_table(stream)
     # One chunk: delta-rs writes the batches of a multi-chunk table in no fixed order.
     data = pa.concat_tables(
-        [pq.read_table(Path(store) / f.path, schema=RECORD_SCHEMA) for f in group]
+        [read_parquet(location, f.path, schema=RECORD_SCHEMA) for f in group]
     ).combine_chunks()
     first, last = group[0].first_seq, group[-1].last_seq
     properties = CommitProperties(
@@ -188,16 +191,18 @@ def _rewrite(
             "relay.files": str(len(group)),
         }
     )
+    check(location)
     write_deltalake(
-        str(path),
+        location.uri(table_name),
         data,
+        storage_options=location.storage_options,
         mode="overwrite",
         predicate=f"seq >= {first} AND seq <= {last}",
         target_file_size=target_bytes,
         writer_properties=WriterProperties(compression="ZSTD"),  # as RECORD_FILE_COMPRESSION
         commit_properties=properties,
     )
-    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
+    actions = pa.table(open_table(location, table_name).get_add_actions(flatten=True))
     written = [
         name
         for name, seq in zip(
@@ -206,9 +211,11 @@ def _rewrite(
         if first <= seq <= last
     ]
     for name in written:  # readers rely on it: say so loudly should it ever not hold
-        seqs = pq.read_table(path / name, columns=["seq"]).column("seq")
+        seqs = read_parquet(location, f"{table_name}/{name}", columns=["seq"]).column("seq")
         if len(seqs) > 1 and not pc.all(pc.less(seqs[:-1], seqs[1:])).as_py():
-            raise StoreCorrupt(f"compaction wrote {path / name} out of seq order")
+            raise StoreCorrupt(
+                f"compaction wrote {location.uri(table_name)}/{name} out of seq order"
+            )
     return len(written)
 
 
@@ -217,17 +224,16 @@ class VacuumResult:
     files_removed: int = 0
 
 
-def vacuum(store: str | os.PathLike[str], retention_hours: int) -> VacuumResult:
+def vacuum(store: StoreArg, retention_hours: int) -> VacuumResult:
     """Delete the files of every records table that no version of the last
     `retention_hours` names, and the log entries that expired with them."""
-    from deltalake import DeltaTable
-
+    location = as_location(store)
     result = VacuumResult()
-    for stream in load_store(store, digests=False).streams:
-        path = records_table(store, stream)
-        if not is_table(path):
+    for stream in stream_names(location):
+        table_name = records_table(stream)
+        if not is_table(location, table_name):
             continue
-        table = DeltaTable(str(path))
+        table = open_table(location, table_name)
         removed = table.vacuum(
             retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False
         )

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from relay.store.errors import StoreCorrupt
+from relay.store.location import StoreLocation, as_location
 from relay.store.tables import (
     StagedFile,
     StreamState,
     commit_records,
     commit_snapshot,
+    drop_staging,
     is_table,
     new_run,
     position_metadata,
@@ -44,8 +46,8 @@ _OLD_MANIFEST_NAME = re.compile(r"^(\d{20})\.json$")
 
 
 def migrate_manifest_store(store: str | os.PathLike[str]) -> list[str]:
-    """Convert the store if it has the earlier layout; the streams converted. Only the
-    writer lock's holder may call it."""
+    """Convert the local store if it has the earlier layout (only local stores had it);
+    the streams converted. Only the writer lock's holder may call it."""
     root = Path(store)
     folder = root / OLD_MANIFEST_DIR
     versions = sorted(
@@ -64,13 +66,14 @@ def migrate_manifest_store(store: str | os.PathLike[str]) -> list[str]:
             f"{where}: unreadable manifest of the earlier layout: {error!r}"
         ) from None
     converted = []
-    run, staging = new_run(store)
+    location = as_location(root)
+    run, staging = new_run(location)
     try:
         for stream, state in sorted(streams.items()):
-            if _convert_stream(root, stream, state, run, staging):
+            if _convert_stream(location, stream, state, run, staging):
                 converted.append(stream)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        drop_staging(location, staging)
     for old in OLD_FOLDERS:
         shutil.rmtree(root / old, ignore_errors=True)
     os.replace(folder, root / MIGRATED_DIR)
@@ -86,10 +89,11 @@ def migrate_manifest_store(store: str | os.PathLike[str]) -> list[str]:
 
 
 def _convert_stream(
-    root: Path, stream: str, state: dict[str, Any], run: str, staging: Path
+    location: StoreLocation, stream: str, state: dict[str, Any], run: str, staging: str
 ) -> bool:
+    root = location.local_root
     converted = False
-    if state.get("files") and not is_table(records_table(root, stream)):
+    if state.get("files") and not is_table(location, records_table(stream)):
         files = [
             StagedFile(
                 _link(root, entry["path"], staging),
@@ -101,32 +105,34 @@ def _convert_stream(
         ]
         digest = bytes.fromhex(state["last_digest"])
         metadata = position_metadata("migrate", run, files, digest, 0, 0)
-        commit_records(root, stream, StreamState(), files, staging, metadata)
+        commit_records(location, stream, StreamState(), files, staging, metadata)
         converted = True
     snapshot = state.get("snapshot")
-    if snapshot and not is_table(snapshot_table(root, stream, snapshot["seq"])):
+    if snapshot and not is_table(location, snapshot_table(stream, snapshot["seq"])):
         staged = []
         for path in snapshot["files"]:
             linked = _link(root, path, staging)
-            staged.append(StagedFile(linked, _rows_in(Path(linked))))
+            staged.append(StagedFile(linked, _rows_in(root / linked)))
         digest = bytes.fromhex(snapshot["digest"])
-        commit_snapshot(root, stream, snapshot["seq"], digest, staged, staging)
+        commit_snapshot(location, stream, snapshot["seq"], digest, staged, staging)
         converted = True
     return converted
 
 
-def _link(root: Path, relative: str, staging: Path) -> str:
+def _link(root: Path, relative: str, staging: str) -> str:
     """A second name for an old file under this run's staging folder (a copy where the
-    file system has no hard links); the old file stays until the migration is done. (Old
-    names are unique within their folder and free of `%`, which a Delta log would decode.)"""
+    file system has no hard links), relative to the store; the old file stays until the
+    migration is done. (Old names are unique within their folder and free of `%`, which a
+    Delta log would decode.)"""
     source = root / relative
-    target = staging / Path(relative).parent.name / Path(relative).name
+    linked = f"{staging}/{Path(relative).parent.name}/{Path(relative).name}"
+    target = root / linked
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
-    return str(target)
+    return linked
 
 
 def _rows_in(path: Path) -> int:

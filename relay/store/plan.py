@@ -18,6 +18,7 @@ from relay.segment import SegmentRef, find_segments, stream_dir_name
 from relay.store.chaincheck import StreamOutcome, check_segment_range, start_point, stitch
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, PLAIN_ENTITY, Op, decode_changes
 from relay.store.errors import ChainProblem, IngestFailed, InvalidChanges
+from relay.store.location import Folder, StoreArg, StoreLocation
 from relay.store.tables import (
     RecordFile,
     SnapshotInfo,
@@ -29,6 +30,7 @@ from relay.store.tables import (
     digest_at,
     drop_staging,
     load_snapshot,
+    parquet_file,
     position_metadata,
 )
 
@@ -147,7 +149,7 @@ def plan_ranges(plan: IngestPlan, range_bytes: int) -> list[IngestRange]:
     return ranges
 
 
-def check_range(ingest_range: IngestRange, directory: str) -> list[dict[str, object]]:
+def check_range(ingest_range: IngestRange, directory: Folder) -> list[dict[str, object]]:
     """Check and write one range (`chaincheck.check_segment_range`); its summary rows."""
     return check_segment_range(
         ingest_range.stream,
@@ -175,10 +177,10 @@ class IngestResult:
 
 
 def finish_ingest(
-    store: str | os.PathLike[str],
+    store: StoreLocation,
     plan: IngestPlan,
     summaries: Iterable[dict[str, object]],
-    staging: Path,
+    staging: str,
     run: str,
     before_commit: BeforeCommit | None = None,
 ) -> IngestResult:
@@ -214,7 +216,7 @@ def finish_ingest(
             store, stream, state or StreamState(), files, staging, metadata
         )
         points[stream] = (outcome.last_seq, outcome.last_digest)
-    drop_staging(staging)
+    drop_staging(store, staging)
     outvoted = [(o.stream, relay, seq) for o in outcomes for relay, seq in o.outvoted]
     quarantined = quarantine(plan.to_read, outvoted)
     problems = [o.problem for o in outcomes if o.problem is not None]
@@ -419,10 +421,13 @@ DELTA_COLUMNS = ["stream", "seq", "key", "value", "kind", "duplicate"]
 DELTA_BATCH_ROWS = 64 * 1024
 
 
-def read_delta(path: str, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
-    """The records of a record file with a seq in (after_seq, upto_seq], duplicates left
-    out (they change nothing), batch by batch (a file is read in bounded memory)."""
-    source = pq.ParquetFile(path)
+def read_delta(
+    location: StoreLocation, path: str, after_seq: int, upto_seq: int
+) -> Iterator[pa.RecordBatch]:
+    """The records of a record file (`path` relative to the store) with a seq in
+    (after_seq, upto_seq], duplicates left out (they change nothing), batch by batch (a
+    file is read in bounded memory)."""
+    source = parquet_file(location, path)
     for batch in source.iter_batches(batch_size=DELTA_BATCH_ROWS, columns=DELTA_COLUMNS):
         seqs = batch.column("seq")
         keep = pc.and_(
@@ -434,10 +439,13 @@ def read_delta(path: str, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBa
             yield kept
 
 
-def expand_and_fold_files(tasks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def expand_and_fold_files(
+    location: StoreLocation, tasks: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     """The map side of a Spark snapshot: `tasks` are rows (path, after_seq, upto_seq[,
-    tag]) of record files; their changes, read straight from the files and folded to the
-    last change per key (CHANGE_SCHEMA; with a tag, the tag is their stream)."""
+    tag]) of record files (paths relative to the store); their changes, read straight from
+    the files and folded to the last change per key (CHANGE_SCHEMA; with a tag, the tag is
+    their stream)."""
 
     def records() -> Iterator[pa.RecordBatch]:
         for batch in tasks:
@@ -452,7 +460,7 @@ def expand_and_fold_files(tasks: Iterable[pa.RecordBatch]) -> Iterator[pa.Record
                 tags,
                 strict=True,
             ):
-                for part in read_delta(path, after_seq, upto_seq):
+                for part in read_delta(location, path, after_seq, upto_seq):
                     yield part if tag is None else _tagged(part, tag)
 
     return expand_and_fold(records())
@@ -486,7 +494,9 @@ def fold_live(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from live_rows(_concat(list(batches))).to_batches()
 
 
-def fold_and_write(batches: Iterable[pa.RecordBatch], directory: str) -> Iterator[pa.RecordBatch]:
+def fold_and_write(
+    batches: Iterable[pa.RecordBatch], directory: Folder
+) -> Iterator[pa.RecordBatch]:
     """The reduce side of a snapshot: every change of a set of keys in, their live rows
     written per stream under `directory`; yields what was written."""
     import uuid
@@ -512,7 +522,7 @@ class SnapshotTarget:
 
 
 def plan_snapshot(
-    store_path: str | os.PathLike[str],
+    store_path: StoreArg,
     store: StoreState,
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
@@ -537,9 +547,10 @@ def plan_snapshot(
 
 
 class SnapshotWriter:
-    """Writes snapshot rows (SNAPSHOT_SCHEMA) to one file per stream under `directory`."""
+    """Writes snapshot rows (SNAPSHOT_SCHEMA) to one file per stream under `directory`
+    (the paths it returns are relative to the store)."""
 
-    def __init__(self, directory: str, prefix: str) -> None:
+    def __init__(self, directory: Folder, prefix: str) -> None:
         self.directory = directory
         self.prefix = prefix
         self._files: dict[str, tuple[pq.ParquetWriter, str, int]] = {}
@@ -552,11 +563,10 @@ class SnapshotWriter:
                 rows = rows.cast(SNAPSHOT_SCHEMA)
             entry = self._files.get(stream)
             if entry is None:
-                folder = os.path.join(self.directory, stream_dir_name(stream))
-                os.makedirs(folder, exist_ok=True)
-                path = os.path.join(folder, f"{self.prefix}.parquet")
-                writer = pq.ParquetWriter(
-                    path, SNAPSHOT_SCHEMA, compression=SNAPSHOT_FILE_COMPRESSION
+                name = f"{stream_dir_name(stream)}/{self.prefix}.parquet"
+                path = f"{self.directory.relative}/{name}"
+                writer = self.directory.parquet_writer(
+                    name, SNAPSHOT_SCHEMA, compression=SNAPSHOT_FILE_COMPRESSION
                 )
                 entry = (writer, path, 0)
             entry[0].write_batch(rows)
@@ -572,10 +582,10 @@ class SnapshotWriter:
 
 
 def finish_snapshot(
-    store: str | os.PathLike[str],
+    store: StoreLocation,
     targets: list[SnapshotTarget],
     written: Iterable[dict[str, object]],
-    staging: Path,
+    staging: str,
     before_commit: BeforeCommit | None = None,
 ) -> dict[str, SnapshotInfo]:
     """Create each target's snapshot table from the files written for its stream."""
@@ -591,7 +601,7 @@ def finish_snapshot(
         made[target.stream] = commit_snapshot(
             store, target.stream, target.seq, target.digest, files.get(target.stream, []), staging
         )
-    drop_staging(staging)
+    drop_staging(store, staging)
     return made
 
 
@@ -623,7 +633,7 @@ def check_tag(stream: str, seq: int) -> str:
 
 
 def plan_snapshot_checks(
-    store_path: str | os.PathLike[str], store: StoreState
+    store_path: StoreArg, store: StoreState
 ) -> tuple[list[SnapshotCheck], int]:
     """Every snapshot of every stream as a check, and how many snapshots cannot be checked
     (taken at or before the first kept record, after retention: their records are gone)."""

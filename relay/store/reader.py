@@ -16,23 +16,23 @@ bounded whatever the stream's length.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.segment import to_unsigned64
-from relay.store.errors import StoreCorrupt, UnknownStoredStream
+from relay.store.errors import UnknownStoredStream
+from relay.store.location import StoreArg, as_location
 from relay.store.plan import SNAPSHOT_SCHEMA
 from relay.store.tables import (
     StreamState,
+    has_stream,
     latest_snapshot,
     load_stream,
-    records_table,
+    parquet_file,
+    read_parquet,
     stream_names,
 )
 
@@ -63,22 +63,19 @@ class StoredSnapshot:
 
 
 class StoreReader:
-    def __init__(self, store_path: str | os.PathLike[str]) -> None:
-        self.store_path = Path(store_path)
+    def __init__(self, store_path: StoreArg) -> None:
+        self.location = as_location(store_path)
         self._streams: dict[str, StreamState] = {}  # loaded so far
 
     def refresh(self) -> None:
         self._streams = {}
 
     def streams(self) -> list[str]:
-        return sorted(s for s in stream_names(self.store_path) if self._state(s).records)
+        return sorted(s for s in stream_names(self.location) if self._state(s).records)
 
     def last_point(self, stream: str) -> StoredPoint | None:
         """The last stored (seq, digest) of `stream`; None when it has no stored record."""
-        if (
-            stream not in self._streams
-            and not records_table(self.store_path, stream).parent.is_dir()
-        ):
+        if stream not in self._streams and not has_stream(self.location, stream):
             return None
         state = self._state(stream)
         if not state.records:
@@ -87,7 +84,7 @@ class StoreReader:
 
     def last_points(self) -> dict[str, StoredPoint]:
         """Per stream the last stored (seq, digest)."""
-        points = {s: self.last_point(s) for s in stream_names(self.store_path)}
+        points = {s: self.last_point(s) for s in stream_names(self.location)}
         return {stream: point for stream, point in points.items() if point is not None}
 
     def retained_after(self, stream: str) -> int:
@@ -97,11 +94,11 @@ class StoreReader:
 
     def snapshot(self, stream: str) -> StoredSnapshot | None:
         """The latest snapshot of `stream`, or None if it has none yet."""
-        info = latest_snapshot(self.store_path, stream, self._state(stream))
+        info = latest_snapshot(self.location, stream, self._state(stream))
         if info is None:
             return None
         columns = ["entity", "key", "value", "seq"]
-        tables = [self._read(path, columns=columns) for path in info.files]
+        tables = [read_parquet(self.location, path, columns=columns) for path in info.files]
         rows = pa.concat_tables(tables) if tables else SNAPSHOT_SCHEMA.empty_table().select(columns)
         return StoredSnapshot(info.seq, bytes.fromhex(info.digest), rows)
 
@@ -111,11 +108,7 @@ class StoreReader:
         for record_file in self._state(stream).files:
             if record_file.last_seq <= after_seq:
                 continue
-            path = self.store_path / record_file.path
-            try:
-                parquet = pq.ParquetFile(path)
-            except OSError as error:
-                raise StoreCorrupt(f"store file {path} unreadable: {error}") from None
+            parquet = parquet_file(self.location, record_file.path)
             for batch in parquet.iter_batches(columns=RECORD_READ_COLUMNS):
                 # Past every seq yielded so far too: files that overlap (a table written
                 # by hand; verify names it) never yield a seq twice.
@@ -142,16 +135,7 @@ class StoreReader:
     def _state(self, stream: str) -> StreamState:
         state = self._streams.get(stream)
         if state is None:
-            if not records_table(self.store_path, stream).parent.is_dir():
-                raise UnknownStoredStream(
-                    f"the store at {self.store_path} has no stream {stream!r}"
-                )
-            state = self._streams[stream] = load_stream(self.store_path, stream)
+            if not has_stream(self.location, stream):
+                raise UnknownStoredStream(f"the store at {self.location} has no stream {stream!r}")
+            state = self._streams[stream] = load_stream(self.location, stream)
         return state
-
-    def _read(self, relative: str, columns: list[str]) -> pa.Table:
-        path = self.store_path / relative
-        try:
-            return pq.read_table(path, columns=columns)
-        except OSError as error:
-            raise StoreCorrupt(f"store file {path} unreadable: {error}") from None

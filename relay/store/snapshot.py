@@ -16,11 +16,11 @@ its commit (relay.store.tables).
 from __future__ import annotations
 
 from collections.abc import Collection
-from functools import reduce
-from pathlib import Path
+from functools import partial, reduce
 from typing import Any
 
 from relay.store.changes import Op
+from relay.store.location import Folder, StoreArg, StoreLocation
 from relay.store.plan import (
     BeforeCommit,
     expand_and_fold_files,
@@ -28,7 +28,13 @@ from relay.store.plan import (
     fold_and_write,
     plan_snapshot,
 )
-from relay.store.spark import CHANGE_DDL, SNAPSHOT_DDL, SNAPSHOT_WRITE_DDL, parallelism
+from relay.store.spark import (
+    CHANGE_DDL,
+    SNAPSHOT_DDL,
+    SNAPSHOT_WRITE_DDL,
+    parallelism,
+    read_store_files,
+)
 from relay.store.tables import SnapshotInfo, load_store, new_run, writing
 
 # The map tasks: a record file and the seqs of it the snapshot takes.
@@ -37,7 +43,7 @@ DELTA_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT"
 
 def snapshot(
     spark: Any,
-    store_path: str,
+    store_path: StoreArg,
     *,
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
@@ -47,53 +53,48 @@ def snapshot(
     """Build the snapshot of every stream (of `streams`, if given) as of its last stored
     seq (as of `as_of[stream]` if given), unless it has one there. Returns the new
     snapshots by stream."""
-    with writing(store_path, "snapshot", lock_wait_s):
-        return _snapshot(spark, store_path, as_of, streams, before_commit)
+    with writing(store_path, "snapshot", lock_wait_s) as location:
+        return _snapshot(spark, location, as_of, streams, before_commit)
 
 
 def _snapshot(
     spark: Any,
-    store_path: str,
+    location: StoreLocation,
     as_of: dict[str, int] | None,
     streams: Collection[str] | None,
     before_commit: BeforeCommit | None,
 ) -> dict[str, SnapshotInfo]:
     from pyspark.sql import functions as F
 
-    targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
+    targets = plan_snapshot(location, load_store(location), as_of, streams)
     if not targets:
         return {}
-    store = Path(store_path)
-    _run, staging = new_run(store_path)
+    _run, staging = new_run(location)
     parts = []
     # One map task per record file: it reads the file itself (only the delta's seqs).
-    delta_files = [(str(store / f.path), t.base_seq, t.seq) for t in targets for f in t.delta_files]
+    delta_files = [(f.path, t.base_seq, t.seq) for t in targets for f in t.delta_files]
     if delta_files:
         tasks = spark.createDataFrame(
             spark.sparkContext.parallelize(delta_files, len(delta_files)), DELTA_TASK_DDL
         )
-        parts.append(tasks.mapInArrow(expand_and_fold_files, CHANGE_DDL))
-    base_paths = [str(store / p) for t in targets if t.base for p in t.base.files]
+        parts.append(tasks.mapInArrow(partial(expand_and_fold_files, location), CHANGE_DDL))
+    base_paths = [p for t in targets if t.base for p in t.base.files]
     if base_paths:
-        base = (
-            spark.read.schema(SNAPSHOT_DDL)
-            .parquet(*base_paths)
-            .select(
-                "stream",
-                "entity",
-                "key",
-                F.lit(int(Op.PUT)).cast("tinyint").alias("op"),
-                "value",
-                "seq",
-                F.lit(0).alias("change_index"),
-            )
+        base = read_store_files(spark, location, base_paths, SNAPSHOT_DDL).select(
+            "stream",
+            "entity",
+            "key",
+            F.lit(int(Op.PUT)).cast("tinyint").alias("op"),
+            "value",
+            "seq",
+            F.lit(0).alias("change_index"),
         )
         parts.append(base)
     changes = reduce(lambda a, b: a.unionByName(b), parts)
-    staging_dir = str(staging)
+    folder = Folder(location, staging)
 
     def write_rows(batches: Any) -> Any:
-        return fold_and_write(batches, staging_dir)
+        return fold_and_write(batches, folder)
 
     spark.sparkContext.setJobDescription(f"snapshot {len(delta_files)} record files")
     written = [
@@ -103,4 +104,4 @@ def _snapshot(
         .collect()
     ]
     spark.sparkContext.setJobDescription(None)
-    return finish_snapshot(store_path, targets, written, staging, before_commit)
+    return finish_snapshot(location, targets, written, staging, before_commit)

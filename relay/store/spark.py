@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 from relay.store.chaincheck import RECORD_SCHEMA
+from relay.store.location import StoreLocation
 
 DEFAULT_MASTER = "local[*]"  # embedded: every core of this machine
 # Rows per Arrow batch handed to Python tasks (Spark's default is 10 000).
@@ -114,3 +115,28 @@ def get_session(
 
 def parallelism(spark: Any) -> int:
     return max(1, int(spark.sparkContext.defaultParallelism))
+
+
+# The rows per batch a store file is read in by `read_store_files`.
+READ_BATCH_ROWS = 64 * 1024
+
+
+def read_store_files(spark: Any, location: StoreLocation, paths: list[str], ddl: str) -> Any:
+    """The rows of store files (`paths` relative to the store) with the columns of `ddl`, as
+    a DataFrame read by Python tasks through the store's pyarrow filesystem, one task per
+    file. (Spark's own Parquet reader reaches an object store only through Hadoop's S3
+    connector, whose jars pyspark does not ship.)"""
+    from relay.store.tables import parquet_file
+
+    names = [part.split()[0] for part in ddl.split(",")]
+
+    def read(batches: Any) -> Any:
+        for batch in batches:
+            for path in batch.column("path").to_pylist():
+                source = parquet_file(location, path)
+                yield from source.iter_batches(batch_size=READ_BATCH_ROWS, columns=names)
+
+    tasks = spark.createDataFrame(
+        spark.sparkContext.parallelize([(p,) for p in paths], max(1, len(paths))), "path STRING"
+    )
+    return tasks.mapInArrow(read, ddl)

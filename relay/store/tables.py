@@ -6,7 +6,7 @@ them, with time travel over the versions of a records table.
     <store>/streams/<name>/records/                     the stream's records, append-only
     <store>/streams/<name>/snapshots/seq=<20 digits>/   one table per snapshot, written once
     <store>/_staging/<run>/                             a job's files before they commit
-    <store>/_writer.lock                                held by the job that commits
+    <store>/_writer.lock                                held by the job that commits (lock.py)
 
 `<name>` is the stream name percent-escaped with `~` in place of `%` (delta-rs decodes `%`
 in table paths). A records table holds the store's record columns (`RECORD_SCHEMA`) in seq
@@ -26,23 +26,20 @@ seq, so a snapshot as of an older seq adds a point in time and never moves the l
 
 Files reach a table's folder only just before the commit that adds them; a crash between
 the two leaves files no version names, which the next job removes (`sweep`, from the list
-its run wrote first). One writer at a time: jobs that commit hold `WriterLock`.
+its run wrote first). One writer at a time: jobs that commit hold the writer lock
+(relay.store.lock). `<store>` is a local folder or an S3 prefix (relay.store.location):
+names here are relative to it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import re
-import shutil
-import socket
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -51,21 +48,21 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.store import STREAMS_DIR
-from relay.store.errors import ConcurrentCommit, StoreCorrupt, StoreLocked
+from relay.store.errors import ConcurrentCommit, StoreCorrupt
+from relay.store.location import StoreArg, StoreLocation, as_location
+from relay.store.lock import WriterLock, check
 
 RECORDS_TABLE = "records"
 SNAPSHOTS_DIR = "snapshots"
 STAGING_DIR = "_staging"
-LOCK_FILE = "_writer.lock"
 SNAPSHOT_TABLE = re.compile(r"^seq=(\d{20})$")
 # What a run moved into tables before committing: `sweep` removes those no version names.
 PUBLISHING_FILE = "publishing.json"
 INGEST_APP_ID = "relay.ingest"
-# How often a writer waiting for the lock looks again.
-LOCK_POLL_S = 0.5
+FIRST_COMMIT = f"_delta_log/{0:020d}.json"
 
 
-# --- names ------------------------------------------------------------------------------
+# --- names (relative to the store) -----------------------------------------------------
 
 
 def table_dir_name(stream: str) -> str:
@@ -80,17 +77,56 @@ def stream_of_dir(name: str) -> str:
     return unquote(name.replace("~", "%"))
 
 
-def records_table(store: str | os.PathLike[str], stream: str) -> Path:
-    return Path(store) / STREAMS_DIR / table_dir_name(stream) / RECORDS_TABLE
+def stream_folder(stream: str) -> str:
+    return f"{STREAMS_DIR}/{table_dir_name(stream)}"
 
 
-def snapshot_table(store: str | os.PathLike[str], stream: str, seq: int) -> Path:
-    return Path(store) / STREAMS_DIR / table_dir_name(stream) / SNAPSHOTS_DIR / f"seq={seq:020d}"
+def records_table(stream: str) -> str:
+    return f"{stream_folder(stream)}/{RECORDS_TABLE}"
 
 
-def is_table(path: Path) -> bool:
+def snapshot_table(stream: str, seq: int) -> str:
+    return f"{stream_folder(stream)}/{SNAPSHOTS_DIR}/seq={seq:020d}"
+
+
+def is_table(location: StoreLocation, table: str) -> bool:
     """A folder holds a Delta table once its first commit is there."""
-    return (path / "_delta_log" / f"{0:020d}.json").is_file()
+    return location.is_file(f"{table}/{FIRST_COMMIT}")
+
+
+def has_stream(location: StoreLocation, stream: str) -> bool:
+    return location.is_dir(stream_folder(stream))
+
+
+def open_table(location: StoreLocation, table: str, version: int | None = None) -> Any:
+    """The Delta table at `table` (at `version`; default the latest). StoreCorrupt if it
+    cannot be read."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    try:
+        return DeltaTable(
+            location.uri(table), version=version, storage_options=location.storage_options
+        )
+    except (DeltaError, OSError) as error:
+        raise StoreCorrupt(f"table {location.uri(table)} unreadable: {error}") from None
+
+
+def read_parquet(location: StoreLocation, relative: str, **arguments: Any) -> pa.Table:
+    """A store file's rows (pyarrow.parquet.read_table's arguments). StoreCorrupt if it
+    cannot be read."""
+    try:
+        return pq.read_table(location.path(relative), filesystem=location.fs, **arguments)
+    except OSError as error:
+        raise StoreCorrupt(f"store file {location.uri(relative)} unreadable: {error}") from None
+
+
+def parquet_file(location: StoreLocation, relative: str) -> pq.ParquetFile:
+    """A store file opened for reading in batches. StoreCorrupt if it cannot be read."""
+    try:
+        return pq.ParquetFile(location.fs.open_input_file(location.path(relative)))
+    except OSError as error:
+        raise StoreCorrupt(f"store file {location.uri(relative)} unreadable: {error}") from None
 
 
 # --- what a store holds -----------------------------------------------------------------
@@ -140,37 +176,38 @@ class StoreState:
         return {stream: state.version for stream, state in self.streams.items()}
 
 
-def stream_names(store: str | os.PathLike[str]) -> list[str]:
-    folder = Path(store) / STREAMS_DIR
-    if not folder.is_dir():
-        return []
-    return sorted(stream_of_dir(entry.name) for entry in os.scandir(folder) if entry.is_dir())
+def stream_names(store: StoreArg) -> list[str]:
+    location = as_location(store)
+    return sorted(
+        stream_of_dir(entry.name) for entry in location.list_dir(STREAMS_DIR) if entry.is_dir
+    )
 
 
-def load_store(store: str | os.PathLike[str], *, digests: bool = True) -> StoreState:
+def load_store(store: StoreArg, *, digests: bool = True) -> StoreState:
     """Every stream's state, at the latest version of its records table. `digests=False`
     leaves `last_digest` empty (it costs a read of each stream's last file; a spool's
     reclaim needs only the seqs)."""
+    location = as_location(store)
     state = StoreState()
-    for stream in stream_names(store):
-        state.streams[stream] = load_stream(store, stream, digests=digests)
+    for stream in stream_names(location):
+        state.streams[stream] = load_stream(location, stream, digests=digests)
     return state
 
 
-def load_stream(store: str | os.PathLike[str], stream: str, *, digests: bool = True) -> StreamState:
-    state = StreamState(snapshot_seqs=snapshot_seqs(store, stream))
-    path = records_table(store, stream)
-    if not is_table(path):
+def load_stream(store: StoreArg, stream: str, *, digests: bool = True) -> StreamState:
+    location = as_location(store)
+    state = StreamState(snapshot_seqs=snapshot_seqs(location, stream))
+    table_name = records_table(stream)
+    if not is_table(location, table_name):
         return state
-    table = _open(path)
+    table = open_table(location, table_name)
     state.version = table.version()
-    prefix = str(path.relative_to(store))
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows:
         names = ["path", "min.seq", "max.seq", "num_records", "size_bytes"]
         state.files = sorted(
             (
-                RecordFile(f"{prefix}/{path}", first, last, records, size)
+                RecordFile(f"{table_name}/{path}", first, last, records, size)
                 for path, first, last, records, size in zip(
                     *(actions.column(n).to_pylist() for n in names), strict=True
                 )
@@ -180,76 +217,72 @@ def load_stream(store: str | os.PathLike[str], stream: str, *, digests: bool = T
         state.records = sum(f.records for f in state.files)
         state.last_seq = state.files[-1].last_seq
         if digests:
-            state.last_digest = _digest_in(Path(store) / state.files[-1].path, state.last_seq).hex()
+            state.last_digest = _digest_in(location, state.files[-1].path, state.last_seq).hex()
         below = [s for s in state.snapshot_seqs if s < state.files[0].first_seq]
         state.retained_after = below[-1] if below else -1
     return state
 
 
-def _open(path: Path) -> Any:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError
-
-    try:
-        return DeltaTable(str(path))
-    except (DeltaError, OSError) as error:
-        raise StoreCorrupt(f"table {path} unreadable: {error}") from None
-
-
-def _digest_in(path: Path, seq: int) -> bytes:
-    try:
-        table = pq.read_table(path, columns=["seq", "digest"], filters=[("seq", "==", seq)])
-    except OSError as error:
-        raise StoreCorrupt(f"store file {path} unreadable: {error}") from None
+def _digest_in(location: StoreLocation, relative: str, seq: int) -> bytes:
+    table = read_parquet(
+        location, relative, columns=["seq", "digest"], filters=[("seq", "==", seq)]
+    )
     if table.num_rows != 1:
-        raise StoreCorrupt(f"store file {path} holds {table.num_rows} records at seq {seq}")
+        raise StoreCorrupt(
+            f"store file {location.uri(relative)} holds {table.num_rows} records at seq {seq}"
+        )
     digest = table.column("digest")[0].as_py()
     assert isinstance(digest, bytes)
     return digest
 
 
-def digest_at(store: str | os.PathLike[str], state: StreamState, seq: int) -> tuple[int, bytes]:
+def digest_at(store: StoreArg, state: StreamState, seq: int) -> tuple[int, bytes]:
     """The stored point at or below `seq`: (seq of the last record <= seq, its digest)."""
+    location = as_location(store)
     if seq >= state.last_seq and state.last_digest:
         return state.last_seq, bytes.fromhex(state.last_digest)
     for record_file in reversed(state.files):
         if record_file.first_seq <= seq:
-            path = Path(store) / record_file.path
-            table = pq.read_table(path, columns=["seq", "digest"], filters=[("seq", "<=", seq)])
+            table = read_parquet(
+                location, record_file.path, columns=["seq", "digest"], filters=[("seq", "<=", seq)]
+            )
             if table.num_rows == 0:
                 break
             last = pc.max(table.column("seq")).as_py()
-            return last, _digest_in(path, last)
+            return last, _digest_in(location, record_file.path, last)
     raise StoreCorrupt(f"no stored record at or below seq {seq}")
 
 
-def snapshot_seqs(store: str | os.PathLike[str], stream: str) -> list[int]:
+def snapshot_seqs(store: StoreArg, stream: str) -> list[int]:
     """The seqs of the stream's committed snapshots, ascending."""
-    folder = Path(store) / STREAMS_DIR / table_dir_name(stream) / SNAPSHOTS_DIR
-    if not folder.is_dir():
-        return []
+    location = as_location(store)
+    folder = f"{stream_folder(stream)}/{SNAPSHOTS_DIR}"
     seqs = []
-    for entry in os.scandir(folder):
+    for entry in location.list_dir(folder):
         match = SNAPSHOT_TABLE.match(entry.name)
-        if match and is_table(Path(entry.path)):
+        if match and is_table(location, f"{folder}/{entry.name}"):
             seqs.append(int(match.group(1)))
     return sorted(seqs)
 
 
-def load_snapshot(store: str | os.PathLike[str], stream: str, seq: int) -> SnapshotInfo:
-    path = snapshot_table(store, stream, seq)
-    table = _open(path)
+def load_snapshot(store: StoreArg, stream: str, seq: int) -> SnapshotInfo:
+    location = as_location(store)
+    table_name = snapshot_table(stream, seq)
+    table = open_table(location, table_name)
     commit = table.history(1)[-1] if table.version() == 0 else _first_commit(table)
     try:
         digest = str(commit["relay.snapshot_digest"])
         taken_at = int(commit["relay.snapshot_seq"])
     except (KeyError, ValueError) as error:
-        raise StoreCorrupt(f"snapshot table {path} lacks its point: {error!r}") from None
+        raise StoreCorrupt(
+            f"snapshot table {location.uri(table_name)} lacks its point: {error!r}"
+        ) from None
     if taken_at != seq:
-        raise StoreCorrupt(f"snapshot table {path} says it was taken at seq {taken_at}")
-    prefix = str(path.relative_to(store))
+        raise StoreCorrupt(
+            f"snapshot table {location.uri(table_name)} says it was taken at seq {taken_at}"
+        )
     actions = pa.table(table.get_add_actions(flatten=True))
-    files = tuple(sorted(f"{prefix}/{p}" for p in actions.column("path").to_pylist()))
+    files = tuple(sorted(f"{table_name}/{p}" for p in actions.column("path").to_pylist()))
     rows = sum(actions.column("num_records").to_pylist()) if actions.num_rows else 0
     return SnapshotInfo(seq, digest, rows, files)
 
@@ -261,9 +294,7 @@ def _first_commit(table: Any) -> dict[str, Any]:
     raise StoreCorrupt(f"table {table.table_uri} has no first commit in its log")
 
 
-def latest_snapshot(
-    store: str | os.PathLike[str], stream: str, state: StreamState
-) -> SnapshotInfo | None:
+def latest_snapshot(store: StoreArg, stream: str, state: StreamState) -> SnapshotInfo | None:
     """The snapshot with the highest seq."""
     seqs = state.snapshot_seqs
     return load_snapshot(store, stream, seqs[-1]) if seqs else None
@@ -276,22 +307,24 @@ def latest_snapshot(
 class StagedFile:
     """A file a job wrote under its staging folder, with what its table's log says of it."""
 
-    path: str  # absolute
+    path: str  # relative to the store
     records: int
     first_seq: int = -1  # records files: the seqs they hold
     last_seq: int = -1
 
 
-def new_run(store: str | os.PathLike[str]) -> tuple[str, Path]:
-    """A fresh run id and its empty staging folder."""
+def new_run(store: StoreArg) -> tuple[str, str]:
+    """A fresh run id and its staging folder (relative to the store; empty)."""
+    location = as_location(store)
     run = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}"
-    staging = Path(store) / STAGING_DIR / run
-    staging.mkdir(parents=True)
+    staging = f"{STAGING_DIR}/{run}"
+    location.make_dir(staging)
     return run, staging
 
 
-def drop_staging(staging: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
+def drop_staging(store: StoreArg, staging: str) -> None:
+    with contextlib.suppress(OSError):
+        as_location(store).delete_dir(staging)
 
 
 def position_metadata(
@@ -311,11 +344,11 @@ def position_metadata(
 
 
 def commit_records(
-    store: str | os.PathLike[str],
+    store: StoreArg,
     stream: str,
     state: StreamState,
     files: list[StagedFile],
-    staging: Path,
+    staging: str,
     metadata: dict[str, str],
 ) -> int:
     """Add the staged record files (in seq order, continuing `state`) to the stream's table
@@ -325,23 +358,24 @@ def commit_records(
 
     from relay.store.chaincheck import RECORD_SCHEMA
 
-    path = records_table(store, stream)
+    location = as_location(store)
+    table_name = records_table(stream)
     last_seq = files[-1].last_seq
-    actions = _publish(store, path, files, staging, _seq_stats)
+    actions = _publish(location, table_name, files, staging, _seq_stats)
     properties = CommitProperties(
         custom_metadata={"relay.stream": stream, **metadata},
         app_transactions=[Transaction(INGEST_APP_ID, last_seq)],
     )
-    return _commit(path, state.version, RECORD_SCHEMA, actions, properties)
+    return _commit(location, table_name, state.version, RECORD_SCHEMA, actions, properties)
 
 
 def commit_snapshot(
-    store: str | os.PathLike[str],
+    store: StoreArg,
     stream: str,
     seq: int,
     digest: bytes,
     files: list[StagedFile],
-    staging: Path,
+    staging: str,
 ) -> SnapshotInfo:
     """Create the snapshot table of `stream` at `seq` from the staged files (none: the
     snapshot is empty) in one commit naming its point."""
@@ -349,10 +383,11 @@ def commit_snapshot(
 
     from relay.store.plan import SNAPSHOT_SCHEMA
 
-    path = snapshot_table(store, stream, seq)
-    if path.exists() and not is_table(path):
-        shutil.rmtree(path)  # a crashed run's files (only the lock holder writes here)
-    actions = _publish(store, path, files, staging, _row_stats)
+    location = as_location(store)
+    table_name = snapshot_table(stream, seq)
+    if not is_table(location, table_name):
+        location.delete_dir(table_name)  # a crashed run's files (only the lock holder writes)
+    actions = _publish(location, table_name, files, staging, _row_stats)
     rows = sum(f.records for f in files)
     properties = CommitProperties(
         custom_metadata={
@@ -362,10 +397,9 @@ def commit_snapshot(
             "relay.rows": str(rows),
         }
     )
-    _commit(path, -1, SNAPSHOT_SCHEMA, actions, properties)
-    prefix = str(path.relative_to(store))
+    _commit(location, table_name, -1, SNAPSHOT_SCHEMA, actions, properties)
     return SnapshotInfo(
-        seq, digest.hex(), rows, tuple(sorted(f"{prefix}/{a.path}" for a in actions))
+        seq, digest.hex(), rows, tuple(sorted(f"{table_name}/{a.path}" for a in actions))
     )
 
 
@@ -385,155 +419,121 @@ def _row_stats(staged: StagedFile) -> str:
 
 
 def _publish(
-    store: str | os.PathLike[str],
-    table: Path,
+    location: StoreLocation,
+    table: str,
     files: list[StagedFile],
-    staging: Path,
+    staging: str,
     stats: Any,
 ) -> list[Any]:
     """Move staged files into `table`'s folder (after noting them in the run's publishing
     list, for `sweep`); their add actions."""
     from deltalake.transaction import AddAction
 
-    table.mkdir(parents=True, exist_ok=True)
-    targets = [table / Path(f.path).name for f in files]
-    listed = staging / PUBLISHING_FILE
-    previous = json.loads(listed.read_text()) if listed.exists() else []
-    listed.write_text(json.dumps(previous + [str(t.relative_to(store)) for t in targets]))
+    check(location)
+    targets = [f"{table}/{f.path.rpartition('/')[2]}" for f in files]
+    listed = f"{staging}/{PUBLISHING_FILE}"
+    previous = json.loads(location.read_bytes(listed)) if location.is_file(listed) else []
+    location.write_bytes(listed, json.dumps(previous + targets).encode())
     actions = []
     for staged, target in zip(files, targets, strict=True):
-        os.replace(staged.path, target)
-        size = target.stat().st_size
-        mtime_ms = int(target.stat().st_mtime * 1000)
-        actions.append(AddAction(target.name, size, {}, mtime_ms, True, stats(staged)))
+        entry = location.move_in(location.path(staged.path), target)
+        actions.append(
+            AddAction(entry.name, entry.size_bytes, {}, entry.mtime_ms, True, stats(staged))
+        )
     return actions
 
 
 def _commit(
-    path: Path, version: int, schema: pa.Schema, actions: list[Any], properties: Any
+    location: StoreLocation,
+    table_name: str,
+    version: int,
+    schema: pa.Schema,
+    actions: list[Any],
+    properties: Any,
 ) -> int:
-    from deltalake import DeltaTable, Schema
+    from deltalake import Schema
     from deltalake.exceptions import CommitFailedError, DeltaError
     from deltalake.transaction import create_table_with_add_actions
 
     delta_schema = Schema.from_arrow(schema)
+    uri = location.uri(table_name)
+    check(location)
     try:
         if version < 0:
             create_table_with_add_actions(
-                str(path), delta_schema, actions, mode="error", commit_properties=properties
+                uri,
+                delta_schema,
+                actions,
+                mode="error",
+                storage_options=location.storage_options,
+                commit_properties=properties,
             )
             return 0
-        table = DeltaTable(str(path), version=version)
+        table = open_table(location, table_name, version)
         table.create_write_transaction(
             actions, mode="append", schema=delta_schema, commit_properties=properties
         )
         return int(table.version())
     except CommitFailedError as error:
         raise ConcurrentCommit(
-            f"table {path}: another writer committed since version {version}; run the job "
+            f"table {uri}: another writer committed since version {version}; run the job "
             f"again ({error})"
         ) from None
     except DeltaError as error:
         if version < 0 and "already exists" in str(error):
             raise ConcurrentCommit(
-                f"table {path} was created by another writer; run the job again"
+                f"table {uri} was created by another writer; run the job again"
             ) from None
         raise
 
 
-def sweep(store: str | os.PathLike[str]) -> int:
+def sweep(store: StoreArg) -> int:
     """Remove what crashed runs left: staging folders, files moved into a table that no
     version names (from each run's publishing list), snapshot folders never committed.
     Only the lock holder may call it. The number of files removed."""
-    store_path = Path(store)
+    location = as_location(store)
     removed = 0
-    staging_root = store_path / STAGING_DIR
-    for run in sorted(staging_root.iterdir()) if staging_root.is_dir() else []:
-        listed = run / PUBLISHING_FILE
-        if listed.exists():
-            for relative in json.loads(listed.read_text()):
-                target = store_path / relative
-                if target.exists() and not _named_by_table(target):
+    for run in location.list_dir(STAGING_DIR):
+        listed = f"{STAGING_DIR}/{run.name}/{PUBLISHING_FILE}"
+        if location.is_file(listed):
+            for target in json.loads(location.read_bytes(listed)):
+                if location.is_file(target) and not _named_by_table(location, target):
                     with contextlib.suppress(OSError):
-                        target.unlink()
+                        location.delete_file(target)
                         removed += 1
-        shutil.rmtree(run, ignore_errors=True)
-    for stream in stream_names(store):
-        folder = store_path / STREAMS_DIR / table_dir_name(stream) / SNAPSHOTS_DIR
-        for entry in os.scandir(folder) if folder.is_dir() else []:
-            if SNAPSHOT_TABLE.match(entry.name) and not is_table(Path(entry.path)):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
+        with contextlib.suppress(OSError):
+            location.delete_dir(f"{STAGING_DIR}/{run.name}")
+    for stream in stream_names(location):
+        folder = f"{stream_folder(stream)}/{SNAPSHOTS_DIR}"
+        for entry in location.list_dir(folder):
+            table = f"{folder}/{entry.name}"
+            if SNAPSHOT_TABLE.match(entry.name) and not is_table(location, table):
+                with contextlib.suppress(OSError):
+                    location.delete_dir(table)
+                    removed += 1
     return removed
 
 
-def _named_by_table(file: Path) -> bool:
+def _named_by_table(location: StoreLocation, file: str) -> bool:
     """Whether the latest version of the table holding `file` names it. (A crashed run's
     commit, if it happened, is the latest: no job commits before sweeping.)"""
-    table = file.parent
-    if not is_table(table):
+    table, _, name = file.rpartition("/")
+    if not is_table(location, table):
         return False
-    actions = pa.table(_open(table).get_add_actions(flatten=True))
-    return file.name in set(actions.column("path").to_pylist())
-
-
-# --- one writer at a time ---------------------------------------------------------------
-
-
-class WriterLock:
-    """The store's writer lock (`<store>/_writer.lock`, an advisory file lock the kernel
-    drops when its holder dies): a second job waits up to `wait_s` for it, then raises
-    StoreLocked naming the holder (its job, process, host and since when)."""
-
-    def __init__(self, store: str | os.PathLike[str], job: str, *, wait_s: float = 0.0) -> None:
-        self.path = Path(store) / LOCK_FILE
-        self.job = job
-        self.wait_s = wait_s
-        self._file: Any = None
-
-    def __enter__(self) -> WriterLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.seek(0)
-                    holder = handle.read().strip() or "an unknown job"
-                    handle.close()
-                    raise StoreLocked(
-                        f"store {self.path.parent} is being written by {holder}; "
-                        "wait for it to finish (or pass a longer wait)",
-                        holder=holder,
-                    ) from None
-                time.sleep(LOCK_POLL_S)
-        handle.seek(0)
-        handle.truncate()
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        handle.write(f"{self.job} (pid {os.getpid()} on {socket.gethostname()} since {since})")
-        handle.flush()
-        self._file = handle
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        handle, self._file = self._file, None
-        if handle is not None:
-            handle.seek(0)
-            handle.truncate()
-            handle.close()  # closing drops the lock
+    actions = pa.table(open_table(location, table).get_add_actions(flatten=True))
+    return name in set(actions.column("path").to_pylist())
 
 
 @contextlib.contextmanager
-def writing(store: str | os.PathLike[str], job: str, wait_s: float = 0.0) -> Iterator[None]:
-    """Hold the writer lock, clear what crashed runs left and convert a store of the earlier
-    layout (relay.store.migrate), for a job that commits."""
+def writing(store: StoreArg, job: str, wait_s: float = 0.0) -> Iterator[StoreLocation]:
+    """Hold the writer lock, clear what crashed runs left and convert a local store of the
+    earlier layout (relay.store.migrate), for a job that commits; the store's location."""
     from relay.store.migrate import migrate_manifest_store
 
-    Path(store).mkdir(parents=True, exist_ok=True)
-    with WriterLock(store, job, wait_s=wait_s):
-        sweep(store)
-        migrate_manifest_store(store)
-        yield
+    location = as_location(store)
+    location.make_dir("")
+    with WriterLock(location, job, wait_s=wait_s):
+        sweep(location)
+        if location.is_local:
+            migrate_manifest_store(location.local_root)
+        yield location

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from relay.store import chaincheck
 from relay.store.errors import ChainProblem, VerifyFailed
+from relay.store.location import StoreArg, StoreLocation, as_location
 from relay.store.plan import (
     SnapshotCheck,
     expand_and_fold_files,
@@ -35,6 +35,7 @@ from relay.store.spark import (
     SNAPSHOT_DDL,
     SUMMARY_DDL,
     parallelism,
+    read_store_files,
 )
 from relay.store.tables import StoreState, load_snapshot, load_store
 
@@ -54,16 +55,17 @@ class Verified:
 CHECK_TASK_DDL = "path STRING, after_seq BIGINT, upto_seq BIGINT, tag STRING"
 
 
-def verify(spark: Any, store_path: str) -> Verified:
+def verify(spark: Any, store_path: StoreArg) -> Verified:
     """Check every stream's chain from its start and every snapshot against the fold of
     the records. Raises VerifyFailed."""
     from pyspark.sql import functions as F
 
-    store = load_store(store_path)
-    paths = [str(Path(store_path) / f.path) for s in store.streams.values() for f in s.files]
+    location = as_location(store_path)
+    store = load_store(location)
+    files = [f for s in store.streams.values() for f in s.files]
     summaries: list[dict[str, object]] = []
-    if paths:
-        input_bytes = sum(Path(p).stat().st_size for p in paths)
+    if files:
+        input_bytes = sum(f.size_bytes for f in files)
         ranges = max(parallelism(spark), math.ceil(input_bytes / RANGE_INPUT_BYTES))
 
         def check_range(batches: Any) -> Any:
@@ -76,8 +78,7 @@ def verify(spark: Any, store_path: str) -> Verified:
             yield pa.RecordBatch.from_pylist(rows, schema=chaincheck.SUMMARY_SCHEMA)
 
         checked = (
-            spark.read.schema(RECORD_DDL)
-            .parquet(*paths)
+            read_store_files(spark, location, [f.path for f in files], RECORD_DDL)
             .withColumn("relay", F.lit(0))
             .repartitionByRange(ranges, F.col("stream"), F.col("seq"))
             .sortWithinPartitions("stream", "seq")
@@ -87,22 +88,21 @@ def verify(spark: Any, store_path: str) -> Verified:
             {k: bytes(v) if isinstance(v, bytearray) else v for k, v in row.asDict().items()}
             for row in checked.collect()
         ]
-    checks, unchecked = plan_snapshot_checks(store_path, store)
-    differences = _check_snapshots(spark, store_path, checks) if checks else []
-    return judge(store_path, store, summaries, differences, len(checks), unchecked)
+    checks, unchecked = plan_snapshot_checks(location, store)
+    differences = _check_snapshots(spark, location, checks) if checks else []
+    return judge(location, store, summaries, differences, len(checks), unchecked)
 
 
 def _check_snapshots(
-    spark: Any, store_path: str, checks: list[SnapshotCheck]
+    spark: Any, location: StoreLocation, checks: list[SnapshotCheck]
 ) -> list[ChainProblem]:
     """Fold every check in one job and compare with the snapshots' rows both ways."""
-    from functools import reduce
+    from functools import partial, reduce
 
     from pyspark.sql import functions as F
 
-    store = Path(store_path)
     tasks = [
-        (str(store / f.path), c.base.seq if c.base else -1, c.snapshot.seq, c.tag)
+        (f.path, c.base.seq if c.base else -1, c.snapshot.seq, c.tag)
         for c in checks
         for f in c.delta_files
     ]
@@ -111,12 +111,10 @@ def _check_snapshots(
         frame = spark.createDataFrame(
             spark.sparkContext.parallelize(tasks, len(tasks)), CHECK_TASK_DDL
         )
-        parts.append(frame.mapInArrow(expand_and_fold_files, CHANGE_DDL))
+        parts.append(frame.mapInArrow(partial(expand_and_fold_files, location), CHANGE_DDL))
     for check in checks:
         if check.base is not None and check.base.files:
-            base = spark.read.schema(SNAPSHOT_DDL).parquet(
-                *(str(store / p) for p in check.base.files)
-            )
+            base = read_store_files(spark, location, list(check.base.files), SNAPSHOT_DDL)
             parts.append(
                 base.select(
                     F.lit(check.tag).alias("stream"),
@@ -137,8 +135,7 @@ def _check_snapshots(
     else:
         expected = spark.createDataFrame([], SNAPSHOT_DDL)
     actual_parts = [
-        spark.read.schema(SNAPSHOT_DDL)
-        .parquet(*(str(store / p) for p in c.snapshot.files))
+        read_store_files(spark, location, list(c.snapshot.files), SNAPSHOT_DDL)
         .withColumn("stream", F.lit(c.tag))
         .select(*columns)
         for c in checks
@@ -177,7 +174,7 @@ def _check_snapshots(
 
 
 def judge(
-    store_path: str,
+    store_path: StoreArg,
     store: StoreState,
     summaries: list[dict[str, object]],
     snapshot_problems: list[ChainProblem],

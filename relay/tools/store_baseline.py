@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from relay.store import chaincheck
 from relay.store.changes import Op
 from relay.store.errors import ChainProblem
+from relay.store.location import Folder, StoreArg, StoreLocation, as_location
 from relay.store.plan import (
     CHANGE_SCHEMA,
     SNAPSHOT_SCHEMA,
@@ -48,6 +47,7 @@ from relay.store.tables import (
     StreamState,
     load_store,
     new_run,
+    read_parquet,
     writing,
 )
 from relay.store.verify import Verified, judge
@@ -58,20 +58,20 @@ BATCH_ROWS = 20_000
 
 def ingest_baseline(
     spool_root: str,
-    store_path: str,
+    store_path: StoreArg,
     *,
     before_commit: BeforeCommit | None = None,
     lock_wait_s: float = 0.0,
     workers: int = 1,
 ) -> IngestResult:
-    with writing(store_path, "ingest (baseline)", lock_wait_s):
-        plan = plan_ingest(spool_root, load_store(store_path))
-        run, staging = new_run(store_path)
+    with writing(store_path, "ingest (baseline)", lock_wait_s) as location:
+        plan = plan_ingest(spool_root, load_store(location))
+        run, staging = new_run(location)
         # The same range tasks as the Spark job, sized for `workers` cores.
         ranges = plan_ranges(plan, range_bytes_for(plan.input_bytes, cores=workers))
-        folders = [str(staging)] * len(ranges)
+        folders = [Folder(location, staging)] * len(ranges)
         summaries = [row for rows in _map(check_range, workers, ranges, folders) for row in rows]
-        return finish_ingest(store_path, plan, summaries, staging, run, before_commit)
+        return finish_ingest(location, plan, summaries, staging, run, before_commit)
 
 
 def _map(function: Any, workers: int, *arguments: list[Any]) -> list[Any]:
@@ -83,7 +83,7 @@ def _map(function: Any, workers: int, *arguments: list[Any]) -> list[Any]:
 
 
 def snapshot_baseline(
-    store_path: str,
+    store_path: StoreArg,
     *,
     as_of: dict[str, int] | None = None,
     streams: Collection[str] | None = None,
@@ -91,37 +91,36 @@ def snapshot_baseline(
     lock_wait_s: float = 0.0,
     workers: int = 1,
 ) -> dict[str, SnapshotInfo]:
-    with writing(store_path, "snapshot (baseline)", lock_wait_s):
-        targets = plan_snapshot(store_path, load_store(store_path), as_of, streams)
+    with writing(store_path, "snapshot (baseline)", lock_wait_s) as location:
+        targets = plan_snapshot(location, load_store(location), as_of, streams)
         if not targets:
             return {}
-        run, staging = new_run(store_path)
+        run, staging = new_run(location)
         count = len(targets)
         written = _map(
             _fold_and_write,
             workers,
-            [store_path] * count,
             targets,
-            [str(staging)] * count,
+            [Folder(location, staging)] * count,
             [f"{run}-{i}" for i in range(count)],
         )
         entries = [entry for entries in written for entry in entries]
-        return finish_snapshot(store_path, targets, entries, staging, before_commit)
+        return finish_snapshot(location, targets, entries, staging, before_commit)
 
 
 def _fold_and_write(
-    store_path: str, target: SnapshotTarget, staging: str, prefix: str
+    target: SnapshotTarget, staging: Folder, prefix: str
 ) -> list[dict[str, object]]:
     """One stream's snapshot rows, written under `staging` (a task of the pool)."""
     writer = SnapshotWriter(staging, prefix)
-    latest = _fold(Path(store_path), target.base, target.delta_files, target.seq)
+    latest = _fold(staging.location, target.base, target.delta_files, target.seq)
     for batch in latest.to_batches(max_chunksize=BATCH_ROWS):
         writer.write(batch)
     return writer.close()
 
 
 def _fold(
-    store: Path, base: SnapshotInfo | None, delta_files: list[RecordFile], upto_seq: int
+    store: StoreLocation, base: SnapshotInfo | None, delta_files: list[RecordFile], upto_seq: int
 ) -> pa.Table:
     """The snapshot rows at `upto_seq`: `base`'s rows (none: from the first record) plus
     the changes of the records after it in `delta_files`, folded as they are read (memory
@@ -130,7 +129,7 @@ def _fold(
     delta = (
         batch
         for record_file in delta_files
-        for batch in read_delta(str(store / record_file.path), after_seq, upto_seq)
+        for batch in read_delta(store, record_file.path, after_seq, upto_seq)
     )
     changes = pa.Table.from_batches(expand_and_fold(delta), CHANGE_SCHEMA)
     if base:
@@ -152,27 +151,28 @@ def _fold(
     return live_rows(changes)
 
 
-def _snapshot_rows(store: Path, info: SnapshotInfo) -> pa.Table:
+def _snapshot_rows(store: StoreLocation, info: SnapshotInfo) -> pa.Table:
     return pa.concat_tables(
-        [pq.read_table(store / p, schema=SNAPSHOT_SCHEMA) for p in info.files]
+        [read_parquet(store, p, schema=SNAPSHOT_SCHEMA) for p in info.files]
         or [SNAPSHOT_SCHEMA.empty_table()]
     )
 
 
-def verify_baseline(store_path: str) -> Verified:
-    store = load_store(store_path)
+def verify_baseline(store_path: StoreArg) -> Verified:
+    location = as_location(store_path)
+    store = load_store(location)
     summaries: list[dict[str, object]] = []
     for state in store.streams.values():
-        summaries.extend(chaincheck.check_sorted(_stored_batches(store_path, state), _discard))
-    checks, unchecked = plan_snapshot_checks(store_path, store)
+        summaries.extend(chaincheck.check_sorted(_stored_batches(location, state), _discard))
+    checks, unchecked = plan_snapshot_checks(location, store)
     differences = []
     for check in checks:
-        expected = _fold(Path(store_path), check.base, check.delta_files, check.snapshot.seq)
-        actual = _snapshot_rows(Path(store_path), check.snapshot)
+        expected = _fold(location, check.base, check.delta_files, check.snapshot.seq)
+        actual = _snapshot_rows(location, check.snapshot)
         difference = _difference(check, expected, actual)
         if difference is not None:
             differences.append(difference)
-    return judge(store_path, store, summaries, differences, len(checks), unchecked)
+    return judge(location, store, summaries, differences, len(checks), unchecked)
 
 
 def _difference(check: SnapshotCheck, expected: pa.Table, actual: pa.Table) -> ChainProblem | None:
@@ -192,9 +192,9 @@ def _difference(check: SnapshotCheck, expected: pa.Table, actual: pa.Table) -> C
     )
 
 
-def _stored_batches(store_path: str, state: StreamState) -> Iterator[pa.RecordBatch]:
+def _stored_batches(location: StoreLocation, state: StreamState) -> Iterator[pa.RecordBatch]:
     for record_file in state.files:
-        table = pq.read_table(Path(store_path) / record_file.path)
+        table = read_parquet(location, record_file.path)
         table = table.append_column("relay", pa.array([0] * table.num_rows, pa.int32()))
         yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
@@ -212,10 +212,10 @@ class BaselineEngine:
     def __init__(self, workers: int = 1) -> None:
         self.workers = workers
 
-    def ingest(self, spool_root: str, store: str, lock_wait_s: float) -> IngestResult:
+    def ingest(self, spool_root: str, store: StoreArg, lock_wait_s: float) -> IngestResult:
         return ingest_baseline(spool_root, store, lock_wait_s=lock_wait_s, workers=self.workers)
 
-    def snapshot(self, store: str, lock_wait_s: float) -> dict[str, SnapshotInfo]:
+    def snapshot(self, store: StoreArg, lock_wait_s: float) -> dict[str, SnapshotInfo]:
         return snapshot_baseline(store, lock_wait_s=lock_wait_s, workers=self.workers)
 
     def close(self) -> None:
