@@ -853,7 +853,7 @@ def _store_tables(store: dict[str, Any] | None) -> list[Any]:
             str((runner.get("runs") or {}).get(job, 0)),
             f"[red]{failures}[/red]" if failures else "0",
         )
-    streams = Table(title="store streams")
+    streams = Table(title=f"store streams ({store.get('location', '?')})")
     for name in ("stream", "stored seq", "behind relays", "records", "files", "snapshot seq"):
         streams.add_column(name, justify="left" if name == "stream" else "right")
     for name, stream in sorted((runner.get("streams") or {}).items()):

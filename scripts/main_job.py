@@ -388,12 +388,14 @@ def catch_up(config: MeshConfig, runner: subprocess.Popen[bytes], produced: Prod
 
 
 def read_tables(config: MeshConfig, produced: Produced) -> list[str]:
-    """Read the stream's Delta table with Polars (deltalake) and DuckDB (its file list):
-    the problems if a committed seq is missing or stored twice."""
+    """Read the stream's Delta table with Polars (deltalake), and DuckDB and Spark (its
+    file list): the problems if a committed seq is missing or stored twice, or if the
+    three disagree."""
     import duckdb
     import polars as pl
     from deltalake import DeltaTable
 
+    from relay.store.spark import get_session
     from relay.store.tables import records_table
 
     location = config.store_location
@@ -403,14 +405,25 @@ def read_tables(config: MeshConfig, produced: Produced) -> list[str]:
     uris = table.file_uris()
     query = f"select count(*), count(distinct seq), max(seq) from read_parquet({uris!r})"
     rows, distinct, last = duckdb.execute(query).fetchall()[0]
+    spark = get_session("local[1]", app_name="relay-main-job-read")
+    try:
+        counted = (
+            spark.read.parquet(*uris)
+            .selectExpr("count(*) AS n", "count(distinct seq) AS d", "max(seq) AS m")
+            .first()
+        )
+    finally:
+        spark.stop()
     say(
         f"Delta table {shown(path)}: version {table.version()}, {len(uris)} files; Polars read "
         f"{len(seqs)} records to seq {max(seqs)}, DuckDB {rows} ({distinct} distinct seqs) "
-        f"to seq {last}"
+        f"to seq {last}, Spark {counted['n']} ({counted['d']} distinct) to seq {counted['m']}"
     )
     found: list[str] = []
     if len(seqs) != len(set(seqs)) or rows != distinct or rows != len(seqs):
         found.append("a seq is stored more than once")
+    if (counted["n"], counted["d"], counted["m"]) != (rows, distinct, last):
+        found.append(f"Spark read {tuple(counted)}, DuckDB {(rows, distinct, last)}")
     missing = set(produced.committed) - set(seqs)
     if missing:
         found.append(f"{len(missing)} committed seqs are not in the table, e.g. {min(missing)}")

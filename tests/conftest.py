@@ -26,6 +26,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from s3_server import CREDENTIALS
+
+# The object-store tests' stand-in credentials, before anything starts a Spark session
+# (tests/s3_server.py says why).
+os.environ.update(CREDENTIALS)
+
 settings.register_profile(
     "ci",
     derandomize=True,

@@ -19,7 +19,11 @@ from waiting import wait_until
 
 START_TIMEOUT_S = 60
 # moto accepts any credentials; these stand in for a real store's (pyarrow, delta-rs and
-# boto3 all read them from the environment, and the relays inherit them).
+# boto3 all read them from the environment, and the relays and Spark's workers inherit
+# them). tests/conftest.py sets them for the whole session: the session's Spark workers
+# start with the environment of the moment the session starts, which may be before any
+# object-store test runs. (Without credentials the AWS SDK sends unsigned, chunk-framed
+# uploads, which moto stores framing and all.)
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "relay-tests",
     "AWS_SECRET_ACCESS_KEY": "relay-tests-secret",
@@ -45,12 +49,10 @@ def _answers(endpoint: str) -> bool:
 
 @contextmanager
 def moto_server(log_dir: Path) -> Iterator[str]:
-    """moto's S3 server on a free port; its endpoint URL. The credentials above are set in
-    this process's environment while it runs."""
+    """moto's S3 server on a free port; its endpoint URL."""
+    assert all(os.environ.get(k) == v for k, v in CREDENTIALS.items()), "see CREDENTIALS"
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {name: os.environ.get(name) for name in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
     log = log_dir / "moto.log"
     with open(log, "wb") as sink:
         process = subprocess.Popen(
@@ -75,11 +77,6 @@ def moto_server(log_dir: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def new_bucket(endpoint: str) -> str:

@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("node", "client", "launcher", "storecmd", "sim"),
     ("incarnation", "hoptrace", "loop", "storerun"),
     ("service", "engines", "spool", "sockets", "acceptors", "security", "metasync"),
-    ("wire", "topology", "store"),
+    ("wire", "topology"),
+    ("store",),  # the topology names the store's location (relay.store.location)
     ("segment", "access", "meta"),
     ("core",),
     ("errors", "__init__"),

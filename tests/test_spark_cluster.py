@@ -1,7 +1,8 @@
 """The store's jobs on a standalone Spark cluster: a master and a worker started on
 127.0.0.1 from the pyspark package (`bin/spark-class ... deploy.master.Master` /
 `Worker`), the topology naming the master, the driver's address and the executors' Python
-(docs/store.md 4), as on several machines."""
+(docs/store.md 4), and a store on an S3-compatible server (moto's, docs/store.md 8), as on
+several machines."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from pathlib import Path
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("moto")
+from relay.store.location import as_location  # noqa: E402
 from relay.store.reader import StoreReader  # noqa: E402
 from relay.tools.synthetic import generate, write_spools  # noqa: E402
+from s3_server import moto_server, new_bucket  # noqa: E402
 from store_topology import spooling_topology  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
@@ -34,8 +38,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1; their URL."""
+def endpoint(tmp_path: Path) -> Iterator[str]:
+    """moto's S3 server; its credentials are in the environment the cluster starts with."""
+    with moto_server(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def cluster(endpoint: str, tmp_path: Path) -> Iterator[str]:
+    """A standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1; their URL. The
+    executors inherit the worker's environment, with the object store's credentials."""
     logs = tmp_path / "spark-logs"
     logs.mkdir()
     env = {
@@ -98,14 +110,16 @@ def cluster(tmp_path: Path) -> Iterator[str]:
                 process.wait()
 
 
-def test_the_jobs_run_on_a_standalone_cluster(cluster: str, tmp_path: Path) -> None:
+def test_the_jobs_run_on_a_standalone_cluster(cluster: str, endpoint: str, tmp_path: Path) -> None:
     spark = {
         "master": cluster,
         "driver_host": "127.0.0.1",
         "executor_python": sys.executable,
         "conf": {"spark.executor.memory": "512m", "spark.cores.max": 2},
     }
-    topology = spooling_topology(tmp_path, {"spark": spark})
+    location = f"s3://{new_bucket(endpoint)}/store"
+    s3 = {"endpoint_url": endpoint, "allow_http": True}
+    topology = spooling_topology(tmp_path, {"spark": spark, "location": location, "s3": s3})
     records = [generate("s.a", 400, seed=1), generate("s.b", 200, seed=2)]
     write_spools(str(tmp_path / "data" / "spool"), records, relays=3, segment_records=100)
 
@@ -121,7 +135,7 @@ def test_the_jobs_run_on_a_standalone_cluster(cluster: str, tmp_path: Path) -> N
         done = store_job(*words)
         assert done.returncode == 0, done.stderr[-3000:]
     assert f"verified s.a: chain intact to seq {records[0].seqs[-1]}" in done.stdout
-    reader = StoreReader(tmp_path / "data" / "store")
+    reader = StoreReader(as_location(location, s3))
     assert {s: p.seq for s, p in reader.last_points().items()} == {
         r.stream: r.seqs[-1] for r in records
     }

@@ -26,7 +26,13 @@ from relay.store.changes import (
     decode_changes,
     encode_changes,
 )
-from relay.store.errors import IngestFailed, InvalidChanges, StoreLocked, VerifyFailed
+from relay.store.errors import (
+    IngestFailed,
+    InvalidChanges,
+    StoreCorrupt,
+    StoreLocked,
+    VerifyFailed,
+)
 from relay.store.lock import WriterLock
 from relay.store.reader import StoreReader
 from relay.store.tables import load_store
@@ -363,6 +369,40 @@ def test_a_crash_before_commit_leaves_the_store_as_it_was(
     }
     assert on_disk == listed
     assert not (store / "_staging").exists() or not any((store / "_staging").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["not parquet", "fewer rows"])
+def test_a_staged_file_that_is_not_what_its_task_wrote_is_never_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A write that went wrong on its way to the store (a truncated upload, a store that
+    kept something else) stops the job before a commit names the file."""
+    records = generate("damaged", 300, seed=6)
+    spool, store = str(tmp_path / "spool"), tmp_path / "store"
+    write_spools(spool, [records.slice(0, 100)], segment_records=50)
+    store_baseline.ingest_baseline(spool, store)
+    before = load_store(store).versions()
+    real_commit = tables.commit_records
+
+    def damaging(location: Any, stream: str, state: Any, files: Any, *rest: Any) -> int:
+        path = Path(location.path(files[0].path))
+        if damage == "not parquet":
+            path.write_bytes(path.read_bytes()[:-100])
+        else:
+            pq.write_table(pq.read_table(path).slice(1), path)
+        return real_commit(location, stream, state, files, *rest)
+
+    monkeypatch.setattr("relay.store.plan.commit_records", damaging)
+    write_spools(spool, [records], segment_records=50)
+    expected = "is not a readable Parquet file" if damage == "not parquet" else "rows, its task"
+    with pytest.raises(StoreCorrupt, match=expected):
+        store_baseline.ingest_baseline(spool, store)
+    assert load_store(store).versions() == before
+    monkeypatch.undo()
+    assert store_baseline.ingest_baseline(spool, store).records_added == 200
+    assert [r.seq for r in StoreReader(store).records_after("damaged")] == [
+        s for s, dup in zip(records.seqs, records.duplicates, strict=True) if not dup
+    ]
 
 
 def test_verify_finds_a_corrupt_record(spark: Any, tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def read_parquet(location: StoreLocation, relative: str, **arguments: Any) -> pa
     cannot be read."""
     try:
         return pq.read_table(location.path(relative), filesystem=location.fs, **arguments)
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         raise StoreCorrupt(f"store file {location.uri(relative)} unreadable: {error}") from None
 
 
@@ -125,7 +125,7 @@ def parquet_file(location: StoreLocation, relative: str) -> pq.ParquetFile:
     """A store file opened for reading in batches. StoreCorrupt if it cannot be read."""
     try:
         return pq.ParquetFile(location.fs.open_input_file(location.path(relative)))
-    except OSError as error:
+    except (OSError, pa.ArrowException) as error:
         raise StoreCorrupt(f"store file {location.uri(relative)} unreadable: {error}") from None
 
 
@@ -430,6 +430,8 @@ def _publish(
     from deltalake.transaction import AddAction
 
     check(location)
+    for staged in files:
+        _check_staged(location, staged)
     targets = [f"{table}/{f.path.rpartition('/')[2]}" for f in files]
     listed = f"{staging}/{PUBLISHING_FILE}"
     previous = json.loads(location.read_bytes(listed)) if location.is_file(listed) else []
@@ -441,6 +443,23 @@ def _publish(
             AddAction(entry.name, entry.size_bytes, {}, entry.mtime_ms, True, stats(staged))
         )
     return actions
+
+
+def _check_staged(location: StoreLocation, staged: StagedFile) -> None:
+    """A staged file must be the Parquet file its task says it wrote (its footer holds that
+    many rows) before a commit names it: a write that went wrong on the way (a truncated
+    upload, a store that kept something else) stops the job instead of entering a table."""
+    try:
+        rows = pq.read_metadata(location.path(staged.path), filesystem=location.fs).num_rows
+    except (OSError, pa.ArrowException) as error:
+        raise StoreCorrupt(
+            f"staged file {location.uri(staged.path)} is not a readable Parquet file: {error}"
+        ) from None
+    if rows != staged.records:
+        raise StoreCorrupt(
+            f"staged file {location.uri(staged.path)} holds {rows} rows, its task wrote "
+            f"{staged.records}"
+        )
 
 
 def _commit(
