@@ -35,6 +35,10 @@ from relay.store.errors import StoreError
 
 S3_OPTIONS = ("endpoint_url", "region", "allow_http")
 DEFAULT_REGION = "us-east-1"
+# Bounds on one request to an object store, so that an unreachable store fails a job (or
+# a relay's look at the store) in seconds rather than hanging it.
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_REQUEST_TIMEOUT_S = 60.0
 
 # Filesystems opened by this process, by (scheme, options): one per store, not per call.
 _filesystems: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
@@ -125,7 +129,11 @@ class StoreLocation:
         if self.is_local:
             return pafs.LocalFileSystem()
         options = dict(self.options)
-        arguments: dict[str, Any] = {"region": options.get("region", DEFAULT_REGION)}
+        arguments: dict[str, Any] = {
+            "region": options.get("region", DEFAULT_REGION),
+            "connect_timeout": S3_CONNECT_TIMEOUT_S,
+            "request_timeout": S3_REQUEST_TIMEOUT_S,
+        }
         endpoint = options.get("endpoint_url")
         if endpoint:
             parts = urlsplit(endpoint)
@@ -136,12 +144,14 @@ class StoreLocation:
     def boto3_client(self) -> Any:
         """A boto3 S3 client for what pyarrow cannot do (conditional writes: the lock)."""
         import boto3  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
 
         options = dict(self.options)
         return boto3.client(
             "s3",
             endpoint_url=options.get("endpoint_url"),
             region_name=options.get("region", DEFAULT_REGION),
+            config=Config(connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=S3_REQUEST_TIMEOUT_S),
         )
 
     @property
