@@ -86,15 +86,6 @@ class StoreLocation:
         path = self.path(relative)
         return path if self.is_local else f"s3://{path}"
 
-    def relative(self, path: str) -> str:
-        """The name inside the store of a filesystem path (or a URI) under it."""
-        if path.startswith("s3://"):
-            path = path[len("s3://") :]
-        prefix = self.root + "/"
-        if not path.startswith(prefix):
-            raise BadStoreLocation(f"{path} is not inside the store {self}")
-        return path[len(prefix) :]
-
     def __str__(self) -> str:
         return self.uri()
 
