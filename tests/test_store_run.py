@@ -6,7 +6,6 @@ same tables: tests/test_store.py)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from relay.tools import store_baseline
 from relay.tools.store_baseline import BaselineEngine
 from relay.tools.synthetic import StreamRecords, generate, write_spools
 from relay.topology import StoreSettings
-from store_topology import spooling_topology
+from store_topology import relay_with, spooling_topology
 from waiting import wait_until
 
 RUN_CLI_TIMEOUT_S = 120
@@ -302,13 +301,7 @@ def test_relay_status_shows_the_store_runner(tmp_path: Path) -> None:
     _spool_upto(tmp_path / "data" / "spool", [records], 150)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "relay", *args, "--config", str(topology)],
-            capture_output=True,
-            text=True,
-            timeout=RUN_CLI_TIMEOUT_S,
-            env={**os.environ, "COLUMNS": "200"},
-        )
+        return relay_with(topology, *args)
 
     once = cli("store", "run", "--engine", "baseline", "--once")
     assert once.returncode == 0, once.stderr

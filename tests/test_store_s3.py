@@ -5,8 +5,6 @@ store on local disk."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +28,10 @@ from relay.tools import store_baseline
 from relay.tools.synthetic import StreamRecords, generate, write_spools
 from relay.topology import StoreSettings, load
 from s3_server import bucket_keys, moto_server, new_bucket
-from store_topology import spooling_topology
+from store_topology import relay_with, spooling_topology
 from waiting import wait_until
 
 STREAMS = ("orders.eu", "a/b c")
-CLI_TIMEOUT_S = 600  # one `relay store` command (a JVM on a loaded machine)
 RELAY_JOIN_TIMEOUT_S = 60
 
 
@@ -268,20 +265,14 @@ def test_relay_store_commands_on_an_object_store(store: StoreLocation, tmp_path:
     records = generate("s.obj", 300, seed=9)
     write_spools(str(tmp_path / "data" / "spool"), [records], segment_records=100)
 
-    def relay(*words: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "relay", *words, "--config", str(topology)],
-            capture_output=True,
-            text=True,
-            timeout=CLI_TIMEOUT_S,
-        )
-
-    done = relay("store", "run", "--once", "--engine", "baseline")
+    done = relay_with(topology, "store", "run", "--once", "--engine", "baseline")
     assert done.returncode == 0, done.stderr[-3000:]
-    done = relay("store", "verify")
+    done = relay_with(topology, "store", "verify")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"verified s.obj: chain intact to seq {records.seqs[-1]}" in done.stdout
-    status = relay("status", "--json", "--timeout", "0.2")  # the relay is down: exit 1
+    status = relay_with(
+        topology, "status", "--json", "--timeout", "0.2"
+    )  # the relay is down: exit 1
     assert status.returncode == 1, status.stderr[-3000:]
     shown = json.loads(status.stdout)["store"]
     assert shown["location"] == store.uri()
