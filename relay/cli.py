@@ -1,8 +1,9 @@
 """The `relay` command line.
 
     relay sim --seeds N [--seed S] [--relays K] [--faults LIST] [--first-seed F]
-    relay run --config FILE --relay ID [--log-level LEVEL]
-    relay up FILE [--log-level LEVEL] [--log-dir DIR] [--timeout SECONDS]
+    relay run --config FILE --relay ID [--log-level LEVEL] [--log-format text|json]
+    relay up [FILE | --config FILE] [--log-level LEVEL] [--log-format text|json]
+             [--log-dir DIR] [--timeout SECONDS]
     relay keygen (--config FILE | --dir DIR --name NAME [--client NAME]) [--force]
     relay status --config FILE [--json] [--timeout SECONDS]
     relay produce --config FILE --stream S [--relay ID] [--key K]
@@ -10,9 +11,15 @@
                   [--count N] [--timeout-s T] [--base64]
     relay chaos [--relays 3|5] [--scenario NAME ...|all] [--duration-s S] [--json] (root)
 
-Commands that talk to relays (and the store's) take `--key-file FILE` (or $RELAY_KEY_FILE):
-the client's CurveZMQ secret key, when the topology has `security.curve` on (default: the
-topology's `security.client_key_file`).
+Every command that takes a topology takes `--config FILE`, or $RELAY_CONFIG. Commands that
+talk to relays (and the store's) take `--key-file FILE` (or $RELAY_KEY_FILE): the client's
+CurveZMQ secret key, when the topology has `security.curve` on (default: the topology's
+`security.client_key_file`). Seqs in JSON output are strings (relay/seqtext.py says why),
+and a seq given to a command may be one.
+
+Ctrl-C (SIGINT) ends a command with exit code 130 ("interrupted" on stderr), except the
+commands that run until stopped (`run`, `up`, `consume`, `store run`): they stop cleanly
+and exit 0, also when stopped while starting.
 
 Heavy modules are imported inside the subcommands, so `relay --help` stays fast and works
 even while a subcommand's module is broken.
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -34,7 +42,10 @@ from relay import __version__
 RELAYS_MIN = 3
 RELAYS_MAX = 7
 _FAULT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # relay/logs.py takes these
+LOG_FORMATS = ("text", "json")  # and these
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report a command Ctrl-C ended
+CONFIG_ENV = "RELAY_CONFIG"
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -42,11 +53,65 @@ if TYPE_CHECKING:
     from typing import Literal
 
     from relay.client import Consumer, Metadata, Record, Start
-    from relay.launcher import Mesh, StatusReply
+    from relay.launcher import Mesh
     from relay.security import ClientCurve
     from relay.store.location import StoreLocation
     from relay.store.reader import StoredSnapshot
     from relay.topology import MeshConfig
+
+
+def _until_stopped(function: Callable[..., Any]) -> Callable[..., Any]:
+    """For a command that runs until stopped: Ctrl-C (KeyboardInterrupt) at any moment,
+    also while it starts, ends it with exit code 0, not the group's 130."""
+    import functools
+
+    @functools.wraps(function)
+    def stopped_cleanly(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except KeyboardInterrupt:
+            sys.exit(0)
+
+    return stopped_cleanly
+
+
+SECONDS_MAX = 365 * 86_400.0  # the longest time any option takes (a year; beyond is "never")
+
+
+class _Seconds(click.FloatRange):
+    """A time in seconds from `min` to SECONDS_MAX. Not nan nor inf: they pass a
+    FloatRange's bounds, then wait forever or overflow a socket's poll."""
+
+    name = "seconds"
+
+    def __init__(self, lowest: float = 0.0) -> None:
+        super().__init__(min=lowest, max=SECONDS_MAX)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number of seconds.", param, ctx)
+        return number
+
+
+class _SeqType(click.ParamType):
+    """A seq (0..2**63-1), as digits or as the string JSON output carries it: a usage
+    error naming the value otherwise (never a traceback further on)."""
+
+    name = "seq"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from relay.seqtext import parse_seq
+
+        try:
+            return parse_seq(value, allow_none=False)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+SEQ = _SeqType()
 
 
 def _check_relays(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -72,10 +137,31 @@ def _parse_faults(ctx: click.Context, param: click.Parameter, value: str) -> tup
     return tuple(names)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The `relay` group: Ctrl-C in any command ends it with INTERRUPTED_EXIT_CODE and one
+    line on stderr (click's default is `Aborted!` and 1). The commands that run until
+    stopped catch it themselves and exit 0."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(INTERRUPTED_EXIT_CODE)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relay")
 def main() -> None:
-    """relay: a leaderless relay mesh over ZeroMQ."""
+    """relay: a leaderless relay mesh over ZeroMQ.
+
+    Every command that takes a topology takes --config FILE or $RELAY_CONFIG. Seqs in JSON
+    output are strings ("seq": "383315973454696481": JSON readers that keep numbers as
+    doubles would round them), and a seq given to a command may be one.
+
+    Ctrl-C ends a command with exit code 130, except the commands that run until stopped
+    (run, up, consume, store run), which stop cleanly and exit 0.
+    """
 
 
 @main.command()
@@ -186,7 +272,13 @@ def sim(
 # --- relay processes ------------------------------------------------------------------------
 
 _config_option = click.option(
-    "--config", "config_path", required=True, metavar="FILE", help="The topology."
+    "--config",
+    "config_path",
+    required=True,
+    envvar=CONFIG_ENV,
+    show_envvar=True,
+    metavar="FILE",
+    help="The topology.",
 )
 _key_file_option = click.option(
     "--key-file",
@@ -199,25 +291,36 @@ _key_file_option = click.option(
 )
 
 
-def _setup_logging(log_level: str) -> None:
-    """One log line format for the long-running commands (`relay run`, `relay store run`)."""
-    import logging
+def _setup_logging(log_level: str, log_format: str) -> None:
+    """The one logging set-up (relay/logs.py): lines on stderr, text or JSON."""
+    from relay import logs
 
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+    logs.setup(log_level.lower(), log_format)
+
+
+def _log_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--log-level and --log-format, for every command that logs (and passes them on to
+    the processes it starts)."""
+    level = click.option(
+        "--log-level",
+        "log_level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        help="Log level (also of the relays or jobs the command starts).",
     )
-
-
-_log_level_option = click.option(
-    "--log-level",
-    "log_level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="info",
-    show_default=True,
-    help="Log level of the processes the command runs (relays, the store runner).",
-)
+    log_format = click.option(
+        "--log-format",
+        "log_format",
+        type=click.Choice(LOG_FORMATS, case_sensitive=False),
+        default="text",
+        show_default=True,
+        envvar="RELAY_LOG_FORMAT",
+        show_envvar=True,
+        help="Log lines as text, or as JSON objects (time, level, logger, message and "
+        "fields such as relay and stream; seqs as strings).",
+    )
+    return level(log_format(function))
 
 
 @main.command()
@@ -304,7 +407,7 @@ _log_level_option = click.option(
 @click.option(
     "--time-budget",
     "time_budget_s",
-    type=click.FloatRange(min=0),
+    type=_Seconds(0),
     default=None,
     metavar="SECONDS",
     help="Stop after this long.",
@@ -383,10 +486,11 @@ def scenario(files: tuple[Path, ...], rewrite: bool) -> None:
     sys.exit(status)
 
 
-def _config_failed(error: Exception) -> NoReturn:
-    """A ConfigError: its message names the file, field and problem; exit code 2."""
+def _config_failed(error: Exception, exit_code: int = 2) -> NoReturn:
+    """A ConfigError: its message names the file, field and problem; exit code 2 (a usage
+    error, as click's own), or `exit_code`."""
     click.echo(f"error: {error}", err=True)
-    sys.exit(2)
+    sys.exit(exit_code)
 
 
 def _warn_config(warnings: tuple[str, ...]) -> None:
@@ -397,7 +501,7 @@ def _warn_config(warnings: tuple[str, ...]) -> None:
 @main.command()
 @_config_option
 @click.option("--relay", "relay_id", required=True, type=int, metavar="ID", help="Relay id.")
-@_log_level_option
+@_log_options
 @click.option(
     "--hop-trace",
     type=click.Path(dir_okay=False, writable=True),
@@ -406,14 +510,35 @@ def _warn_config(warnings: tuple[str, ...]) -> None:
     help="Stamp every frame in and out and write the stamps to FILE when the relay stops "
     "(for `relay bench --hops`; costs a little per frame).",
 )
-def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) -> None:
+def run(
+    config_path: str, relay_id: int, log_level: str, log_format: str, hop_trace: str | None
+) -> None:
     """Run one relay of the topology in the foreground until SIGINT or SIGTERM.
 
-    Exit codes: 0 after a clean stop, 2 for a configuration error, 1 if the relay
-    cannot start (e.g. its port is taken, or another process of this machine runs it).
+    Logs to stderr (--log-format json: one JSON object a line). Exit codes: 0 after a stop
+    (also one while it starts), 2 for a configuration error, 1 if the relay cannot start
+    (e.g. its port is taken, or another process of this machine runs it).
     """
-    import asyncio
     import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # before or after the node's own handlers are installed
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        _run_relay(config_path, relay_id, log_level, log_format, hop_trace)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.exit(0)
+
+
+def _run_relay(
+    config_path: str, relay_id: int, log_level: str, log_format: str, hop_trace: str | None
+) -> None:
+    """`relay run` until the relay stops (KeyboardInterrupt: SIGINT or SIGTERM)."""
+    import asyncio
 
     import zmq
 
@@ -421,6 +546,7 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
         AcceptorMemoryError,
         ConfigError,
         IncarnationError,
+        PortUnavailable,
         RelayAlreadyRunning,
     )
     from relay.node import RelayNode
@@ -438,35 +564,40 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     _warn_config(config.warnings)
-    _setup_logging(log_level)
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # before or after the node's own handlers are installed
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    _setup_logging(log_level, log_format)
     try:
         asyncio.run(node.run())
-    except KeyboardInterrupt:
-        pass
     except zmq.ZMQError as e:
         spec = config.relays[relay_id]
         click.echo(
-            f"error: relay {relay_id} cannot start on {spec.mesh_endpoint} / "
-            f"{spec.client_endpoint}: {e}",
+            f"error: relay {relay_id} cannot start on {spec.mesh_bind_endpoint} / "
+            f"{spec.client_bind_endpoint}: {e}",
             err=True,
         )
+        sys.exit(1)
+    except PortUnavailable as e:
+        click.echo(f"error: {e}", err=True)
         sys.exit(1)
     except AcceptorMemoryError as e:
         click.echo(f"error: {e}; the relay stopped", err=True)
         sys.exit(1)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    sys.exit(0)
+
+
+UP_TEND_INTERVAL_S = 0.2  # how often `relay up` looks for relays to start again
 
 
 @main.command()
-@click.argument("config_path", metavar="FILE")
-@_log_level_option
+@click.argument("file_path", metavar="[FILE]", required=False)
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    envvar=CONFIG_ENV,
+    show_envvar=True,
+    metavar="FILE",
+    help="The topology (or give it as FILE).",
+)
+@_log_options
 @click.option(
     "--log-dir",
     "log_dir",
@@ -477,7 +608,7 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0.1),
+    type=_Seconds(0.1),
     default=15.0,
     show_default=True,
     metavar="SECONDS",
@@ -485,71 +616,55 @@ def run(config_path: str, relay_id: int, log_level: str, hop_trace: str | None) 
 )
 @_key_file_option
 def up(
-    config_path: str, log_level: str, log_dir: str | None, timeout_s: float, key_file: str | None
+    file_path: str | None,
+    config_path: str | None,
+    log_level: str,
+    log_format: str,
+    log_dir: str | None,
+    timeout_s: float,
+    key_file: str | None,
 ) -> None:
-    """Start every relay of the topology FILE on this host and wait.
+    """Start every relay of the topology (FILE, --config or $RELAY_CONFIG) on this host.
 
-    With security.curve on, the key pairs the topology needs and keys_dir lacks are
-    created first (their public keys are printed).
+    First checks that every port the relays listen on is free here: a port in use is named
+    with its relay, and nothing is started. With security.curve on, the key pairs the
+    topology needs and keys_dir lacks are created (their public keys are printed).
 
-    Waits until each relay answers a status request with its named streams joined, prints
-    the relays and their endpoints, then runs until SIGINT (Ctrl-C) or SIGTERM, which stop
-    every relay (SIGTERM, then SIGKILL after a grace). Exit codes: 0 after such a stop, 1 if
-    a relay did not come up, 2 for a configuration error.
+    Waits until each relay answers a status request with its streams joined, prints the
+    relays and their endpoints, then runs until SIGINT (Ctrl-C) or SIGTERM, which stop every
+    relay (SIGTERM, then SIGKILL after a grace). A relay that exits meanwhile is started
+    again after 1 s, the wait doubling at each exit up to 30 s and back to 1 s once it stayed
+    up a minute; each exit and restart is logged (--log-format; the relays get the same).
+
+    Exit codes: 0 after a stop by SIGINT or SIGTERM (also while starting), 1 if a port is
+    taken or a relay did not come up, 2 for a usage or configuration error.
     """
     import signal
-    import time
 
-    from relay.errors import ConfigError
-    from relay.launcher import Mesh, MeshError
-
-    try:
-        mesh = Mesh(
-            config_path,
-            log_level=log_level,
-            log_dir=log_dir,
-            die_with_parent=True,
-            key_file=key_file,
-        )
-        created = mesh.ensure_keys()
-    except ConfigError as e:
-        _config_failed(e)
-    _warn_config(mesh.config.warnings)
-    for path in created:
-        click.echo(f"created key pair {path} (public key {_public_key_text(path)})", err=True)
-
-    stopping = False
+    if file_path is not None and config_path is not None and file_path != config_path:
+        source = click.get_current_context().get_parameter_source("config_path")
+        if source is ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"two topologies: {file_path} and --config {config_path}")
+    path = file_path or config_path
+    if path is None:
+        raise click.UsageError(f"no topology: give FILE or --config FILE, or set ${CONFIG_ENV}")
+    _setup_logging(log_level, log_format)
+    stop = threading.Event()
 
     def interrupt(signum: int, frame: object) -> None:
-        nonlocal stopping
-        if not stopping:  # a second signal must not cut the stop short
-            stopping = True
-            raise KeyboardInterrupt
+        # Only a flag: an exception raised here can land where Python ignores it (an
+        # at-fork hook while a relay starts), and the stop would be lost.
+        stop.set()
 
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 0
+    meshes: list[Mesh] = []
     try:
-        try:
-            mesh.start(timeout_s)
-        except MeshError as e:
-            click.echo(f"error: {e}", err=True)
-            code = 1
-        else:
-            _print_mesh(mesh)
-            reported: set[int] = set()
-            while True:
-                time.sleep(0.2)
-                for relay_id in mesh.relay_ids:
-                    rc = mesh.returncode(relay_id)
-                    if rc is not None and relay_id not in reported:
-                        reported.add(relay_id)
-                        click.echo(f"warning: relay {relay_id} exited with code {rc}", err=True)
-    except KeyboardInterrupt:
-        stopping = True
-        click.echo("stopping the mesh...", err=True)
+        code = _run_mesh(path, log_level, log_format, log_dir, timeout_s, key_file, stop, meshes)
     finally:
-        stopping = True
-        mesh.stop()
+        if stop.is_set():
+            click.echo("stopping the mesh...", err=True)
+        for mesh in meshes:
+            mesh.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code == 0:
@@ -557,11 +672,71 @@ def up(
     sys.exit(code)
 
 
+def _run_mesh(
+    path: str,
+    log_level: str,
+    log_format: str,
+    log_dir: str | None,
+    timeout_s: float,
+    key_file: str | None,
+    stop: threading.Event,
+    started: list[Mesh],
+) -> int:
+    """`relay up` until `stop` is set (0), or 1 if the mesh did not come up. The mesh is
+    put in `started` as soon as it exists, for the caller to stop."""
+    from relay.errors import ConfigError
+    from relay.launcher import Mesh, MeshError
+
+    try:
+        mesh = Mesh(
+            path,
+            log_level=log_level,
+            log_format=log_format,
+            log_dir=log_dir,
+            die_with_parent=True,
+            key_file=key_file,
+        )
+        mesh.check_ports()  # before anything is made or started
+        created = mesh.ensure_keys()
+    except ConfigError as e:
+        _config_failed(e)
+    except MeshError as e:
+        click.echo(f"error: {e}", err=True)
+        return 1
+    started.append(mesh)
+    _warn_config(mesh.config.warnings)
+    for created_path in created:
+        click.echo(
+            f"created key pair {created_path} (public key {_public_key_text(created_path)})",
+            err=True,
+        )
+    click.echo(
+        f"starting {len(mesh.relay_ids)} relays of {path}; waiting until each serves its "
+        f"streams (at most {timeout_s:g} s)",
+        err=True,
+    )
+    if stop.is_set():
+        return 0  # stopped before anything started
+    try:
+        mesh.start(timeout_s, stop)
+    except MeshError as e:
+        if stop.is_set():
+            return 0  # stopped while starting
+        click.echo(f"error: {e}", err=True)
+        return 1
+    _print_mesh(mesh)
+    while not stop.wait(UP_TEND_INTERVAL_S):
+        mesh.tend()
+    return 0
+
+
 @main.command()
 @click.option(
     "--config",
     "config_path",
     default=None,
+    envvar=CONFIG_ENV,
+    show_envvar=True,
     metavar="FILE",
     help="Create every key pair this topology needs that its keys_dir lacks.",
 )
@@ -583,6 +758,9 @@ def keygen(
     from relay.errors import ConfigError
     from relay.security import KeyRing, generate
 
+    source = click.get_current_context().get_parameter_source("config_path")
+    if directory is not None and source is ParameterSource.ENVIRONMENT:
+        config_path = None  # --dir asks for one pair: $RELAY_CONFIG is not meant
     if (config_path is None) == (directory is None) or (directory is not None) != (
         name is not None
     ):
@@ -604,6 +782,9 @@ def keygen(
             click.echo(_public_key_text(path))
     except ConfigError as e:
         _config_failed(e)
+    except OSError as e:  # a folder that cannot be made or written
+        click.echo(f"error: cannot write the key pair: {e}", err=True)
+        sys.exit(2)
 
 
 def _public_key_text(path: Path) -> str:
@@ -612,16 +793,20 @@ def _public_key_text(path: Path) -> str:
     return load_public_key(path).decode()
 
 
-def _client_curve(config: MeshConfig, key_file: str | None) -> ClientCurve | None:
+def _client_curve(
+    config: MeshConfig, key_file: str | None, exit_code: int = 2
+) -> ClientCurve | None:
     """The CurveZMQ settings of this command as a client (None: curve is off); a key
-    problem ends the command (exit 2) with the file and the problem named."""
+    problem ends the command (`exit_code`) with the file and the problem named."""
+    if not config.security.curve:
+        return None  # without importing relay.security (`relay status` starts faster)
     from relay.errors import ConfigError
     from relay.security import client_curve
 
     try:
         return client_curve(config, key_file)
     except ConfigError as e:
-        _config_failed(e)
+        _config_failed(e, exit_code)
 
 
 def _require_admin(config: MeshConfig, key_file: str | None, what: str) -> None:
@@ -663,221 +848,41 @@ def _print_mesh(mesh: Mesh) -> None:
 
 # --- status -----------------------------------------------------------------------------------
 
-# Counters worth a glance (core and node); any other non-zero counter whose name says
-# something went wrong is added to the "problems" sum.
-KEY_COUNTERS = (
-    "produce_requests",
-    "produce_committed",
-    "produce_rejected",
-    "produce_fenced",
-    "produce_unknown",
-    "read_requests",
-    "delivered_entries",
-    "repair_started",
-    "rebases",
-)
-_PROBLEM_WORDS = ("error", "invalid", "dropped", "malformed", "refused", "mismatch", "oversized")
+STATUS_USAGE_EXIT_CODE = 3  # `relay status` only: 0-2 say the mesh's health
 
 
-def _status_document(config_path: str, replies: dict[int, StatusReply]) -> dict[str, Any]:
-    relays = []
-    for relay_id, reply in replies.items():
-        streams = (reply.status or {}).get("streams") or {}
-        relays.append(
-            {
-                "relay": relay_id,
-                "client_endpoint": reply.endpoint,
-                "reachable": reply.reachable,
-                "error": reply.error,
-                "fenced_streams": sorted(
-                    name for name, info in streams.items() if info.get("fenced")
-                ),
-                "status": reply.status,
-            }
-        )
-    return {
-        "config": config_path,
-        "all_reachable": all(r.reachable for r in replies.values()),
-        "relays": relays,
-    }
+class _StatusCommand(click.Command):
+    """`relay status`: a usage error exits STATUS_USAGE_EXIT_CODE, not click's 2, which
+    says "down" here (as a monitoring check says "unknown")."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            e.exit_code = STATUS_USAGE_EXIT_CODE  # type: ignore[misc]  # this one error
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            e.exit_code = STATUS_USAGE_EXIT_CODE  # type: ignore[misc]  # this one error
+            raise
 
 
-def _store_document(store: StoreLocation, relays: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What `relay store run` last left in the store (relay.storerun), and per stream how
-    far the store is behind the relays' commits (by the time in the seqs)."""
-    from relay.core.seq import ms_of
-    from relay.storerun import read_status
-
-    runner = read_status(store)
-    if runner is None:
-        return None
-    committed: dict[str, int] = {}
-    for entry in relays:
-        for name, info in ((entry["status"] or {}).get("streams") or {}).items():
-            if isinstance(info.get("committed"), int):
-                committed[name] = max(committed.get(name, -1), info["committed"])
-    behind = {}
-    for name, stream in (runner.get("streams") or {}).items():
-        if isinstance(stream, dict) and name in committed and committed[name] >= 0:
-            stored = int(stream.get("last_seq", -1))
-            behind[name] = max(0, ms_of(committed[name]) - ms_of(stored)) if stored >= 0 else None
-    return {"location": str(store), "runner": runner, "behind_ms": behind}
-
-
-def _counters_text(status: dict[str, Any]) -> str:
-    counters: dict[str, int] = dict(status.get("counters") or {})
-    node = status.get("node") or {}
-    for name, value in (node.get("counters") or {}).items():
-        counters[name] = counters.get(name, 0) + value
-    parts = [f"{name}={counters[name]}" for name in KEY_COUNTERS if counters.get(name)]
-    problems = sum(v for k, v in counters.items() if any(w in k for w in _PROBLEM_WORDS) and v > 0)
-    if problems:
-        parts.append(f"problems={problems}")
-    return "\n".join(parts) or "-"
-
-
-def _stall_text(stall: dict[str, Any] | None) -> str:
-    """`not_admitted, relays 0 1, 2.4 s` for a stream that cannot commit here, else `-`."""
-    if not stall:
-        return "-"
-    waiting = " ".join(str(r) for r in stall.get("waiting_for") or []) or "-"
-    return f"[yellow]{stall['reason']}[/yellow], relays {waiting}, {stall['for_ms'] / 1000:.1f} s"
-
-
-def _print_status(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    relays = Table(title=f"relays: {doc['config']}")
-    for name in ("relay", "reachable", "peers heard", "fenced streams", "key counters"):
-        relays.add_column(name)
-    streams = Table(title="streams")
-    for name in (
-        "relay",
-        "stream",
-        "joined",
-        "fenced",
-        "stalled (why, waiting for, for)",
-        "committed seq",
-        "held",
-        "held bytes",
-    ):
-        streams.add_column(
-            name, justify="right" if name.startswith(("committed", "held")) else "left"
-        )
-    for entry in doc["relays"]:
-        relay = str(entry["relay"])
-        status = entry["status"]
-        if status is None:
-            relays.add_row(relay, f"[red]no[/red] ({entry['error']})", "-", "-", "-")
-            continue
-        peers = status.get("peers_heard") or []
-        fenced = entry["fenced_streams"]
-        relays.add_row(
-            relay,
-            "[green]yes[/green]",
-            ", ".join(str(p) for p in peers) or "none",
-            ("[yellow]" + ", ".join(fenced) + "[/yellow]") if fenced else "none",
-            _counters_text(status),
-        )
-        for name, info in (status.get("streams") or {}).items():
-            streams.add_row(
-                relay,
-                name,
-                "yes" if info.get("joined") else "[yellow]no[/yellow]",
-                "[yellow]yes[/yellow]" if info.get("fenced") else "no",
-                _stall_text(info.get("stall")),
-                str(info.get("committed", "-")),
-                str(info.get("held", "-")),
-                str(info.get("held_bytes", "-")),
-            )
-    spools = Table(title="spools (committed history written for the store)")
-    columns = ("relay", "segments", "records", "bytes", "reclaimed", "dropped", "room", "stopped")
-    for name in columns:
-        spools.add_column(name, justify="left" if name in ("relay", "stopped") else "right")
-    for entry in doc["relays"]:
-        status = entry["status"] or {}
-        spool = status.get("spool")
-        if spool is not None:
-            stopped = spool.get("stopped_streams") or {}
-            room = str(spool.get("room_bytes"))
-            if status.get("spool_full"):
-                # docs/protocol.md 5.14: it votes on no stream until the store ingests
-                room = f"[red]full ({room})[/red]"
-            spools.add_row(
-                str(entry["relay"]),
-                str(spool.get("segments_written")),
-                str(spool.get("records_written")),
-                str(spool.get("bytes_written")),
-                str(spool.get("segments_reclaimed")),
-                str(spool.get("records_dropped")),
-                room,
-                "; ".join(f"[red]{k}: {v}[/red]" for k, v in stopped.items()) or "none",
-            )
-    console = Console()
-    console.print(relays)
-    for table in (streams, spools, *_store_tables(doc.get("store"))):
-        if table.row_count:
-            console.print(table)
-
-
-def _store_tables(store: dict[str, Any] | None) -> list[Any]:
-    """The store runner's last jobs and where each stream stands in the store."""
-    import time
-
-    from rich.table import Table
-
-    if not store:
-        return []
-    runner = store["runner"]
-    now_ms = time.time() * 1000
-    updated_s = (now_ms - runner.get("updated_ms", now_ms)) / 1000
-    jobs = Table(
-        title=f"store runner (pid {runner.get('pid')} on {runner.get('host')}, "
-        f"{runner.get('engine')}; last seen {updated_s:.0f} s ago)"
-    )
-    for name in ("job", "last run", "took", "result", "runs", "failed"):
-        jobs.add_column(name, justify="right" if name in ("took", "runs", "failed") else "left")
-    for job, last in sorted((runner.get("last") or {}).items()):
-        ago_s = (now_ms - last.get("started_ms", now_ms)) / 1000
-        figures = ", ".join(
-            f"{k}={v}" for k, v in (last.get("figures") or {}).items() if k != "changed"
-        )
-        result = figures if last.get("ok") else f"[red]{last.get('error')}[/red]"
-        failures = (runner.get("failures") or {}).get(job, 0)
-        jobs.add_row(
-            job,
-            f"{ago_s:.0f} s ago",
-            f"{last.get('duration_ms', 0)} ms",
-            result or "-",
-            str((runner.get("runs") or {}).get(job, 0)),
-            f"[red]{failures}[/red]" if failures else "0",
-        )
-    streams = Table(title=f"store streams ({store.get('location', '?')})")
-    for name in ("stream", "stored seq", "behind relays", "records", "files", "snapshot seq"):
-        streams.add_column(name, justify="left" if name == "stream" else "right")
-    for name, stream in sorted((runner.get("streams") or {}).items()):
-        if not isinstance(stream, dict):
-            continue
-        behind = store["behind_ms"].get(name)
-        streams.add_row(
-            name,
-            str(stream.get("last_seq")),
-            "-" if behind is None else f"{behind / 1000:.1f} s",
-            str(stream.get("records")),
-            str(stream.get("files")),
-            str(stream.get("snapshot_seq") or "-"),
-        )
-    return [jobs, streams]
-
-
-@main.command()
+@main.command(cls=_StatusCommand)
 @_config_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (seqs as strings).")
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0.01),
+    type=_Seconds(0.01),
     default=1.0,
     show_default=True,
     metavar="SECONDS",
@@ -885,31 +890,46 @@ def _store_tables(store: dict[str, Any] | None) -> list[Any]:
 )
 @_key_file_option
 def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | None) -> None:
-    """Ask every relay of the topology for its status and print it.
+    """Ask every relay of the topology for its status; print the mesh's health, each
+    problem in words, and per relay its streams and counters (plain lines: nothing is cut
+    at any width or in a pipe), or with --json one document.
 
-    An unreachable relay is shown as such. Exit codes: 0 if every relay answered, 1 if
-    some did not, 2 for a configuration error.
+    \b
+    Exit codes, for scripts:
+      0  healthy: every relay answers; every stream joined, not fenced, not stalled
+      1  degraded: the mesh answers, but a relay does not (or refuses: this client
+         lacks the admin right), or a stream is not joined, is fenced or stalled, or a
+         spool is full
+      2  down: no relay answers
+      3  a usage or configuration error
+
+    Counters of things that went wrong since a relay started (invalid frames, refused
+    handshakes, ...) are listed as notes and leave the health alone; routine events (a
+    client that left before its answer) are not counted as problems.
     """
-    import json
-
     from relay.errors import ConfigError
     from relay.launcher import query_status
+    from relay.tools.status import EXIT_CODES, mesh_status, status_lines, store_status
     from relay.topology import load
 
     try:
         config = load(config_path)
     except ConfigError as e:
-        _config_failed(e)
+        _config_failed(e, STATUS_USAGE_EXIT_CODE)
     endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
-    curve = _client_curve(config, key_file)
-    doc = _status_document(config_path, query_status(endpoints, timeout_s, curve))
-    doc["store"] = _store_document(config.store_location, doc["relays"])
+    curve = _client_curve(config, key_file, exit_code=STATUS_USAGE_EXIT_CODE)
+    replies = query_status(endpoints, timeout_s, curve)
+    doc = mesh_status(config_path, replies, store_status(config.store_location, replies))
     if as_json:
+        import json
+
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         _warn_config(config.warnings)
-        _print_status(doc)
-    sys.exit(0 if doc["all_reachable"] else 1)
+        colours = {"good": "green", "warn": "yellow", "bad": "red"}
+        text = status_lines(doc, lambda words, level: click.style(words, fg=colours[level]))
+        click.echo("\n".join(text))  # one write: `relay status | head -3` ends cleanly
+    sys.exit(EXIT_CODES[doc["health"]])
 
 
 # --- produce and consume ------------------------------------------------------------------
@@ -982,11 +1002,20 @@ def _emit(line: str) -> None:
     sys.stdout.flush()
 
 
+def _emit_json(doc: dict[str, Any]) -> None:
+    """One JSON line, its seqs as strings (relay/seqtext.py)."""
+    import json
+
+    from relay.seqtext import seqs_as_text
+
+    _emit(json.dumps(seqs_as_text(doc)))
+
+
 def _outcome(stream: str, result: int | BaseException) -> dict[str, Any]:
     from relay.errors import ClientError, Fenced, Unknown
 
-    if isinstance(result, int):
-        return {"stream": stream, "seq": result, "outcome": "committed"}
+    if isinstance(result, int):  # the seq as a string, as in all JSON output
+        return {"stream": stream, "seq": str(result), "outcome": "committed"}
     if not isinstance(result, ClientError):
         raise result
     if isinstance(result, Fenced):
@@ -1116,17 +1145,16 @@ def produce(
 
 
 def _parse_start(ctx: click.Context, param: click.Parameter, value: str) -> Start:
+    from relay.seqtext import parse_seq
+
     text = value.strip().lower()
     named: dict[str, Start] = {"earliest": "earliest", "latest": "latest", "snapshot": "snapshot"}
     if text in named:
         return named[text]
     try:
-        seq = int(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not earliest, latest, snapshot or a seq.") from None
-    if seq < -1:
-        raise click.BadParameter(f"{seq} is not a seq (-1 or more).")
-    return seq
+        return parse_seq(text)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; give earliest, latest, snapshot or a seq") from None
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -1142,7 +1170,10 @@ def _parse_since(ctx: click.Context, param: click.Parameter, value: str | None) 
     found = _DURATION.fullmatch(text)
     if found:
         back_s = float(found.group(1)) * _DURATION_UNIT_S[found.group(2)]
-        return datetime.now(UTC) - timedelta(seconds=back_s)
+        try:
+            return datetime.now(UTC) - timedelta(seconds=back_s)
+        except (OverflowError, ValueError):  # before year 1: no seq is that old anyway
+            return datetime.min.replace(tzinfo=UTC)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -1169,7 +1200,7 @@ def _record_doc(record: Record, as_base64: bool) -> dict[str, Any]:
 
     doc: dict[str, Any] = {
         "stream": record.stream,
-        "seq": record.seq,
+        "seq": str(record.seq),  # as a string, as in all JSON output
         "key": _text(record.key, as_base64),
         "value": _text(record.value, as_base64),
     }
@@ -1202,11 +1233,11 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
             yield json.dumps(
                 {
                     "stream": stream,
-                    "snapshot": snapshot.seq,
+                    "snapshot": str(snapshot.seq),  # seqs as strings, as in all JSON output
                     "entity": entity,
                     "key": _text(key, as_base64),
                     "value": _text(value, as_base64),
-                    "seq": seq,
+                    "seq": str(seq),
                 }
             )
 
@@ -1264,7 +1295,7 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
 @click.option(
     "--timeout-s",
     "timeout_s",
-    type=click.FloatRange(min=0),
+    type=_Seconds(0),
     default=None,
     metavar="T",
     help="Stop after T seconds without a record (default: wait forever).",
@@ -1291,7 +1322,7 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
 @click.option(
     "--commit-interval-s",
     "commit_interval_s",
-    type=click.FloatRange(min=0),
+    type=_Seconds(0),
     default=DEFAULT_COMMIT_INTERVAL_S,
     show_default=True,
     metavar="T",
@@ -1300,7 +1331,7 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
 @click.option(
     "--lease-wait-s",
     "lease_wait_s",
-    type=click.FloatRange(min=0),
+    type=_Seconds(0),
     default=0.0,
     show_default=True,
     metavar="T",
@@ -1308,6 +1339,7 @@ def _snapshot_lines(stream: str, snapshot: StoredSnapshot, as_base64: bool) -> I
     "it to stop (or for its lease to run out), then fail naming it.",
 )
 @_key_file_option
+@_until_stopped
 def consume(
     config_path: str,
     stream: str,
@@ -1351,7 +1383,6 @@ def consume(
 
     from relay.client import Consumer, ingested_store
     from relay.errors import ClientError, OutOfRange, UnknownStream
-    from relay.launcher import query_status
     from relay.topology import is_pattern
 
     context = click.get_current_context()
@@ -1374,6 +1405,7 @@ def consume(
         )
         sys.exit(2)
     curve = _client_curve(config, key_file)
+    notice = _WaitNotice(config, relays_first(config, relay_id, stream), stream, curve)
     options: dict[str, Any] = {"timeout_s": timeout_s, "count": count, "store": store}
     if durable is not None:
         options.update(
@@ -1388,12 +1420,15 @@ def consume(
     code = 0
     printed_all = True  # every record yielded was printed: the position may be committed
     started: set[str] = set()  # the streams a record was printed of
+    if timeout_s is None:  # else a consume without records says so when it ends
+        notice.start()
     try:
         consumer.subscribe(stream, start if since is None else since)
         if consumer.snapshot is not None:
             for line in _snapshot_lines(stream, consumer.snapshot, as_base64):
                 _emit(line)
         for record in consumer:
+            notice.received = True
             if record.stream not in started:
                 started.add(record.stream)
                 _warn_history_gone(record.stream, consumer)
@@ -1418,20 +1453,63 @@ def consume(
         click.echo(f"error: {e}", err=True)
         code = 1
     else:
-        if seen == 0 and timeout_s is not None:
-            endpoints = {r: spec.client_endpoint for r, spec in config.relays.items()}
-            replies = query_status(endpoints, UNREACHABLE_PROBE_S, curve)
-            if not any(reply.reachable for reply in replies.values()):
-                where = ", ".join(f"{r} ({e})" for r, e in endpoints.items())
-                click.echo(
-                    f"error: no relay of {config_path} is reachable: {where}; "
-                    f"is the mesh up (relay up {config_path})?",
-                    err=True,
-                )
-                code = 1
+        if seen == 0 and timeout_s is not None and not notice.any_answers():
+            click.echo(f"error: {notice.none_answer()}", err=True)
+            code = 1
     finally:
+        notice.stop()
         code = _close_consumer(consumer, commit=printed_all) or code
     sys.exit(code)
+
+
+WAIT_NOTICE_S = 3.0  # a consume that got no record for this long asks if any relay answers
+
+
+class _WaitNotice:
+    """Says on stderr, once, what a `relay consume` that got no record waits for when no
+    relay answers (it would otherwise wait in silence): WAIT_NOTICE_S after `start`, the
+    relays are asked for their status (UNREACHABLE_PROBE_S); a record received first, or a
+    relay answering, says nothing."""
+
+    def __init__(
+        self, config: MeshConfig, relays: dict[int, str], stream: str, curve: ClientCurve | None
+    ) -> None:
+        import threading
+
+        self.config = config
+        self.relays = relays  # the order the consumer tries them: members of `stream` first
+        self.stream = stream
+        self.curve = curve
+        self.received = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="relay-consume-notice", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def any_answers(self) -> bool:
+        from relay.launcher import query_status
+
+        replies = query_status(self.relays, UNREACHABLE_PROBE_S, self.curve)
+        return any(reply.reachable for reply in replies.values())
+
+    def none_answer(self) -> str:
+        where = ", ".join(f"{endpoint} (relay {r})" for r, endpoint in self.relays.items())
+        return (
+            f"no relay serving {self.stream} answers: tried {where}; is the mesh up "
+            f"(relay up --config {self.config.path})?"
+        )
+
+    def _run(self) -> None:
+        if self._stopped.wait(WAIT_NOTICE_S) or self.received or self.any_answers():
+            return
+        if not (self.received or self._stopped.is_set()):
+            click.echo(f"waiting: {self.none_answer()}", err=True)
 
 
 def _warn_history_gone(stream: str, consumer: Consumer) -> None:
@@ -1537,13 +1615,12 @@ def _run_meta(action: Callable[[], int]) -> NoReturn:
 def consumers_list(config_path: str, key_file: str | None) -> None:
     """Every durable consumer's mark on every stream. Exit codes: 0, 1 no relay could
     answer, 2 a usage or configuration error."""
-    import json
 
     def action() -> int:
         _, meta = _metadata(config_path, key_file)
         with meta:
             for mark in _marks(meta, None):
-                _emit(json.dumps(mark))
+                _emit_json(mark)
         return 0
 
     _run_meta(action)
@@ -1558,7 +1635,6 @@ def consumers_show(config_path: str, durable: str, key_file: str | None) -> None
     ("committed") and how far behind the mark is ("behind_ms": the milliseconds between the
     two seqs' times). Exit codes: 0, 1 no such durable consumer or no relay could answer,
     2 a usage or configuration error."""
-    import json
 
     from relay.core.seq import ms_of
 
@@ -1577,7 +1653,7 @@ def consumers_show(config_path: str, durable: str, key_file: str | None) -> None
             mark["committed"] = committed
             if committed > 0 and mark["seq"] > 0:
                 mark["behind_ms"] = max(0, ms_of(committed) - ms_of(mark["seq"]))
-            _emit(json.dumps(mark))
+            _emit_json(mark)
         return 0
 
     _run_meta(action)
@@ -1640,25 +1716,25 @@ def consumers_delete(
 
 def _parse_reset_to(ctx: click.Context, param: click.Parameter, value: str) -> str | int:
     from relay.engines import position_at
+    from relay.seqtext import parse_seq
 
     text = value.strip().lower()
     if text in ("earliest", "latest"):
         return text
-    try:
-        position = int(text)
-    except ValueError:
+    if text.strip('"').lstrip("-").isdigit():  # a seq, maybe JSON-quoted
         try:
-            moment = _parse_since(ctx, param, value)
-        except click.BadParameter:
-            raise click.BadParameter(
-                f"{value!r} is not earliest, latest, a seq, a duration (10m) or a time "
-                "(2026-11-23T10:00Z)"
-            ) from None
+            return parse_seq(text)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    try:
+        moment = _parse_since(ctx, param, value)
         assert moment is not None
         return position_at(moment)
-    if position < -1:
-        raise click.BadParameter(f"{position} is not a seq (-1 or more)")
-    return position
+    except (click.BadParameter, ValueError):
+        raise click.BadParameter(
+            f"{value!r} is not earliest, latest, a seq, a duration (10m) or a time "
+            "(2026-11-23T10:00Z)"
+        ) from None
 
 
 @consumers.command("reset")
@@ -1682,7 +1758,6 @@ def consumers_reset(
 ) -> None:
     """Move DURABLE's mark on S (at the version just read: fails if the consumer commits
     meanwhile). Exit codes: 0, 1 a held mark or a failure, 2 a usage error."""
-    import json
 
     from relay.meta import ABSENT, Mark, encode_mark, mark_key
 
@@ -1707,8 +1782,7 @@ def consumers_reset(
                 encode_mark(Mark(position)),
                 held[0]["version"] if held else ABSENT,
             )
-        mark = {"durable": durable, "stream": stream, "seq": position, "version": version}
-        _emit(json.dumps(mark))
+        _emit_json({"durable": durable, "stream": stream, "seq": position, "version": version})
         return 0
 
     _run_meta(action)
@@ -1730,7 +1804,7 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
 @click.option(
     "--duration-s",
     "duration_s",
-    type=click.FloatRange(min=0.05),
+    type=_Seconds(0.05),
     default=None,
     metavar="S",
     help="Length of every measured run [default: 5, or 0.25 with --quick].",
@@ -1755,6 +1829,12 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     "--security",
     is_flag=True,
     help="Measure the cost of CurveZMQ: every run on a plain and a CurveZMQ mesh, side by side.",
+)
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Measure the cost of the relays' HTTP endpoints: every run on a mesh without them "
+    "and on one with them, its /metrics scraped every second, side by side.",
 )
 @click.option(
     "--peers",
@@ -1800,6 +1880,7 @@ def bench(
     as_json: bool,
     profile: bool,
     security: bool,
+    metrics: bool,
     peers: str | None,
     hops: bool,
     memory: bool,
@@ -1816,9 +1897,10 @@ def bench(
     """
     from relay.tools.bench import run_cli
 
-    if sum((security, profile, peers is not None, hops, memory)) > 1:
+    if sum((security, metrics, profile, peers is not None, hops, memory)) > 1:
         raise click.UsageError(
-            "--profile, --security, --peers, --hops and --memory measure different things; pick one"
+            "--profile, --security, --metrics, --peers, --hops and --memory measure different "
+            "things; pick one"
         )
     if not memory and (rate_tx_s is not None or buffer_mib is not None):
         raise click.UsageError("--rate and --buffer-mib go with --memory")
@@ -1830,6 +1912,7 @@ def bench(
             as_json=as_json,
             profile=profile,
             security=security,
+            metrics=metrics,
             peers=peers,
             hops=hops,
             memory=memory,
@@ -1859,7 +1942,7 @@ def bench(
 @click.option(
     "--duration-s",
     "duration_s",
-    type=click.FloatRange(min=5),
+    type=_Seconds(5),
     default=90.0,
     show_default=True,
     metavar="S",
@@ -1945,7 +2028,7 @@ _master_option = click.option(
 _wait_option = click.option(
     "--wait-s",
     "wait_s",
-    type=click.FloatRange(min=0),
+    type=_Seconds(0),
     default=0.0,
     show_default=True,
     metavar="SECONDS",
@@ -1957,8 +2040,16 @@ _wait_option = click.option(
 @_config_option
 @_master_option
 @_wait_option
+@_log_options
 @_key_file_option
-def store_ingest(config_path: str, master: str | None, wait_s: float, key_file: str | None) -> None:
+def store_ingest(
+    config_path: str,
+    master: str | None,
+    wait_s: float,
+    log_level: str,
+    log_format: str,
+    key_file: str | None,
+) -> None:
     """Append every relay's closed spool segments to the store.
 
     Checks that all relays agree on the digest at every seq and that each stream's chain
@@ -1969,6 +2060,7 @@ def store_ingest(config_path: str, master: str | None, wait_s: float, key_file: 
 
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store ingest")
+    _setup_logging(log_level, log_format)
     sys.exit(storecmd.ingest(config, master, wait_s))
 
 
@@ -1979,12 +2071,13 @@ def store_ingest(config_path: str, master: str | None, wait_s: float, key_file: 
     "--as-of",
     "as_of",
     default=None,
-    type=click.IntRange(min=0),
+    type=SEQ,
     metavar="SEQ",
     help="Snapshot as of this seq (with --stream).",
 )
 @_master_option
 @_wait_option
+@_log_options
 @_key_file_option
 def store_snapshot(
     config_path: str,
@@ -1992,16 +2085,21 @@ def store_snapshot(
     as_of: int | None,
     master: str | None,
     wait_s: float,
+    log_level: str,
+    log_format: str,
     key_file: str | None,
 ) -> None:
     """Build each stream's snapshot (last value per entity and key) from the previous one
-    plus newer records. Exit codes: 0 done, 1 an error."""
+    plus newer records. Exit codes: 0 done, 1 an error, 2 a usage error."""
     from relay import storecmd
 
     if as_of is not None and stream is None:
         raise click.BadParameter("needs --stream", param_hint="--as-of")
+    if stream is not None:
+        _check_stream_name(stream)
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store snapshot")
+    _setup_logging(log_level, log_format)
     sys.exit(storecmd.snapshot(config, master, stream, as_of, wait_s))
 
 
@@ -2016,7 +2114,7 @@ def store_snapshot(
 )
 @_master_option
 @click.option("--once", is_flag=True, help="Run every job once, then exit.")
-@_log_level_option
+@_log_options
 @_key_file_option
 def store_run(
     config_path: str,
@@ -2024,40 +2122,59 @@ def store_run(
     master: str | None,
     once: bool,
     log_level: str,
+    log_format: str,
     key_file: str | None,
 ) -> None:
     """Keep the store up to date: ingest, snapshot (and retire old records), compact and
     vacuum on the schedule of the topology's `store:` section, until Ctrl-C or SIGTERM.
 
-    Each job holds the store's writer lock; one log line per job that changed something;
-    figures in <store>/_runner.json and `relay status`. Exit codes: 0 stopped (or, with
-    --once, every job done), 1 a job of --once failed or an error.
+    Each job holds the store's writer lock; one log line per job that changed something
+    (--log-format json: JSON lines); figures in <store>/_runner.json and `relay status`.
+    Exit codes: 0 stopped (also while starting; or, with --once, every job done), 1 a job
+    of --once failed or an error, 2 a usage or configuration error.
     """
+    import signal
+
     from relay import storecmd
 
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store run")
-    _setup_logging(log_level)
-    if engine == "spark":
-        from relay.storerun import SparkEngine
+    _setup_logging(log_level, log_format)
 
-        runner_engine: Any = SparkEngine(storecmd.session_for(config, master, "relay-store-run"))
-    else:
-        from relay.tools.store_baseline import BaselineEngine
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # while the engine starts; storecmd.run handles its own
 
-        runner_engine = BaselineEngine()
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        if engine == "spark":
+            from relay.storerun import SparkEngine
+
+            session = storecmd.session_for(config, master, "relay-store-run")
+            runner_engine: Any = SparkEngine(session)
+        else:
+            from relay.tools.store_baseline import BaselineEngine
+
+            runner_engine = BaselineEngine()
+    except KeyboardInterrupt:
+        sys.exit(0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(storecmd.run(config, runner_engine, once=once))
 
 
 @store.command("verify")
 @_config_option
 @_master_option
+@_log_options
 @_key_file_option
-def store_verify(config_path: str, master: str | None, key_file: str | None) -> None:
+def store_verify(
+    config_path: str, master: str | None, log_level: str, log_format: str, key_file: str | None
+) -> None:
     """Re-check every stream's chain in the store end to end. Exit codes: 0 intact, 2 a
     broken chain (named), 1 another error."""
     from relay import storecmd
 
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store verify")
+    _setup_logging(log_level, log_format)
     sys.exit(storecmd.verify(config, master))

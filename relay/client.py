@@ -156,6 +156,7 @@ from relay.meta import (
     mark_key,
 )
 from relay.security import ClientCurve, client_curve
+from relay.seqtext import parse_seq
 from relay.sockets import DisconnectMonitor, ReadableWaiter
 from relay.store import STREAMS_DIR
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
@@ -1082,11 +1083,12 @@ class _ConsumerBase(Generic[_L]):
 
     # --- subscribing ------------------------------------------------------------------
 
-    def _subscribe(self, stream: str, start: PatternStart) -> None:
+    def _subscribe(self, stream: str, start: PatternStart | str) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         check_stream(stream)
         pattern = is_pattern(stream)
+        start = _seq_from_text(start)
         _check_start(stream, start, pattern)
         self._release_marks(commit=False)
         self._lanes.clear()
@@ -1422,6 +1424,39 @@ class _ConsumerBase(Generic[_L]):
         return self._closed or (self._count is not None and self._yielded >= self._count)
 
 
+_NAMED_STARTS: dict[str, Start] = {
+    "earliest": "earliest",
+    "latest": "latest",
+    "snapshot": "snapshot",
+}
+
+
+def _start_of_text(text: str) -> Start:
+    named = _NAMED_STARTS.get(text)
+    if named is not None:
+        return named
+    try:
+        return parse_seq(text)
+    except ValueError as e:
+        raise ValueError(
+            f"start must be 'earliest', 'latest', 'snapshot', a seq or a timezone-aware "
+            f"datetime: {e}"
+        ) from None
+
+
+def _seq_from_text(start: PatternStart | str) -> PatternStart:
+    """A seq given as decimal text (as the `relay` command's JSON prints seqs), also in a
+    mapping of starts, as an int; any other start as it is. ValueError for other text."""
+    if isinstance(start, str):
+        return _start_of_text(start)
+    if isinstance(start, Mapping):
+        return {
+            name: _start_of_text(each) if isinstance(each, str) else each
+            for name, each in start.items()
+        }
+    return start
+
+
 def _check_start(stream: str, start: object, pattern: bool) -> None:
     """ValueError/TypeError unless `start` can start reading `stream` (or a pattern)."""
     if isinstance(start, Mapping):
@@ -1464,9 +1499,10 @@ class Consumer(_ConsumerBase[_SyncLinks]):
 
     _links_type = _SyncLinks
 
-    def subscribe(self, stream: str, start: PatternStart = "earliest") -> Consumer:
+    def subscribe(self, stream: str, start: PatternStart | str = "earliest") -> Consumer:
         """Read `stream` from `start`: "earliest" (the whole history, the store's first),
-        "latest" (what commits from now on), a position (a seq: records after it), a
+        "latest" (what commits from now on), a position (a seq, an int or its decimal
+        text as the `relay` command's JSON prints it: the records after it), a
         moment (a timezone-aware datetime: the records committed from then on, by the seqs'
         milliseconds), or "snapshot" (the latest stored snapshot, see `snapshot`, then the
         records after it; ValueError without a store). A durable consumer starts there
@@ -1557,7 +1593,7 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
     # cancelled, so the store is never read by two threads at once.
     _store_read_under_way: tuple[_Lane, asyncio.Future[StoreBatch]] | None = None
 
-    def subscribe(self, stream: str, start: PatternStart = "earliest") -> AsyncConsumer:
+    def subscribe(self, stream: str, start: PatternStart | str = "earliest") -> AsyncConsumer:
         """Like Consumer.subscribe (reading a snapshot, and a durable consumer's mark of
         one stream, block while they load)."""
         self._subscribe(stream, start)

@@ -721,7 +721,25 @@ class ProduceEngine:
                 "(it cannot reach a quorum)",
                 redirect_to=op.last_fenced,
             )
-        return Unknown(f"{self._what(op)}: no relay reachable {why}; it was not sent")
+        return Unknown(
+            f"{self._what(op)}: no relay answered in {op.attempts} attempt"
+            f"{'s' if op.attempts != 1 else ''} over {now - op.started_at:.1f} s (tried "
+            f"{_tried_text(op.notes or ())}); it was not sent"
+        )
+
+
+def _tried_text(notes: Iterable[str]) -> str:
+    """The relays a produce tried and what each last said, those that said the same
+    together: `tcp://h:7200, tcp://h:7201: not connected; tcp://h:7202: timeout`."""
+    last: dict[str, str] = {}
+    for note in notes:
+        endpoint, _, said = note.partition(": ")
+        last.pop(endpoint, None)  # in the order they were last tried
+        last[endpoint] = said
+    together: dict[str, list[str]] = {}
+    for endpoint, said in last.items():
+        together.setdefault(said, []).append(endpoint)
+    return "; ".join(f"{', '.join(ends)}: {said}" for said, ends in together.items()) or "none"
 
 
 # --- consuming (no I/O) ------------------------------------------------------------------

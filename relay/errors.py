@@ -48,6 +48,11 @@ class RelayAlreadyRunning(RelayError):
         self.pid = pid
 
 
+class PortUnavailable(RelayError):
+    """A relay cannot listen where its topology says (the port is taken, or the address
+    is not this host's): the message names the relay, the address and why."""
+
+
 class IncarnationError(RelayError):
     """The relay cannot take its incarnation: `<data_dir>/relay=<id>/incarnation` cannot be
     read, does not hold one, or cannot be written (relay/incarnation.py). It does not start:

@@ -6,12 +6,18 @@
         mesh.restart(1)               # start it again, wait until it is ready
     # leaving the block stops every relay: SIGTERM, then SIGKILL after a bounded grace
 
-Each relay runs as `sys.executable -m relay run --config FILE --relay ID --log-level L`.
-A relay is *ready* when it answers a StatusReq on its client endpoint and reports every
-named stream of its subscriptions (exact names; patterns open on first use) joined and
-unfenced.
-`start` waits for all relays, bounded; if one does not come up it stops the others and
-raises `MeshError` naming that relay (with the tail of its log when logs go to files).
+Each relay runs as `sys.executable -m relay run --config FILE --relay ID --log-level L
+--log-format F`. A relay is *ready* when it answers a StatusReq on its client endpoint and
+reports every named stream of its subscriptions (exact names; patterns open on first use)
+joined and unfenced.
+`start` first checks that every port the relays will listen on is free on this host (a
+port in use, or an address not of this host, raises `MeshError` naming the relay and the
+port, and nothing is started), then waits for all relays, bounded; if one does not come up
+it stops the others and raises `MeshError` naming that relay (with the tail of its log when
+logs go to files).
+`tend` restarts a relay whose process ended while the mesh runs (`relay up` calls it), with
+back-off: RESTART_FIRST_S, doubling up to RESTART_MAX_S, back to the first once a relay
+stayed up RESTART_STABLE_S; it logs each exit and restart (logger `relay.launcher`).
 
 `query_status` asks relays for their status over DEALER sockets (used by `relay status`).
 
@@ -24,26 +30,31 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import yaml  # type: ignore[import-untyped, unused-ignore]
 import zmq
 
 from relay import wire
 from relay.errors import RelayError
-from relay.security import ClientCurve, KeyRing, client_curve
+from relay.logs import STATE_CHANGE
 from relay.topology import MeshConfig, RelaySpec, is_pattern, load
+
+if TYPE_CHECKING:  # relay.security (and yaml) only where used: `relay status` starts faster
+    from relay.security import ClientCurve
 
 __all__ = [
     "Mesh",
@@ -59,12 +70,17 @@ __all__ = [
 ]
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+RESTART_FIRST_S = 1.0  # a relay that exits is started again after this long ...
+RESTART_MAX_S = 30.0  # ... doubled at each exit, up to this ...
+RESTART_STABLE_S = 60.0  # ... and back to the first once it stayed up this long
 POLL_S = 0.05  # how often start() looks at the children
 PROBE_TIMEOUT_S = 0.25  # one StatusReq round while waiting for relays to come up
 MAX_STATUS_BYTES = 64 * 1024 * 1024
 # a client with every right
 ADMIN_GRANT = {"produce": ["*"], "consume": ["*"], "admin": True, "metadata": ["*"]}
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+log = logging.getLogger("relay.launcher")
 
 
 class MeshError(RelayError):
@@ -92,6 +108,7 @@ class StatusReply:
     endpoint: str
     status: dict[str, Any] | None  # the relay's status document; None if unreachable
     error: str | None = None  # why there is no status
+    refused: bool = False  # it answered, with an error (e.g. NotAuthorized): it runs
 
     @property
     def reachable(self) -> bool:
@@ -164,7 +181,9 @@ def _status_reply(
     if msg.request_id != request_id:
         return None  # not ours; keep waiting
     if isinstance(msg, wire.ErrorResp):
-        return StatusReply(relay_id, endpoint, None, f"refused: {msg.error}: {msg.message}")
+        return StatusReply(
+            relay_id, endpoint, None, f"refused: {msg.error}: {msg.message}", refused=True
+        )
     if not isinstance(msg, wire.StatusResp):
         return StatusReply(relay_id, endpoint, None, f"unexpected {type(msg).__name__}")
     try:
@@ -215,6 +234,17 @@ class _Child:
     relay: int
     proc: subprocess.Popen[bytes]
     log_path: Path | None
+    started_s: float  # monotonic
+
+
+@dataclass
+class _Restart:
+    """A relay's restarts under `Mesh.tend`: the back-off and, once it exited, when it is
+    started again."""
+
+    backoff_s: float = RESTART_FIRST_S
+    due_s: float | None = None  # monotonic; None while it runs
+    count: int = 0
 
 
 class Mesh:
@@ -226,6 +256,8 @@ class Mesh:
     them exits (use it only from a thread that lives as long as the mesh, e.g. the main one).
     `wrappers`: relay id -> the command its relay runs under (e.g. `["ip", "netns", "exec",
     NAME]` to put it in a network namespace); it must exec the relay, so signals reach it.
+    Its ports are not checked before the start (they are in the wrapper's network).
+    `log_level`, `log_format`: the relays' `--log-level` and `--log-format`.
     """
 
     def __init__(
@@ -233,6 +265,7 @@ class Mesh:
         config_path: str | Path,
         *,
         log_level: str = "info",
+        log_format: str = "text",
         log_dir: str | Path | None = None,
         die_with_parent: bool = False,
         stop_grace_s: float = STOP_GRACE_S,
@@ -245,10 +278,12 @@ class Mesh:
         self.key_file = key_file
         self.curve: ClientCurve | None = None  # set by start() (the keys may not exist yet)
         self.log_level = log_level
+        self.log_format = log_format
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.die_with_parent = die_with_parent
         self.stop_grace_s = stop_grace_s
         self._children: dict[int, _Child] = {}
+        self._restarts: dict[int, _Restart] = {}
         self._started = False
         self._atexit_registered = False
 
@@ -293,32 +328,111 @@ class Mesh:
         of status queries; the secret key files created."""
         if not self.config.security.curve:
             return []
+        from relay.security import KeyRing, client_curve
+
         created = KeyRing(self.config).ensure()
         self.curve = client_curve(self.config, self.key_file)
         return created
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 10.0) -> Mesh:
-        """Start every relay and wait (at most `timeout_s`) until each is ready. On failure
-        stops every relay and raises MeshError naming the one that did not come up."""
+    def start(self, timeout_s: float = 10.0, stop: threading.Event | None = None) -> Mesh:
+        """Check the ports, start every relay and wait (at most `timeout_s`) until each is
+        ready. On failure stops every relay and raises MeshError naming the one that did
+        not come up (or whose port is taken: then nothing was started). `stop` set while
+        it waits (e.g. by a signal handler, which need not raise) stops every relay and
+        raises MeshError too."""
         if self._started:
             raise RuntimeError("this mesh was already started")
+        self.check_ports()
         self._started = True
         self.ensure_keys()
         self._register_atexit()
         try:
             for relay_id in self.config.relays:
                 self._spawn(relay_id)
-            self.wait_ready(self.config.relays, timeout_s)
+            self.wait_ready(self.config.relays, timeout_s, stop)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def wait_ready(self, relay_ids: Iterable[int], timeout_s: float = 10.0) -> None:
+    def check_ports(self) -> None:
+        """MeshError naming every port a relay of this host would listen on that is taken
+        (or whose address is not this host's), and its relay; nothing is started. Bound
+        as libzmq binds (SO_REUSEADDR), so a port left in TIME_WAIT counts as free."""
+        taken: list[tuple[int, str]] = []
+        for relay_id, spec in self.config.relays.items():
+            if relay_id in self.wrappers:
+                continue
+            for what, host, port in listen_addresses(spec):
+                problem = _bind_problem(host, port)
+                if problem is not None:
+                    taken.append(
+                        (relay_id, f"relay {relay_id}'s {what} port {port} on {host}: {problem}")
+                    )
+        if taken:
+            raise MeshError(
+                f"cannot start the mesh of {self.config_path}, nothing was started: "
+                + "; ".join(text for _, text in taken),
+                relay_id=taken[0][0],
+            )
+
+    def tend(self, now_s: float | None = None) -> None:
+        """Restart the relays whose process ended (call it every few tenths of a second
+        while the mesh runs): each exit is logged, and the relay started again after its
+        back-off (see the module doc). Never raises for a relay that cannot be started:
+        that is logged, and tried again after the next back-off."""
+        now_s = time.monotonic() if now_s is None else now_s
+        for relay_id, child in self._children.items():
+            restart = self._restarts.setdefault(relay_id, _Restart())
+            code = child.proc.poll()
+            if code is None:
+                if now_s - child.started_s >= RESTART_STABLE_S:
+                    restart.backoff_s = RESTART_FIRST_S
+                continue
+            if restart.due_s is None:
+                restart.due_s = now_s + restart.backoff_s
+                log.warning(
+                    "relay %d (pid %d) exited with code %s after %.1f s; starting it again in %g s",
+                    relay_id,
+                    child.proc.pid,
+                    code,
+                    now_s - child.started_s,
+                    restart.backoff_s,
+                    extra={
+                        "relay": relay_id,
+                        "exit_code": code,
+                        "restart_in_s": restart.backoff_s,
+                        STATE_CHANGE: True,
+                    },
+                )
+                continue
+            if now_s < restart.due_s:
+                continue
+            restart.due_s = None
+            restart.count += 1
+            restart.backoff_s = min(2 * restart.backoff_s, RESTART_MAX_S)
+            try:
+                self._spawn(relay_id)
+            except MeshError as e:
+                log.error("%s", e, extra={"relay": relay_id})
+                continue
+            log.warning(  # not info: a restart is news at every log level but error
+                "relay %d started again (pid %d, restart %d)",
+                relay_id,
+                self._children[relay_id].proc.pid,
+                restart.count,
+                extra={"relay": relay_id, "restarts": restart.count, STATE_CHANGE: True},
+            )
+
+    def wait_ready(
+        self, relay_ids: Iterable[int], timeout_s: float = 10.0, stop: threading.Event | None = None
+    ) -> None:
         """Wait until every relay of `relay_ids` is ready; raise MeshError on the first
-        that exits, or naming one still not ready when `timeout_s` passes."""
+        that exits, naming one still not ready when `timeout_s` passes, or when `stop` is
+        set."""
+        stop = threading.Event() if stop is None else stop
         waiting = {r: "it did not answer a StatusReq yet" for r in relay_ids}
         deadline = time.monotonic() + timeout_s
         while True:
@@ -355,7 +469,8 @@ class Mesh:
                     + self._log_tail(child),
                     relay_id=relay_id,
                 )
-            time.sleep(POLL_S)
+            if stop.wait(POLL_S):
+                raise MeshError("stopped while the relays were starting")
 
     def kill(
         self, relay_id: int, sig: int = signal.SIGKILL, *, wait_s: float | None = None
@@ -439,6 +554,8 @@ class Mesh:
             str(relay_id),
             "--log-level",
             self.log_level,
+            "--log-format",
+            self.log_format,
         ]
 
     def _spawn(self, relay_id: int) -> None:
@@ -467,7 +584,7 @@ class Mesh:
         finally:
             if out is not None:
                 out.close()
-        self._children[relay_id] = _Child(relay_id, proc, log_path)
+        self._children[relay_id] = _Child(relay_id, proc, log_path, time.monotonic())
 
     def _log_tail(self, child: _Child, lines: int = 15) -> str:
         if child.log_path is None:
@@ -510,6 +627,33 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def listen_addresses(spec: RelaySpec) -> list[tuple[str, str, int]]:
+    """(what, host, port) of every port the relay listens on (binds: at its bind_host)."""
+    host = spec.bind_host
+    found = [("mesh", host, spec.mesh_port), ("client", host, spec.client_port)]
+    if spec.http_port is not None:
+        found.append(("http", host, spec.http_port))
+    return found
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why a listener cannot bind (host, port) here now (None: it can)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"cannot resolve {host!r}: {e}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"in use ({e.strerror})"
+            return f"cannot listen there ({e.strerror or e})"
+    return None
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct ports free on `host` right now (held open together while chosen)."""
     held: list[socket.socket] = []
@@ -531,15 +675,19 @@ def write_loopback_topology(
     limits: Mapping[str, int] | None = None,
     spool: Mapping[str, Any] | None = None,
     access: Mapping[str, Mapping[str, Any]] | None = None,
+    http: bool = False,
 ) -> Path:
     """Write `directory/topology.yaml`: relay id -> its subscriptions, every relay on free
     ports of 127.0.0.1, the declared streams, optional limits and spool settings, data
     under `directory`. `access`: turn CurveZMQ on with these clients and rights (keys under
     `directory/data/keys`, created by `Mesh.start`); the client `admin`, with every right,
-    is added unless given, and is the default client key.
+    is added unless given, and is the default client key. `http`: give every relay an
+    http_port (relay/opsserver.py).
     For tests and benchmarks that must not collide with a running mesh."""
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+
     directory.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2 * len(subscriptions))
+    ports = free_ports(3 * len(subscriptions))
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -547,6 +695,7 @@ def write_loopback_topology(
                 "host": "127.0.0.1",
                 "mesh_port": ports[2 * i],
                 "client_port": ports[2 * i + 1],
+                **({"http_port": ports[2 * len(subscriptions) + i]} if http else {}),
                 "streams": list(streams),
             }
             for i, (relay_id, streams) in enumerate(sorted(subscriptions.items()))

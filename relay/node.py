@@ -74,8 +74,9 @@ import signal
 import socket
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
+from relay import __version__
 from relay.acceptors import AcceptorFiles
 from relay.core import (
     FED_TICK_MS,
@@ -98,9 +100,10 @@ from relay.core import (
 from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.core.shell import NO_FED_TICK
-from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame
+from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame, PortUnavailable
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
+from relay.logs import STATE_CHANGE
 from relay.meta import METADATA_STREAM
 from relay.metasync import META_SYNC_MARK, DurableFold, MetaSync, fold_durable_history
 from relay.security import (
@@ -119,6 +122,7 @@ from relay.store import STREAMS_DIR
 from relay.wire import PIPELINE_BATCH_ITEMS
 
 if TYPE_CHECKING:
+    from relay.opsserver import OpsServer
     from relay.spool import Spool, SpoolRecord
     from relay.topology import MeshConfig
 
@@ -222,6 +226,8 @@ class _Sockets:
     links: _PeerLinks
     closers: list[zmq.Socket[Any]] = field(default_factory=list)
     authenticator: MeshAuthenticator | None = None
+    # The router's connections opening and closing: the client connections metric.
+    client_events: LinkMonitor | None = None
 
 
 # pyzmq's flags are enum members; plain ints skip an enum operation per call.
@@ -231,6 +237,7 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 
 
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _CONNECT_RETRIED = int(zmq.EVENT_CONNECT_RETRIED)
 
 
@@ -438,6 +445,7 @@ class RelayNode:
             relay_id=self.id,
             access=self.config.access if self._identity is not None else None,
             unread=self._unread_bytes,
+            clock=time.perf_counter,
         )
         # The metadata view's transfer from a peer when this relay joined above its
         # genesis (relay/metasync.py, docs/metadata.md 3).
@@ -472,7 +480,16 @@ class RelayNode:
         self._fed_tick_due = NO_FED_TICK  # the tick an input asked for (FED_TICK_MS)
         self._core_due = 0  # the core's next deadline as of the end of the last turn
         self._bad_logged: dict[str, int] = {}
+        # Peers whose link closed and has not carried a frame since: logged once when it
+        # closes and once when it carries frames again, not at every reconnect.
+        self._links_down: set[int] = set()
         self._sockets: _Sockets | None = None
+        # The HTTP endpoint (relay/opsserver.py) when the relay has an http_port; its
+        # threads ask for the status document here, and the loop answers between turns.
+        self._ops: OpsServer | None = None
+        self._status_wanted: deque[Future[dict[str, object]]] = deque()
+        self._client_connections = 0
+        self._committed_records: Counter[str] = Counter()  # per stream, since the start
         self._spool: Spool | None = None
         self._spool_cursor: dict[str, int] = {}  # stream -> last seq handed to the spool
         # The metadata stream's durable history, folded in a worker thread (it may be
@@ -498,6 +515,11 @@ class RelayNode:
         thread and from signal handlers: it ends the loop's wait, in zmq_poll (a byte on
         the node's wake-up socket) or through the event loop (its wake-up future)."""
         self._stopping = True
+        self._poke()
+
+    def _poke(self) -> None:
+        """End the loop's wait (safe from any thread): a byte on the wake-up socket for a
+        wait in zmq_poll, the wake-up future for a wait through the event loop."""
         wake = self._wake_w
         if wake is not None:
             with contextlib.suppress(OSError):  # full (a byte is there) or just closed
@@ -533,7 +555,24 @@ class RelayNode:
             "curve": self._identity is not None,
             "handshakes_refused": self._handshakes_refused(),
             "counters": dict(self.counters),
+            # For the metrics and the status page (relay/metrics.py, relay/page.html).
+            "version": __version__,
+            "wall_ms": wall_ms(),
+            "peers": sorted(r for r in self.config.relays if r != self.id),
+            "http": {
+                str(rid): spec.http_url
+                for rid, spec in sorted(self.config.relays.items())
+                if spec.http_url is not None
+            },
+            "client_connections": self._client_connections,
+            "produce_latency": self.clients.latency.document(),
+            "refusals": self.clients.refusals.document(),
         }
+        streams = status["streams"]
+        assert isinstance(streams, dict)
+        for name, st in streams.items():
+            st["committed_records"] = self._committed_records.get(name, 0)
+            st["served_records"] = self.clients.served.get(name, 0)
         if self._spool is not None:
             spooled = self._spool.status()
             status["spool"] = {name: getattr(spooled, name) for name in type(spooled).__slots__}
@@ -547,6 +586,54 @@ class RelayNode:
             "sync": dict(self._metasync.counters),
         }
         return status
+
+    def status_from_loop(self, wait_s: float) -> dict[str, object] | None:
+        """The status document, built by the loop between two turns (from any other
+        thread: the HTTP endpoint's); None if the loop did not build it within `wait_s`."""
+        wanted: Future[dict[str, object]] = Future()
+        self._status_wanted.append(wanted)
+        self._poke()
+        try:
+            return wanted.result(wait_s)
+        except TimeoutError:
+            wanted.cancel()
+            return None
+
+    def _answer_status_requests(self) -> None:
+        wanted = self._status_wanted
+        if not wanted:
+            return
+        self._count_client_connections()
+        status = self.status()
+        while wanted:
+            request = wanted.popleft()
+            if request.set_running_or_notify_cancel():
+                request.set_result(status)
+
+    def _count_client_connections(self) -> None:
+        socks = self._sockets
+        if socks is None or socks.client_events is None:
+            return
+        for event, _ in socks.client_events.events():
+            self._client_connections += 1 if event == _ACCEPTED else -1
+        self._client_connections = max(self._client_connections, 0)
+
+    def _open_http(self) -> None:
+        """Serve HTTP for operators if the relay has an http_port (relay/opsserver.py,
+        imported only then: without it the relay loads no HTTP or Prometheus code)."""
+        spec = self.spec
+        if spec.http_port is None:
+            return
+        from relay.opsserver import OpsServer
+
+        try:
+            self._ops = OpsServer(spec.bind_host, spec.http_port, self.status_from_loop, self.id)
+        except OSError as e:
+            bound = f" (binding {spec.bind})" if spec.bind else ""
+            raise PortUnavailable(
+                f"relay {self.id} cannot serve HTTP on {spec.http_url}{bound}: {e.strerror or e}"
+            ) from e
+        self._ops.start()
 
     def _handshakes_refused(self) -> int:
         """CurveZMQ handshakes refused (a key the topology does not list), mesh and clients."""
@@ -562,6 +649,7 @@ class RelayNode:
         self._wake_w.setblocking(False)
         try:
             self._sockets = self._open(ctx)
+            self._open_http()  # after the relay's own ports: a port taken fails like theirs
             if self.handle_signals:
                 previous_wakeup_fd = self._handle_signals(previous)
             log.info(
@@ -571,6 +659,7 @@ class RelayNode:
                 self.spec.mesh_endpoint,
                 self.spec.client_endpoint,
                 sorted(r for r in self.config.relays if r != self.id),
+                extra={"relay": self.id, "incarnation": self.incarnation, STATE_CHANGE: True},
             )
             self._open_spool()
             self._running = True
@@ -593,6 +682,9 @@ class RelayNode:
             wake_r.close()
             wake_w.close()
             try:
+                if self._ops is not None:
+                    self._ops.close()
+                    self._ops = None
                 self._shutdown()
                 self._close_spool()
                 ctx.term()
@@ -706,9 +798,14 @@ class RelayNode:
                     "store ingests and the spool is reclaimed",
                     self.id,
                     _spool_figures(spool),
+                    extra={"relay": self.id, STATE_CHANGE: True},
                 )
             else:
-                log.info("relay=%d spool has room again: voting again", self.id)
+                log.info(
+                    "relay=%d spool has room again: voting again",
+                    self.id,
+                    extra={"relay": self.id, STATE_CHANGE: True},
+                )
         if not core.spool_blocked:
             waiting = core.spool_waiting_streams()
             if waiting:
@@ -779,7 +876,8 @@ class RelayNode:
             timings.apply(pub, pings=False)
             if identity is not None:
                 curve_server(pub, identity, MESH_DOMAIN)
-            pub.bind(self.spec.mesh_endpoint)
+            _allow_ipv6(pub, self.spec.bind_host)
+            pub.bind(self.spec.mesh_bind_endpoint)  # peers connect to mesh_endpoint
 
             subs: dict[int, tuple[zmq.Socket[Any], str]] = {}  # plain views
             for relay_id, spec in sorted(self.config.relays.items()):
@@ -791,6 +889,7 @@ class RelayNode:
                     curve_client(sub, identity, self._peer_keys[relay_id])
                 for prefix in self._subscriptions():
                     sub.setsockopt(zmq.SUBSCRIBE, prefix)
+                _allow_ipv6(sub, spec.host)
                 sub.connect(spec.mesh_endpoint)
                 subs[relay_id] = (zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint)
 
@@ -810,7 +909,10 @@ class RelayNode:
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone client fails
             if identity is not None:
                 curve_server(router, identity, CLIENT_DOMAIN)
-            router.bind(self.spec.client_endpoint)
+            _allow_ipv6(router, self.spec.bind_host)
+            router.bind(self.spec.client_bind_endpoint)  # clients connect to client_endpoint
+            client_events = LinkMonitor(plain_ctx, router, _ACCEPTED | _DISCONNECTED)
+            closers.append(client_events.socket)
             links = _PeerLinks(plain_ctx, subs, grace_ms=timings.reconnect_ivl_ms)
         except BaseException:
             for sock in closers:
@@ -827,6 +929,7 @@ class RelayNode:
             links=links,
             closers=closers,
             authenticator=authenticator,
+            client_events=client_events,
         )
 
     def _subscriptions(self) -> list[bytes]:
@@ -841,6 +944,8 @@ class RelayNode:
         self.clients.close()  # best effort: waiting producers hear `unknown` (safe to retry)
         self._sockets = None
         socks.links.close()
+        if socks.client_events is not None:
+            socks.client_events.close()
         for sock in socks.closers:
             sock.close(linger=0)
         if socks.authenticator is not None:
@@ -972,7 +1077,14 @@ class RelayNode:
             fed = True
         for relay in socks.links.poll(mono, readable):
             self.counters["peer_link_closed"] += 1
-            log.warning("relay=%d link from relay %d closed; reconnecting", self.id, relay)
+            if relay not in self._links_down:
+                self._links_down.add(relay)
+                log.warning(
+                    "relay=%d link from relay %d closed; reconnecting",
+                    self.id,
+                    relay,
+                    extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+                )
             self.core.peer_lost(relay, now, mono)
             fed = True
         if fed and self._fed_tick_due == NO_FED_TICK:
@@ -989,8 +1101,11 @@ class RelayNode:
         self._flush(socks)
         self.clients.expire(mono)
         self.clients.flush()
+        if self._status_wanted:
+            self._answer_status_requests()
         if mono - self._last_state_log >= STATE_LOG_MS:
             self._last_state_log = mono
+            self._count_client_connections()
             self._alone_in_loop = len(asyncio.all_tasks()) == 1
             self._watch_streams()
             self._unread.prune()
@@ -1057,6 +1172,14 @@ class RelayNode:
                 return
 
     def _drain_peer(self, sub: zmq.Socket[Any], relay: int, now: int, mono: int) -> None:
+        if relay in self._links_down:
+            self._links_down.discard(relay)
+            log.info(
+                "relay=%d link from relay %d carries frames again",
+                self.id,
+                relay,
+                extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+            )
         for parts in self._received(sub, "peer"):
             if len(parts) != 1:
                 self.counters["peer_bad_parts"] += 1
@@ -1218,6 +1341,7 @@ class RelayNode:
             stream,
             "rebased" if after_delivery else "took its base",
             point,
+            extra={"relay": self.id, "stream": stream, "seq": point, STATE_CHANGE: True},
         )
         self.clients.wake(stream)
 
@@ -1226,6 +1350,7 @@ class RelayNode:
             if len(self._delivered) < self.limits.max_streams:
                 self._delivered.add(delivery.stream)
             self.counters["delivered_entries"] += len(delivery.entries)
+            self._committed_records[delivery.stream] += len(delivery.entries)
             log.debug(
                 "relay=%d stream=%s delivered seq %d..%d (%d entries)",
                 self.id,
@@ -1295,12 +1420,19 @@ class RelayNode:
             joined, fenced = self.core.joined(stream), self.core.fenced(stream)
             if joined != view.joined:
                 view.joined = joined
+                committed = self.core.committed_point(stream)
                 log.info(
                     "relay=%d stream=%s %s (committed seq %d)",
                     self.id,
                     stream,
                     "joined" if joined else "rejoining",
-                    self.core.committed_point(stream),
+                    committed,
+                    extra={
+                        "relay": self.id,
+                        "stream": stream,
+                        "committed": committed,
+                        STATE_CHANGE: True,
+                    },
                 )
             why, waiting = self.core.stall(stream) if fenced else ("", ())
             if fenced != view.fenced or why != view.fence_reason:
@@ -1311,6 +1443,13 @@ class RelayNode:
                     self.id,
                     stream,
                     f"fenced: {why}, waiting for relays {list(waiting)}" if fenced else "unfenced",
+                    extra={
+                        "relay": self.id,
+                        "stream": stream,
+                        "fenced": fenced,
+                        "why": why,
+                        STATE_CHANGE: True,
+                    },
                 )
                 if fenced:
                     self.clients.wake(stream)
@@ -1346,11 +1485,14 @@ class RelayNode:
         gc.freeze()
 
     def _warn(self, kind: str, message: str, *args: object) -> None:
-        """Log a warning about something dropped, at most once per kind per second."""
+        """Log a warning about something dropped, at most once per kind per second. The
+        count is the counter `kind` (the status; a JSON line's fields), not in the text:
+        identical lines are what the log's repeat filter counts (relay/logs.py)."""
         now = mono_ms()
         if now - self._bad_logged.get(kind, -BAD_FRAME_LOG_MS) >= BAD_FRAME_LOG_MS:
             self._bad_logged[kind] = now
-            log.warning(message + " [%s: %d so far]", *args, kind, self.counters[kind])
+            fields = {"relay": self.id, "counter": kind, "count": self.counters[kind]}
+            log.warning(message, *args, extra=fields)
 
 
 class _Outlet:
@@ -1387,6 +1529,14 @@ class _Outlet:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _allow_ipv6(sock: zmq.Socket[Any], host: str) -> None:
+    """Let `sock` bind or connect an IPv6 address (`::` too, which then takes IPv4 as well):
+    libzmq refuses them unless told. Only for IPv6 addresses: the option also lets a host
+    name resolve to an IPv6 address where it resolved to IPv4 before."""
+    if ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
 
 
 def _spool_figures(spool: Spool) -> str:

@@ -39,7 +39,8 @@ links, so the simulated clients talk to the same code as real ones.
   shell may sleep until then); `flush()` sends the turn's batch answers; `close()` tells
   every waiting producer `unknown` (retrying is safe).
 
-Time comes in as milliseconds of the shell's clocks; nothing here waits or reads a clock.
+Time comes in as milliseconds of the shell's clocks, and as the shell's `clock` (seconds)
+where produce latency is measured; nothing here waits or reads a clock of its own.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from relay.core import (
 )
 from relay.errors import FrameError, MalformedFrame
 from relay.meta import KIND_META, METADATA_STREAM, OP_READ, InvalidMetaOp, MetaView, decode_op
+from relay.produce_metrics import LatencyHistogram, RefusalCounts
 from relay.topology import pattern_refusal
 
 log = logging.getLogger("relay.node")
@@ -95,9 +97,12 @@ WarnFn = Callable[..., None]  # (counter name, message, *args): a rate-limited w
 StatusFn = Callable[[], dict[str, object]]
 UnreadFn = Callable[[bytes], int]
 
+ClockFn = Callable[[], float]  # seconds of a monotonic clock (produce latency)
+
 # A produce waiting for the core's answer: (client envelope, the client's request or item
-# id, stream, whether it came in a ProduceBatchReq). A tuple: one is made per transaction.
-PendingProduce = tuple[Envelope, int, str, bool]
+# id, stream, whether it came in a ProduceBatchReq, when its frame arrived by `clock`). A
+# tuple: one is made per transaction.
+PendingProduce = tuple[Envelope, int, str, bool, float]
 
 
 @dataclass
@@ -122,10 +127,13 @@ class ClientService:
         relay_id: int,
         access: AccessPolicy | None = None,
         unread: UnreadFn | None = None,
+        clock: ClockFn | None = None,
     ) -> None:
         """`access`: the rights of identified clients (None: clients are not identified,
         and every request is allowed). `unread`: the bytes of answers the shell still
-        queues for a client (by its envelope's first part; None: the shell queues none)."""
+        queues for a client (by its envelope's first part; None: the shell queues none).
+        `clock`: the shell's monotonic clock in seconds, read once per produce frame and
+        once per batch of answers for the produce-latency histogram (None: not measured)."""
         self.core = core
         self._access = access
         self._unread = unread
@@ -152,6 +160,12 @@ class ClientService:
         self._parked_deadlines: list[tuple[int, int, str]] = []  # (deadline, id, stream)
         self._next_parked = itertools.count(1)
         self.meta = MetaView()  # this relay's fold of the metadata stream
+        # What the relay's metrics show (relay/produce_metrics.py): produce latency,
+        # refusals by (stream, outcome, reason), records served to consumers per stream.
+        self._clock = clock
+        self.latency = LatencyHistogram()
+        self.refusals = RefusalCounts()
+        self.served: Counter[str] = Counter()
 
     @property
     def pending_produces(self) -> int:
@@ -330,13 +344,16 @@ class ClientService:
         else:
             refused = self._produce_refusal(envelope, client, req.stream, req.producer_id)
         if refused:
-            self._answer_produce(envelope, req.request_id, False, Outcome.REJECTED, -1, refused)
+            self._answer_produce(
+                envelope, req.request_id, False, Outcome.REJECTED, -1, refused, stream=req.stream
+            )
             return
         first = self._next_core_id
         if not self._members(req.stream):
             self.counters["client_unknown_stream"] += 1  # the core answers unknown_stream
         tx = Transaction(req.producer_id, req.producer_seq, req.key, req.value, req.kind)
-        core_id = self._register(envelope, req.request_id, req.stream, False)
+        arrived = self._clock() if self._clock is not None else 0.0
+        core_id = self._register(envelope, req.request_id, req.stream, False, arrived)
         if core_id >= 0:
             self._hand_to_core([ProduceRequest(core_id, req.stream, tx)], now_ms, mono_ms)
         self._track_produces(first, mono_ms)
@@ -352,6 +369,7 @@ class ClientService:
         self.counters["produce_batches"] += 1
         first = self._next_core_id
         producer_id = req.producer_id
+        arrived = self._clock() if self._clock is not None else 0.0
         checked = ""  # the items of a batch mostly share one stream: look it up once
         denied = ""
         taken: list[ProduceRequest] = []  # for the core, in one call
@@ -366,27 +384,33 @@ class ClientService:
                         self.counters["client_unknown_stream"] += 1
                 why = denied
             if why:
-                self._answer_produce(envelope, item_id, True, Outcome.REJECTED, -1, why)
+                self._answer_produce(
+                    envelope, item_id, True, Outcome.REJECTED, -1, why, stream=stream
+                )
                 continue
-            core_id = self._register(envelope, item_id, stream, True)
+            core_id = self._register(envelope, item_id, stream, True, arrived)
             if core_id >= 0:
                 tx = Transaction(producer_id, producer_seq, key, value, kind)
                 taken.append(ProduceRequest(core_id, stream, tx))
         self._hand_to_core(taken, now_ms, mono_ms)
         self._track_produces(first, mono_ms)
 
-    def _register(self, envelope: Envelope, request_id: int, stream: str, batched: bool) -> int:
+    def _register(
+        self, envelope: Envelope, request_id: int, stream: str, batched: bool, arrived: float
+    ) -> int:
         """The core's id for one produce, or -1 if too many are in flight (answered)."""
         counters = self.counters
         counters["produce_requests"] += 1
         if len(self._produces) >= self.limits.max_pending_produces:
             counters["produce_refused_busy"] += 1
             reason = RejectReason.BUFFER_FULL.value
-            self._answer_produce(envelope, request_id, batched, Outcome.REJECTED, -1, reason)
+            self._answer_produce(
+                envelope, request_id, batched, Outcome.REJECTED, -1, reason, stream=stream
+            )
             return -1
         core_id = self._next_core_id
         self._next_core_id = core_id + 1
-        self._produces[core_id] = (envelope, request_id, stream, batched)
+        self._produces[core_id] = (envelope, request_id, stream, batched, arrived)
         return core_id
 
     def _hand_to_core(self, requests: list[ProduceRequest], now_ms: int, mono_ms: int) -> None:
@@ -404,8 +428,10 @@ class ClientService:
             for request in requests:
                 pending = self._produces.pop(request.request_id, None)
                 if pending is not None:
-                    envelope, request_id, _, batched = pending
-                    self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+                    envelope, request_id, stream, batched, _ = pending
+                    self._answer_produce(
+                        envelope, request_id, batched, Outcome.UNKNOWN, stream=stream
+                    )
 
     def _track_produces(self, first_core_id: int, mono_ms: int) -> None:
         """One deadline for the produces of one request frame (core ids first.. so far)."""
@@ -422,6 +448,8 @@ class ClientService:
         produces, counters = self._produces, self.counters
         debug = log.isEnabledFor(logging.DEBUG)
         committed = 0
+        observe = self.latency.observe if self._clock is not None else None
+        answered = self._clock() if self._clock is not None else 0.0
         answers_of: bytes | None = None  # a turn's answers mostly go to one client
         answers: list[wire.BatchResult] = []
         for reply in replies:
@@ -429,7 +457,9 @@ class ClientService:
             if pending is None:
                 counters["produce_reply_unmatched"] += 1
                 continue
-            envelope, request_id, stream, batched = pending
+            envelope, request_id, stream, batched, arrived = pending
+            if observe is not None:
+                observe(answered - arrived)
             outcome = reply.outcome
             if debug:
                 log.debug(
@@ -448,7 +478,14 @@ class ClientService:
                 continue
             counters["produce_" + outcome._value_] += 1  # (`.value` is a slower property)
             self._answer_produce(
-                envelope, request_id, batched, outcome, reply.seq, reply.reason, reply.redirect
+                envelope,
+                request_id,
+                batched,
+                outcome,
+                reply.seq,
+                reply.reason,
+                reply.redirect,
+                stream=stream,
             )
         if committed:
             counters["produce_committed"] += committed
@@ -462,12 +499,25 @@ class ClientService:
         seq: int = -1,
         reason: str = "",
         redirect: tuple[int, ...] = (),
+        *,
+        stream: str,
     ) -> None:
-        """A ProduceResp now, or (batched) a result for this turn's ProduceBatchResp."""
+        """A ProduceResp now, or (batched) a result for this turn's ProduceBatchResp; an
+        outcome other than `committed` is counted by stream, outcome and reason."""
+        if outcome is not Outcome.COMMITTED:
+            self._count_refusal(stream, outcome, reason)
         if not batched:
             self._respond(envelope, wire.ProduceResp(request_id, outcome, seq, reason, redirect))
             return
         self._batch_answers(envelope).append((request_id, outcome, seq, reason, redirect))
+
+    def _count_refusal(self, stream: str, outcome: Outcome, reason: str) -> None:
+        """Counted under the stream's name if this relay has it, else under "": names a
+        client makes up must not make the label set grow (nor do reasons: RefusalCounts
+        bounds them)."""
+        if not self.core.has_stream(stream):
+            stream = ""
+        self.refusals.count(stream, outcome.value, reason)
 
     def _batch_answers(self, envelope: Envelope) -> list[wire.BatchResult]:
         """This turn's results for the client behind `envelope` (its ProduceBatchResp)."""
@@ -491,8 +541,8 @@ class ClientService:
 
     def close(self) -> None:
         """The relay stops: tell every waiting producer `unknown` (always safe to retry)."""
-        for envelope, request_id, _, batched in self._produces.values():
-            self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+        for envelope, request_id, stream, batched, _ in self._produces.values():
+            self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN, stream=stream)
         self._produces.clear()
         self.flush()
 
@@ -553,6 +603,8 @@ class ClientService:
             for seq, tx in result.entries
         )
         self.counters["read_entries"] += len(entries)
+        if entries:
+            self.served[req.stream] += len(entries)
         resp = wire.ReadResp(
             req.request_id,
             result.status,
@@ -652,8 +704,10 @@ class ClientService:
                 pending = self._produces.pop(core_id, None)
                 if pending is not None:
                     self.counters["produce_node_timeout"] += 1
-                    envelope, request_id, _, batched = pending
-                    self._answer_produce(envelope, request_id, batched, Outcome.UNKNOWN)
+                    envelope, request_id, stream, batched, _ = pending
+                    self._answer_produce(
+                        envelope, request_id, batched, Outcome.UNKNOWN, stream=stream
+                    )
         parked_heap = self._parked_deadlines
         while parked_heap and parked_heap[0][0] <= mono_ms:
             _, pid, stream = heapq.heappop(parked_heap)

@@ -4,9 +4,14 @@ The file format (`config/topology.yaml` is the commented example)::
 
     relays:                       # required, at least one
       - id: 0                     # 0..1023, unique (it is part of every sequence number)
-        host: 127.0.0.1           # address to bind and to connect to (not a wildcard)
-        mesh_port: 7100           # PUB socket of the mesh: tcp://host:mesh_port
-        client_port: 7200         # ROUTER socket for clients: tcp://host:client_port
+        host: 127.0.0.1           # address to bind and to connect to (not a wildcard);
+                                  # or, on several hosts (docs/deploy.md), instead:
+        # advertise: 10.0.0.1     # the address peers and clients connect to (no wildcard)
+        # bind: 0.0.0.0           # optional: where the relay's sockets bind; default the
+                                  # advertise address; may be a wildcard (0.0.0.0, ::)
+        mesh_port: 7100           # PUB socket of the mesh: tcp://advertise:mesh_port
+        client_port: 7200         # ROUTER socket for clients: tcp://advertise:client_port
+        http_port: 7300           # optional: metrics, health, status page (docs/operations.md)
         streams: ["orders.*", "audit"]   # exact names and fnmatch patterns, at least one
     streams:                      # optional: the streams the mesh is expected to serve
       - orders.eu                 # exact names; each must match at least one relay
@@ -55,11 +60,14 @@ The file format (`config/topology.yaml` is the commented example)::
 A relay takes `public_key:` (Z85, 40 characters) too; without it its public key is read
 from `<keys_dir>/relay-<id>.key`. Its secret key is `<keys_dir>/relay-<id>.key_secret`.
 
-Rules: unknown keys are errors; ports are 1..65535 and every (host, port) pair is used
-once across all mesh and client ports; stream names are non-empty, at most 255 UTF-8 bytes
-(or `limits.max_stream_name_bytes` if lower), without `|` or NUL; declared streams are
-exact names (no `*`, `?`, `[`). A declared stream served by fewer than 3 relays is a
-warning: its majority quorum tolerates no relay failure.
+Rules: unknown keys are errors; a relay gives either `host` (advertise and bind in one)
+or `advertise` with an optional `bind`; ports are 1..65535 and every (advertise, port)
+pair is used once across all mesh, client and HTTP ports; two relays known to share a
+machine (one's advertise or specific bind address is the other's) do not bind one port on
+overlapping addresses; stream names are non-empty, at most 255 UTF-8 bytes (or
+`limits.max_stream_name_bytes` if lower), without `|` or NUL; declared streams are exact
+names (no `*`, `?`, `[`). A declared stream served by fewer than 3 relays is a warning:
+its majority quorum tolerates no relay failure.
 
 Every problem becomes one `ConfigError` whose message names the file, the field path and
 the problem, one line per problem, e.g.
@@ -106,7 +114,8 @@ _Z85_CHARS = frozenset(
 # A client's name starts each of its producer ids (relay/access.py): at most 40 bytes, so
 # the name, a `/` and 16 random bytes fit the 64 bytes of a producer id.
 CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-_WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
+_PORT_FIELDS = ("mesh_port", "client_port", "http_port")  # what a relay listens on
+_ZMQ_WILDCARDS = frozenset({"*", "[::]"})  # ZeroMQ's spellings of 0.0.0.0 and ::
 _PATTERN_CHARS = "*?["
 
 
@@ -128,11 +137,24 @@ def pattern_refusal(stream: str) -> str:
 @dataclass(frozen=True)
 class RelaySpec:
     id: int  # 0..1023
-    host: str  # address to bind and to connect to
-    mesh_port: int  # the relay's PUB socket binds tcp://host:mesh_port
-    client_port: int  # the relay's ROUTER for clients binds tcp://host:client_port
+    # The advertised address, which peers and clients connect to: the topology's
+    # `advertise`, or its `host`. The sockets bind at `bind_host`.
+    host: str
+    mesh_port: int  # the relay's PUB socket: peers subscribe at tcp://host:mesh_port
+    client_port: int  # the relay's ROUTER for clients: tcp://host:client_port
     streams: tuple[str, ...]  # exact names and fnmatch patterns
     public_key: str | None = None  # Z85, when the topology gives it inline
+    # HTTP for operators (relay/opsserver.py: /metrics, /healthz, /readyz, the page): none
+    # without it
+    http_port: int | None = None
+    bind: str | None = None  # the topology's `bind` (may be a wildcard); None: `host`
+
+    @property
+    def http_url(self) -> str | None:
+        """Where the relay's HTTP endpoint is reached, if it has one."""
+        if self.http_port is None:
+            return None
+        return _endpoint(self.host, self.http_port, "http")
 
     @property
     def mesh_endpoint(self) -> str:
@@ -142,9 +164,22 @@ class RelaySpec:
     def client_endpoint(self) -> str:
         return _endpoint(self.host, self.client_port)
 
+    @property
+    def bind_host(self) -> str:
+        """The address every listening socket of the relay binds (mesh, client, HTTP)."""
+        return self.bind or self.host
 
-def _endpoint(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    @property
+    def mesh_bind_endpoint(self) -> str:
+        return _endpoint(self.bind_host, self.mesh_port)
+
+    @property
+    def client_bind_endpoint(self) -> str:
+        return _endpoint(self.bind_host, self.client_port)
+
+
+def _endpoint(host: str, port: int, scheme: str = "tcp") -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -295,13 +330,10 @@ def _check_port(value: int) -> int:
     return value
 
 
-def _check_host(value: str) -> str:
+def _check_address(value: str) -> str:
+    """A host name or an IP address, without port, scheme or path (wildcards pass)."""
     if not value or value != value.strip() or any(c.isspace() for c in value):
         raise ValueError(f"{value!r} is not a host name or address")
-    if value in _WILDCARD_HOSTS:
-        raise ValueError(
-            f"{value!r} is a wildcard; the host must be an address peers can connect to"
-        )
     if "://" in value or "/" in value:
         raise ValueError(f"{value!r}: give only the host, without scheme or path")
     if ":" in value:
@@ -313,6 +345,45 @@ def _check_host(value: str) -> str:
                 "(ports go in mesh_port and client_port)"
             ) from None
     return value
+
+
+def _is_wildcard(host: str) -> bool:
+    """Whether `host` stands for every address of the machine (0.0.0.0, ::, ZeroMQ's *)."""
+    if host in _ZMQ_WILDCARDS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def _check_host(value: str) -> str:
+    if _is_wildcard(value):
+        raise ValueError(
+            f"{value!r} is a wildcard; host is both the address peers and clients connect "
+            f"to and the one bound: to bind every address give advertise: <this host's "
+            f"address> and bind: {value} instead"
+        )
+    return _check_address(value)
+
+
+def _check_advertise(value: str) -> str:
+    if _is_wildcard(value):
+        raise ValueError(
+            f"{value!r} is a wildcard; advertise is the address peers and clients connect "
+            "to (a wildcard belongs in bind)"
+        )
+    return _check_address(value)
+
+
+def _check_bind(value: str) -> str:
+    if value in _ZMQ_WILDCARDS:
+        # Spelled for ZeroMQ only; the HTTP server and port checks bind with the OS's names.
+        raise ValueError(
+            f"{value!r}: write the wildcard as 0.0.0.0 (every IPv4 address) or :: (every "
+            "address, IPv4 and IPv6)"
+        )
+    return _check_address(value)
 
 
 def _check_min_relays(value: int) -> int:
@@ -372,9 +443,13 @@ class _RelayModel(BaseModel):
     model_config = _STRICT
 
     id: Annotated[int, AfterValidator(_check_relay_id)]
-    host: Annotated[str, AfterValidator(_check_host)]
+    # `host`, or `advertise` with an optional `bind` (checked together in _build)
+    host: Annotated[str, AfterValidator(_check_host)] | None = None
+    advertise: Annotated[str, AfterValidator(_check_advertise)] | None = None
+    bind: Annotated[str, AfterValidator(_check_bind)] | None = None
     mesh_port: Annotated[int, AfterValidator(_check_port)]
     client_port: Annotated[int, AfterValidator(_check_port)]
+    http_port: Annotated[int, AfterValidator(_check_port)] | None = None
     streams: list[_StreamName]
     public_key: _PublicKey | None = None
 
@@ -384,6 +459,11 @@ class _RelayModel(BaseModel):
         if not value:
             raise ValueError("the relay subscribes to no stream; list at least one")
         return value
+
+    @property
+    def advertised(self) -> str | None:
+        """The address peers and clients connect to (None: neither field given)."""
+        return self.advertise or self.host
 
 
 class _StreamModel(BaseModel):
@@ -620,9 +700,9 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
     limits = _build_limits(model.limits or {}, problems)
     max_name = min(MAX_STREAM_NAME_BYTES, limits.max_stream_name_bytes)
 
-    # relays: ids, (host, port) pairs, subscriptions
+    # relays: ids, addresses, the ports they listen on, subscriptions
     by_id: dict[int, int] = {}  # relay id -> index in the file
-    used: dict[tuple[str, int], tuple[int, str]] = {}  # (host, port) -> (relay id, field)
+    listeners = _Listeners()
     for i, relay in enumerate(model.relays):
         at = f"relays[{i}]"
         if relay.id in by_id:
@@ -631,20 +711,10 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             )
         else:
             by_id[relay.id] = i
-        for port_field in ("mesh_port", "client_port"):
-            port: int = getattr(relay, port_field)
-            key = (relay.host.lower(), port)
-            if key in used:
-                other, other_field = used[key]
-                problems.append(
-                    (
-                        f"{at}.{port_field}",
-                        f"{port} is already used by relay {other} "
-                        f"(its {other_field} on {relay.host})",
-                    )
-                )
-            else:
-                used[key] = (relay.id, port_field)
+        if (problem := _address_problem(relay)) is not None:
+            field, text = problem
+            problems.append((f"{at}.{field}" if field else at, text))
+        problems.extend(listeners.add(relay, at))
         problems.extend(_duplicates(f"{at}.streams", relay.streams))
         problems.extend(_long_names(f"{at}.streams", relay.streams, max_name))
 
@@ -656,13 +726,15 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
     relays = {
         r.id: RelaySpec(
             id=r.id,
-            host=r.host,
+            host=r.advertised or "",  # "" only with a problem reported above
+            bind=r.bind,
             mesh_port=r.mesh_port,
             client_port=r.client_port,
             # Every relay also serves the metadata stream (docs/metadata.md): durable
             # consumers' marks and other metadata are committed by, and readable from, all.
             streams=tuple(dict.fromkeys((*r.streams, METADATA_STREAM))),
             public_key=r.public_key,
+            http_port=r.http_port,
         )
         for r in sorted(model.relays, key=lambda r: r.id)
     }
@@ -770,6 +842,99 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             }
         ),
     )
+
+
+def _address_problem(relay: _RelayModel) -> tuple[str, str] | None:
+    """`host`, or `advertise` with an optional `bind`: one meaning per field. Returns
+    (the field, the problem) or None."""
+    if relay.host is not None and relay.advertise is not None:
+        return "advertise", "give host (the address to bind and advertise) or advertise, not both"
+    if relay.host is not None and relay.bind is not None:
+        return "bind", (
+            f"host sets the bind address too; give advertise: {relay.host} with "
+            f"bind: {relay.bind} instead of host"
+        )
+    if relay.advertised is None:
+        return "", (
+            "missing host or advertise: give advertise (the address peers and clients "
+            "connect to; with bind if the relay binds another) or host (both in one)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class _Listener:
+    relay: int
+    port_field: str
+    bind: str  # the address it binds (a wildcard, or a specific one)
+    machine: frozenset[str]  # addresses that name the machine it runs on
+
+
+class _Listeners:
+    """The ports the relays checked so far listen on, to find collisions: the same
+    (advertise, port) twice, or one port bound on overlapping addresses of one machine.
+    Relays share a machine when one's advertise or specific bind address is the other's
+    (a loopback bind names no machine: every host has one)."""
+
+    def __init__(self) -> None:
+        self._advertised: dict[tuple[str, int], tuple[int, str]] = {}  # -> (relay, field)
+        self._bound: dict[int, list[_Listener]] = {}  # port -> listeners on it
+
+    def add(self, relay: _RelayModel, at: str) -> list[tuple[str, str]]:
+        advertise = relay.advertised
+        if advertise is None:
+            return []  # reported by _address_problem
+        machine = {advertise.lower()}
+        if relay.bind is not None and not _is_wildcard(relay.bind) and not _is_loopback(relay.bind):
+            machine.add(relay.bind.lower())
+        problems = []
+        for port_field in _PORT_FIELDS:
+            port: int | None = getattr(relay, port_field)
+            if port is None:
+                continue
+            key = (advertise.lower(), port)
+            if key in self._advertised:
+                other, other_field = self._advertised[key]
+                taken = (
+                    f"{port} is already used by relay {other} (its {other_field} on {advertise})"
+                )
+                problems.append((f"{at}.{port_field}", taken))
+                continue
+            self._advertised[key] = (relay.id, port_field)
+            mine = _Listener(relay.id, port_field, relay.bind or advertise, frozenset(machine))
+            clash = next((o for o in self._bound.get(port, ()) if _collide(o, mine)), None)
+            if clash is not None:
+                clashes = (
+                    f"{port} cannot be bound at {mine.bind}: relay {clash.relay} binds it at "
+                    f"{clash.bind} on the same machine (its {clash.port_field})"
+                )
+                problems.append((f"{at}.{port_field}", clashes))
+                continue
+            self._bound.setdefault(port, []).append(mine)
+        return problems
+
+
+def _collide(a: _Listener, b: _Listener) -> bool:
+    """Whether two listeners on one port fail to bind both: same machine, and the same
+    address or a wildcard covering the other's (`::` covers IPv4 too: the relay's sockets
+    leave IPV6_V6ONLY off)."""
+    if not a.machine & b.machine:
+        return False
+    if a.bind.lower() == b.bind.lower():
+        return True
+    return any(
+        _is_wildcard(wild) and (":" in wild or ":" not in other)
+        for wild, other in ((a.bind, b.bind), (b.bind, a.bind))
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _build_limits(overrides: dict[str, Any], problems: list[tuple[str, str]]) -> Limits:

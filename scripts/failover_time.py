@@ -71,13 +71,13 @@ def busy_ports(config: MeshConfig) -> list[str]:
     busy = []
     for spec in config.relays.values():
         for port in (spec.mesh_port, spec.client_port):
-            family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+            family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    sock.bind((spec.host, port))
+                    sock.bind((spec.bind_host, port))
                 except OSError:
-                    busy.append(f"{spec.host}:{port}")
+                    busy.append(f"{spec.bind_host}:{port}")
     return busy
 
 

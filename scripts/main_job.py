@@ -116,14 +116,14 @@ def ports_in_use(config: MeshConfig) -> list[str]:
     busy = []
     for relay_id, spec in config.relays.items():
         for what, port in (("mesh_port", spec.mesh_port), ("client_port", spec.client_port)):
-            family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+            family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 # ZeroMQ binds with SO_REUSEADDR too: a port in TIME_WAIT is free for it.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    sock.bind((spec.host, port))
+                    sock.bind((spec.bind_host, port))
                 except OSError as e:
-                    busy.append(f"{spec.host}:{port} (relay {relay_id} {what}): {e.strerror}")
+                    busy.append(f"{spec.bind_host}:{port} (relay {relay_id} {what}): {e.strerror}")
     return busy
 
 
@@ -444,7 +444,7 @@ def consume_command(config_path: Path, expected: list[int]) -> list[str]:
         return [f"relay consume did not finish in {READ_TIMEOUT_S:g} s"]
     if done.returncode != 0:
         return [f"relay consume exited {done.returncode}: {done.stderr[-2000:]}"]
-    seqs = [json.loads(line)["seq"] for line in done.stdout.splitlines()]
+    seqs = [int(json.loads(line)["seq"]) for line in done.stdout.splitlines()]  # strings
     first = seqs[0] if seqs else "-"
     last = seqs[-1] if seqs else "-"
     say(f"  {len(seqs)} lines, first seq {first}, last seq {last}")

@@ -118,6 +118,20 @@ def test_quick_security_run_compares_a_plain_and_a_curve_mesh() -> None:
     assert all(r.get("tx_s") or r.get("commit_p50") for r in report["ratios"]), report["ratios"]
 
 
+def test_quick_metrics_run_compares_a_mesh_without_and_with_http_endpoints() -> None:
+    """`relay bench --metrics`: the same runs on a mesh without HTTP endpoints and on one
+    whose relays' /metrics are scraped meanwhile; every scrape answered."""
+    report = bench("--metrics", "--sizes", "100")
+    assert report["sides"] == ["off", "on"]
+    for side in ("off", "on"):
+        for run in report[side]["throughput"]:
+            assert run["committed"] > 0 and run["tx_per_s"] > 0, run
+        for run in report[side]["latency"]:
+            check_summary(run["commit_ms"])
+    assert report["scrapes"]["done"] > 0 and report["scrapes"]["failed"] == 0, report["scrapes"]
+    assert len(report["ratios"]) == 4
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
@@ -185,6 +199,7 @@ def test_bad_options_are_refused_before_any_mesh_starts() -> None:
         ["--duration-s", "0"],
         ["--peers", "redis"],
         ["--peers", "nats", "--security"],
+        ["--metrics", "--security"],
         ["--hops", "--profile"],
         ["--memory", "--hops"],
         ["--rate", "100"],

@@ -133,10 +133,10 @@ def test_run_with_an_unknown_relay_exits_2(tmp_path: Path) -> None:
     assert str(topology) in result.stderr and "relay 9" in result.stderr
 
 
-def test_status_with_a_missing_topology_exits_2(tmp_path: Path) -> None:
+def test_status_with_a_missing_topology_exits_3(tmp_path: Path) -> None:
     missing = tmp_path / "missing.yaml"
     result = CliRunner().invoke(main, ["status", "--config", str(missing)])
-    assert result.exit_code == 2
+    assert result.exit_code == 3  # 0-2 say the mesh's health
     assert str(missing) in result.stderr
 
 
@@ -177,7 +177,7 @@ def test_up_status_and_sigint_stops_every_relay(tmp_path: Path) -> None:
 
         human = CliRunner().invoke(main, ["status", "--config", str(topology)])
         assert human.exit_code == 0, human.output
-        assert "orders" in human.stdout and "reachable" in human.stdout
+        assert "orders" in human.stdout and ": healthy (3 of 3 relays answer)" in human.stdout
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0, (tmp_path / "up.err").read_text()
@@ -190,7 +190,7 @@ def test_up_status_and_sigint_stops_every_relay(tmp_path: Path) -> None:
         )
 
         code, doc = status_json(topology, timeout=0.3)
-        assert code == 1
+        assert code == 2 and doc["health"] == "down"
         assert [r["reachable"] for r in doc["relays"]] == [False] * RELAYS
     finally:
         if proc.poll() is None:
@@ -254,3 +254,143 @@ def test_sim_still_works() -> None:
     result = CliRunner().invoke(main, ["sim", "--seeds", "2", "--relays", "3"])
     assert result.exit_code == 0, result.output
     assert "2 passed, 0 failed" in result.output
+
+
+# --- relay up: ports, restarts, Ctrl-C --------------------------------------------------------
+
+
+def relay_processes_of(topology: Path, relay_id: int | None = None) -> list[int]:
+    """Pids of the running `relay run` processes of this topology (of one relay, if
+    given), from Linux /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            ours = b"run" in command and str(topology.resolve()).encode() in command
+            if relay_id is not None:
+                ours = ours and command[command.index(b"--relay") + 1] == str(relay_id).encode()
+            if ours and running(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def start_up(topology: Path, tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`relay up` with the topology from $RELAY_CONFIG, its stderr in tmp_path/up.err."""
+    command = [sys.executable, "-m", "relay", "up", "--log-level", "warning", *args]
+    with open(tmp_path / "up.err", "wb") as err:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "RELAY_CONFIG": str(topology)},
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], topology: Path) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+    force_kill(relay_processes_of(topology))
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def test_up_refuses_a_port_in_use_naming_it_and_starts_nothing(tmp_path: Path) -> None:
+    topology = write_topology(tmp_path)
+    port = Mesh(topology).config.relays[1].client_port
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    proc = None
+    try:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = start_up(topology, tmp_path, "--log-dir", str(tmp_path / "logs"))
+        assert proc.wait(timeout=30) == 1
+        err = (tmp_path / "up.err").read_text()
+        assert f"relay 1's client port {port} on 127.0.0.1: in use" in err, err
+        assert "nothing was started" in err and "mesh up" not in err
+        assert not (tmp_path / "logs").exists()  # no relay ever ran
+    finally:
+        taken.close()
+        if proc is not None:
+            stop(proc, topology)
+
+
+def test_up_restarts_a_relay_that_dies_and_logs_it(tmp_path: Path) -> None:
+    topology = write_topology(tmp_path)
+    proc = start_up(topology, tmp_path, "--log-format", "json", "--timeout", "30")
+    try:
+        read_until(proc, b"mesh up", timeout=40)
+        [old] = relay_processes_of(topology, 1)
+        os.kill(old, signal.SIGKILL)
+
+        def relay_1_back() -> bool:
+            code, _ = status_json(topology, timeout=0.5)
+            return code == 0 and old not in relay_processes_of(topology, 1)
+
+        wait_until(relay_1_back, "relay 1 to be started again and the mesh healthy")
+        logged = [
+            json.loads(line)
+            for line in (tmp_path / "up.err").read_text().splitlines()
+            if line.startswith("{")
+        ]
+        exited = [
+            d for d in logged if d.get("relay") == 1 and "exited with code -9" in d["message"]
+        ]
+        again = [d for d in logged if d.get("relay") == 1 and "started again" in d["message"]]
+        assert exited and exited[0]["level"] == "warning" and exited[0]["restart_in_s"] == 1.0
+        assert again and again[0]["restarts"] == 1, logged
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        wait_until(lambda: not relay_processes_of(topology), "every relay to stop with relay up")
+    finally:
+        stop(proc, topology)
+
+
+def test_up_stopped_while_it_starts_exits_0_and_leaves_no_relay(tmp_path: Path) -> None:
+    topology = write_topology(tmp_path)
+    proc = start_up(topology, tmp_path, "--config", str(topology), "--timeout", "60")
+    try:
+        wait_until(
+            lambda: "waiting until each serves" in (tmp_path / "up.err").read_text(),
+            "relay up to start the relays",
+        )
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "up.err").read_text()
+        err = (tmp_path / "up.err").read_text()
+        assert "Aborted!" not in err and "mesh stopped" in err
+        wait_until(lambda: not relay_processes_of(topology), "every relay to stop with relay up")
+    finally:
+        stop(proc, topology)
+
+
+def test_up_takes_the_topology_once(tmp_path: Path) -> None:
+    topology = write_topology(tmp_path)
+    result = CliRunner().invoke(main, ["up", str(topology), "--config", str(tmp_path / "b.yaml")])
+    assert result.exit_code == 2 and "two topologies" in result.stderr
+    result = CliRunner().invoke(main, ["up"], env={"RELAY_CONFIG": None})
+    assert result.exit_code == 2 and "no topology" in result.stderr
+
+
+def test_the_port_check_covers_the_http_port(tmp_path: Path) -> None:
+    import yaml  # type: ignore[import-untyped]
+
+    topology = write_topology(tmp_path)
+    doc = yaml.safe_load(topology.read_text())
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        doc["relays"][2]["http_port"] = port
+        topology.write_text(yaml.safe_dump(doc))
+        mesh = Mesh(topology)
+        with pytest.raises(MeshError) as info:
+            mesh.start(timeout_s=20)
+    finally:
+        taken.close()
+    assert info.value.relay_id == 2 and f"relay 2's http port {port}" in str(info.value)
+    assert mesh.pids == {}  # nothing was started

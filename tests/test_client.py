@@ -413,7 +413,7 @@ def test_bad_arguments() -> None:
         p.send("s", b"v")
     with Consumer(["tcp://127.0.0.1:1"]) as c:
         with pytest.raises(ValueError, match="start"):
-            c.subscribe("s", "middle")  # type: ignore[arg-type]
+            c.subscribe("s", "middle")  # text must be a seq's digits
         with pytest.raises(RuntimeError, match="subscribe"):
             next(c)
 

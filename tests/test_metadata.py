@@ -305,20 +305,20 @@ def test_the_cli_keeps_a_durable_position(mesh: Mesh) -> None:
 
     first = relay("consume", "--stream", stream, "--durable", "cli", "--count", "3")
     assert first.returncode == 0, first.stderr
-    printed = [json.loads(line)["seq"] for line in first.stdout.splitlines()]
+    printed = [int(json.loads(line)["seq"]) for line in first.stdout.splitlines()]
     second = relay("consume", "--stream", stream, "--durable", "cli", "--count", "2")
     assert second.returncode == 0, second.stderr
-    after = [json.loads(line)["seq"] for line in second.stdout.splitlines()]
+    after = [int(json.loads(line)["seq"]) for line in second.stdout.splitlines()]
     assert printed + after == sent[:5]
     shown = relay("consumers", "show", "cli")
     assert shown.returncode == 0, shown.stderr
     mark = json.loads(shown.stdout)
-    assert (mark["durable"], mark["stream"], mark["seq"]) == ("cli", stream, after[-1])
-    assert mark["holder"] is None and mark["committed"] >= sent[-1]
+    assert (mark["durable"], mark["stream"], mark["seq"]) == ("cli", stream, str(after[-1]))
+    assert mark["holder"] is None and int(mark["committed"]) >= sent[-1]
     reset = relay("consumers", "reset", "cli", "--stream", stream, "--to", str(printed[0]))
     assert reset.returncode == 0, reset.stderr
     again = relay("consume", "--stream", stream, "--durable", "cli", "--count", "1")
-    assert [json.loads(line)["seq"] for line in again.stdout.splitlines()] == [printed[1]]
+    assert [int(json.loads(line)["seq"]) for line in again.stdout.splitlines()] == [printed[1]]
     listed = relay("consumers", "list")
     assert any(json.loads(line)["durable"] == "cli" for line in listed.stdout.splitlines())
     assert relay("consumers", "delete", "cli").returncode == 0
@@ -472,9 +472,11 @@ def test_a_consumer_starts_at_a_time(mesh: Mesh) -> None:
         )
 
     since = consume("--since", moment.isoformat())
-    assert [json.loads(line)["seq"] for line in since.stdout.splitlines()] == after
+    assert [int(json.loads(line)["seq"]) for line in since.stdout.splitlines()] == after
     everything = consume("--since", "1d")
-    assert [json.loads(line)["seq"] for line in everything.stdout.splitlines()] == before + after
+    assert [
+        int(json.loads(line)["seq"]) for line in everything.stdout.splitlines()
+    ] == before + after
     both = consume("--since", "1m", "--from", "earliest")
     assert both.returncode == 2 and "--from or --since" in both.stderr
     bad = consume("--since", "yesterday")

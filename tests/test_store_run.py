@@ -295,7 +295,7 @@ def test_relay_store_run_once_names_a_bad_schedule(tmp_path: Path) -> None:
 
 def test_relay_status_shows_the_store_runner(tmp_path: Path) -> None:
     """After a round of `relay store run --once`, `relay status` shows its jobs and where
-    each stream stands in the store (the relays are down here: exit 1)."""
+    each stream stands in the store (the relays are down here: exit 2)."""
     topology = spooling_topology(tmp_path, {})
     records = generate("s.seen", 150, seed=8)
     _spool_upto(tmp_path / "data" / "spool", [records], 150)
@@ -306,7 +306,7 @@ def test_relay_status_shows_the_store_runner(tmp_path: Path) -> None:
     once = cli("store", "run", "--engine", "baseline", "--once")
     assert once.returncode == 0, once.stderr
     shown = cli("status", "--json", "--timeout", "0.2")
-    assert shown.returncode == 1
+    assert shown.returncode == 2  # down: no relay answers
     store = json.loads(shown.stdout)["store"]
     assert store["runner"]["runs"] == {"ingest": 1, "snapshot": 1, "compact": 1, "vacuum": 1}
     assert store["runner"]["streams"]["s.seen"]["last_seq"] == str(records.seqs[-1])

@@ -332,6 +332,128 @@ def test_bad_host(tmp_path: Path, host: str, expected: str) -> None:
     assert expected in message
 
 
+def without_host(i: int, **fields: object) -> dict[str, object]:
+    spec = relay(i, **fields)
+    del spec["host"]
+    return spec
+
+
+def test_host_is_advertise_and_bind_in_one() -> None:
+    spec = topology.loads(mesh(relay(0), relay(1), relay(2))).relays[0]
+    assert (spec.host, spec.bind, spec.bind_host) == ("127.0.0.1", None, "127.0.0.1")
+    assert spec.mesh_bind_endpoint == spec.mesh_endpoint == "tcp://127.0.0.1:7100"
+    assert spec.client_bind_endpoint == spec.client_endpoint == "tcp://127.0.0.1:7200"
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.7", "eth0.example"])
+def test_bind_may_be_a_wildcard_or_an_address(bind: str) -> None:
+    cfg = topology.loads(mesh(without_host(0, advertise="10.0.0.5", bind=bind), relay(1), relay(2)))
+    spec = cfg.relays[0]
+    assert (spec.host, spec.bind, spec.bind_host) == ("10.0.0.5", bind, bind)
+    assert spec.mesh_endpoint == "tcp://10.0.0.5:7100"  # peers connect to the advertised one
+    bracketed = f"[{bind}]" if ":" in bind else bind
+    assert spec.mesh_bind_endpoint == f"tcp://{bracketed}:7100"
+    assert spec.client_bind_endpoint == f"tcp://{bracketed}:7200"
+
+
+def test_advertise_alone_binds_the_advertised_address() -> None:
+    spec = topology.loads(mesh(without_host(0, advertise="10.0.0.5"), relay(1))).relays[0]
+    assert (spec.host, spec.bind_host) == ("10.0.0.5", "10.0.0.5")
+    assert spec.client_bind_endpoint == spec.client_endpoint == "tcp://10.0.0.5:7200"
+
+
+@pytest.mark.parametrize("advertise", ["0.0.0.0", "::", "*", "[::]", "0:0::0"])
+def test_advertise_is_never_a_wildcard(tmp_path: Path, advertise: str) -> None:
+    message = error(tmp_path, mesh(without_host(0, advertise=advertise), relay(1)))
+    assert f"relays[0].advertise: {advertise!r} is a wildcard; advertise is the address " in (
+        message
+    )
+    assert "(a wildcard belongs in bind)" in message
+
+
+def test_host_wildcard_points_to_advertise_and_bind(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0, host="0.0.0.0"), relay(1)))
+    assert "relays[0].host: '0.0.0.0' is a wildcard" in message
+    assert "give advertise: <this host's address> and bind: 0.0.0.0 instead" in message
+
+
+@pytest.mark.parametrize("bind", ["*", "[::]"])
+def test_bind_wildcard_spelled_for_zeromq_only(tmp_path: Path, bind: str) -> None:
+    message = error(tmp_path, mesh(without_host(0, advertise="10.0.0.5", bind=bind), relay(1)))
+    assert f"relays[0].bind: {bind!r}: write the wildcard as 0.0.0.0" in message
+
+
+@pytest.mark.parametrize(
+    ("bind", "expected"),
+    [
+        ("", "is not a host name or address"),
+        ("tcp://0.0.0.0", "without scheme or path"),
+        ("0.0.0.0:7100", "ports go in mesh_port and client_port"),
+    ],
+)
+def test_bad_bind(tmp_path: Path, bind: str, expected: str) -> None:
+    message = error(tmp_path, mesh(without_host(0, advertise="10.0.0.5", bind=bind), relay(1)))
+    assert "relays[0].bind: " in message
+    assert expected in message
+
+
+def test_host_with_advertise_or_bind_and_neither(tmp_path: Path) -> None:
+    message = error(tmp_path, mesh(relay(0, advertise="10.0.0.5"), relay(1)))
+    assert "relays[0].advertise: give host (the address to bind and advertise) or advertise, " in (
+        message
+    )
+    message = error(tmp_path, mesh(relay(0, bind="0.0.0.0"), relay(1)))
+    assert (
+        "relays[0].bind: host sets the bind address too; give advertise: 127.0.0.1 with "
+        "bind: 0.0.0.0 instead of host"
+    ) in message
+    message = error(tmp_path, mesh(relay(0), without_host(1)))
+    assert "relays[1]: missing host or advertise: give advertise (" in message
+
+
+def test_ports_are_unique_per_advertised_address(tmp_path: Path) -> None:
+    # Three hosts, each relay on the same ports, every one bound to the wildcard: fine.
+    ports = {"mesh_port": 7100, "client_port": 7200, "http_port": 7300}
+    hosts = [
+        without_host(i, advertise=f"10.0.0.{i + 1}", bind="0.0.0.0", **ports) for i in range(3)
+    ]
+    cfg = topology.loads(mesh(*hosts))
+    assert [spec.mesh_endpoint for spec in cfg.relays.values()] == [
+        "tcp://10.0.0.1:7100",
+        "tcp://10.0.0.2:7100",
+        "tcp://10.0.0.3:7100",
+    ]
+    # Two relays advertising one address are on one host: a port used twice is refused.
+    hosts[1]["advertise"] = "10.0.0.1"
+    message = error(tmp_path, mesh(*hosts))
+    assert "relays[1].mesh_port: 7100 is already used by relay 0 (its mesh_port on 10.0.0.1)" in (
+        message
+    )
+    assert "relays[1].http_port: 7300 is already used by relay 0" in message
+
+
+def test_bind_conflicts_on_one_machine(tmp_path: Path) -> None:
+    # relay 1 advertises another name but binds relay 0's address: the same machine, where
+    # relay 0 holds the port on every address.
+    zero = without_host(0, advertise="10.0.0.1", bind="0.0.0.0")
+    one = without_host(1, advertise="relay-1.example", bind="10.0.0.1", mesh_port=7200)
+    message = error(tmp_path, mesh(zero, one))
+    assert (
+        "relays[1].mesh_port: 7200 cannot be bound at 10.0.0.1: relay 0 binds it at 0.0.0.0 "
+        "on the same machine (its client_port)"
+    ) in message
+    zero["bind"] = "::"  # every address, IPv4 ones too
+    message = error(tmp_path, mesh(zero, one))
+    assert "relays[1].mesh_port: 7200 cannot be bound at 10.0.0.1: relay 0 binds it at ::" in (
+        message
+    )
+    one["mesh_port"] = 7101  # another port of the machine: fine
+    assert topology.loads(mesh(zero, one)).relays[1].mesh_bind_endpoint == "tcp://10.0.0.1:7101"
+    # A loopback bind names no machine: every host has one.
+    lonely = without_host(1, advertise="10.0.0.2", bind="127.0.0.1", mesh_port=7200)
+    assert topology.loads(mesh(zero, lonely)).relays[1].bind_host == "127.0.0.1"
+
+
 def test_relay_without_streams(tmp_path: Path) -> None:
     message = error(tmp_path, mesh(relay(0), relay(1, streams=[]), relay(2)))
     assert "relays[1].streams: the relay subscribes to no stream" in message

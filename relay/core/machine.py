@@ -420,6 +420,10 @@ class RelayCore(RelayState):
                     # Produces are answered `fenced` (joined or not): see fence_reason.
                     "fenced": self.fenced(name),
                     "committed": st.timeline.committed_point,
+                    # The newest seq held (a coordinator gave it) and how many held entries
+                    # are above the committed point: the commit lag (docs/operations.md).
+                    "newest": st.timeline.last_seq(),
+                    "uncommitted": st.timeline.uncommitted(),
                     "reported": st.timeline.reported,
                     "held": len(st.timeline),
                     "held_bytes": st.timeline.held_bytes,

@@ -171,6 +171,10 @@ class Timeline:
     def last_seq(self) -> int:
         return self.seqs[-1] if len(self) else self.base_point
 
+    def uncommitted(self) -> int:
+        """Held entries above the committed point (status only)."""
+        return len(self.seqs) - self.index_after(self.committed_point)
+
     def index_after(self, point: int) -> int:
         """Index of the first held entry with seq > point."""
         return bisect_right(self.seqs, point, self.head)

@@ -31,9 +31,12 @@ are recorded for each throughput run in any case (Linux /proc).
 once, one plain and one with CurveZMQ on every socket (its producer and consumer are the
 `admin` client); every run above is made on both, one right after the other, and the
 report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
+`--metrics` does the same for the relays' HTTP endpoints (relay/opsserver.py): one mesh
+without them, one with them and every relay's /metrics scraped every METRICS_SCRAPE_S.
 
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
     relay bench --security [--duration-s S] [--sizes 100] [--quick] [--json]
+    relay bench --metrics [--duration-s S] [--sizes 100] [--quick] [--json]
     relay bench --hops [--duration-s S] [--sizes 100] [--json]   (relay/tools/hops.py)
     relay bench --memory [--duration-s S] [--rate TX_S] [--buffer-mib MIB]  (tools/membench.py)
 """
@@ -218,9 +221,10 @@ class _CpuMeter:
 # --- the mesh -----------------------------------------------------------------------------
 
 
-def _write_topology(directory: Path, curve: bool = False) -> Path:
+def _write_topology(directory: Path, curve: bool = False, http: bool = False) -> Path:
     subscriptions = {i: [STREAM] for i in range(3)}
-    return write_loopback_topology(directory, subscriptions, [STREAM], access={} if curve else None)
+    access: dict[str, dict[str, Any]] | None = {} if curve else None
+    return write_loopback_topology(directory, subscriptions, [STREAM], access=access, http=http)
 
 
 class _ProfiledMesh(Mesh):
@@ -1069,45 +1073,115 @@ def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> d
     return report
 
 
-# --- the cost of CurveZMQ ------------------------------------------------------------------------
+# --- the cost of CurveZMQ, of the metrics endpoints ---------------------------------------------
 
 SECURITY_SIDES = ("plain", "curve")
+METRICS_SIDES = ("off", "on")
+METRICS_SCRAPE_S = 1.0  # how often the "on" side's /metrics are read (Prometheus: 15 s)
+SCRAPE_TIMEOUT_S = 5.0  # one scrape (a relay answers within its STATUS_WAIT_S)
 
 
-def run_security(
-    options: BenchOptions, *, log: Callable[[str], None] | None = None
+@dataclass(frozen=True)
+class Comparison:
+    """Two meshes that differ in one setting: the sides' names (base first) and how each
+    side's topology is written."""
+
+    title: str
+    sides: tuple[str, str]
+    write: Callable[[Path, str], Path]
+
+
+SECURITY = Comparison(
+    "two 3-relay meshes on 127.0.0.1 (plain, CurveZMQ)",
+    SECURITY_SIDES,
+    lambda directory, side: _write_topology(directory, curve=side == "curve"),
+)
+METRICS = Comparison(
+    "two 3-relay meshes on 127.0.0.1 (HTTP endpoints off; on, /metrics of every relay "
+    f"scraped every {METRICS_SCRAPE_S:g} s)",
+    METRICS_SIDES,
+    lambda directory, side: _write_topology(directory, http=side == "on"),
+)
+
+
+class _Scraper:
+    """Reads every relay's /metrics every METRICS_SCRAPE_S in a thread, as a monitoring
+    system would, while the runs go on (`scrapes`, `failures`: what it did)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.scrapes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def __enter__(self) -> _Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(METRICS_SCRAPE_S):
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url + "/metrics", timeout=SCRAPE_TIMEOUT_S) as resp:
+                        resp.read()
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+
+
+def run_comparison(
+    options: BenchOptions, comparison: Comparison, *, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """The same relay runs on a plain mesh and on a CurveZMQ mesh, each pair back to back;
-    the report (`relay bench --security --json`): per side the runs, and the ratios."""
+    """The same runs on the two meshes of `comparison`, each pair back to back; the report
+    (`relay bench --security|--metrics --json`): per side the runs, and the ratios."""
     say = log or (lambda text: None)
-    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-security-"))
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-compare-"))
     keep = False
+    sides = comparison.sides
     meshes: dict[str, Mesh] = {}
     report: dict[str, Any] = {
         "config": _config(options),
-        **{side: {"throughput": [], "latency": []} for side in SECURITY_SIDES},
+        "title": comparison.title,
+        "sides": list(sides),
+        **{side: {"throughput": [], "latency": []} for side in sides},
     }
     try:
         contexts: dict[str, _Context] = {}
-        for side in SECURITY_SIDES:
+        for side in sides:
             say(f"starting the {side} 3-relay mesh ...")
             directory = workdir / side
-            mesh = Mesh(_write_topology(directory, side == "curve"), log_dir=directory / "logs")
+            mesh = Mesh(comparison.write(directory, side), log_dir=directory / "logs")
             meshes[side] = mesh
             mesh.start(START_TIMEOUT_S)
             contexts[side] = _context(options, mesh)
-        for size in options.sizes:
-            for window in options.windows:
-                for side in SECURITY_SIDES:
-                    say(f"throughput, {side}: {size} B, window {window}")
-                    run = _relay_throughput(contexts[side], size, window, False)
-                    report[side]["throughput"].append(run)
-            for side in SECURITY_SIDES:
-                say(f"latency, {side}: {size} B, one in flight")
-                report[side]["latency"].append(_relay_one_in_flight(contexts[side], size))
-            for side in SECURITY_SIDES:
-                say(f"latency, {side}: {size} B, {options.rate_tx_s} tx/s")
-                report[side]["latency"].append(_relay_at_rate(contexts[side], size))
+        urls = [
+            url
+            for mesh in meshes.values()
+            for spec in mesh.config.relays.values()
+            if (url := spec.http_url) is not None
+        ]
+        with _Scraper(urls) as scraper:
+            for size in options.sizes:
+                for window in options.windows:
+                    for side in sides:
+                        say(f"throughput, {side}: {size} B, window {window}")
+                        run = _relay_throughput(contexts[side], size, window, False)
+                        report[side]["throughput"].append(run)
+                for side in sides:
+                    say(f"latency, {side}: {size} B, one in flight")
+                    report[side]["latency"].append(_relay_one_in_flight(contexts[side], size))
+                for side in sides:
+                    say(f"latency, {side}: {size} B, {options.rate_tx_s} tx/s")
+                    report[side]["latency"].append(_relay_at_rate(contexts[side], size))
+        if urls:
+            report["scrapes"] = {"done": scraper.scrapes, "failed": scraper.failures}
     except BaseException:
         keep = True
         raise
@@ -1118,22 +1192,22 @@ def run_security(
             say(f"relay logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    report["ratios"] = _security_ratios(report)
+    report["ratios"] = _comparison_ratios(report)
     return report
 
 
-def _security_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """curve / plain for every pair of runs."""
-    plain, curve = report["plain"], report["curve"]
+def _comparison_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The second side / the first for every pair of runs."""
+    base, other = (report[side] for side in report["sides"])
     out: list[dict[str, Any]] = []
-    for p, c in zip(plain["throughput"], curve["throughput"], strict=True):
+    for p, c in zip(base["throughput"], other["throughput"], strict=True):
         out.append(
             {
                 "run": f"throughput {p['value_bytes']} B window {p['window']}",
                 "tx_s": _ratio(c["tx_per_s"], p["tx_per_s"]),
             }
         )
-    for p, c in zip(plain["latency"], curve["latency"], strict=True):
+    for p, c in zip(base["latency"], other["latency"], strict=True):
         load = "one in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
         out.append(
             {
@@ -1145,21 +1219,28 @@ def _security_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def print_security_report(report: dict[str, Any]) -> None:
+def print_comparison_report(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     cfg = report["config"]
+    first, second = report["sides"]
+    ratio = f"{second}/{first}"
     console.print(
-        f"relay bench --security: two 3-relay meshes on 127.0.0.1 (plain, CurveZMQ), "
+        f"relay bench: {report['title']}, "
         f"{cfg['cpus']} CPUs, pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); "
         f"{cfg['duration_s']:g} s per run"
     )
+    if "scrapes" in report:
+        console.print(
+            f"scrapes of /metrics: {report['scrapes']['done']} "
+            f"({report['scrapes']['failed']} failed)"
+        )
     table = Table(title="throughput: committed tx/s")
-    for name in ("value", "window", "plain tx/s", "curve tx/s", "curve/plain"):
+    for name in ("value", "window", f"{first} tx/s", f"{second} tx/s", ratio):
         table.add_column(name, justify="right")
-    for p, c in zip(report["plain"]["throughput"], report["curve"]["throughput"], strict=True):
+    for p, c in zip(report[first]["throughput"], report[second]["throughput"], strict=True):
         table.add_row(
             f"{p['value_bytes']} B",
             str(p["window"]),
@@ -1169,9 +1250,9 @@ def print_security_report(report: dict[str, Any]) -> None:
         )
     console.print(table)
     table = Table(title="latency ms, produce->commit p50 / p99")
-    for name in ("value", "load", "plain", "curve", "curve/plain p50 / p99"):
+    for name in ("value", "load", first, second, f"{ratio} p50 / p99"):
         table.add_column(name, justify="right")
-    for p, c in zip(report["plain"]["latency"], report["curve"]["latency"], strict=True):
+    for p, c in zip(report[first]["latency"], report[second]["latency"], strict=True):
         load = "1 in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
         pc, cc = p["commit_ms"], c["commit_ms"]
         table.add_row(
@@ -1628,6 +1709,7 @@ def run_cli(
     as_json: bool,
     profile: bool,
     security: bool = False,
+    metrics: bool = False,
     peers: str | None = None,
     hops: bool = False,
     memory: bool = False,
@@ -1671,8 +1753,8 @@ def run_cli(
             return 0 if report["traced"] > 0 else 1
         if peers is not None:
             report = run_peers(options, log=log)
-        elif security:
-            report = run_security(options, log=log)
+        elif security or metrics:
+            report = run_comparison(options, SECURITY if security else METRICS, log=log)
         else:
             report = run(options, log=log)
     except MeshError as e:
@@ -1691,11 +1773,15 @@ def run_cli(
         print(json.dumps(report, indent=2, sort_keys=True))
     elif peers is not None:
         print_peers_report(report)
-    elif security:
-        print_security_report(report)
+    elif security or metrics:
+        print_comparison_report(report)
     else:
         print_report(report)
-    sides = PEER_SIDES if peers is not None else SECURITY_SIDES if security else ("relay",)
+    sides: tuple[str, ...] = ("relay",)
+    if peers is not None:
+        sides = PEER_SIDES
+    elif security or metrics:
+        sides = tuple(report["sides"])
     ok = all(
         r["committed"] > 0
         for side in sides

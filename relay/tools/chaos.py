@@ -635,7 +635,8 @@ class ScenarioResult:
     rejoin_missed: int = 0  # heals after which not every relay was ready within the settle time
     converged: bool = False
     stuck: list[str] = field(default_factory=list)  # relays not converged or not readable
-    held: dict[str, list[int]] = field(default_factory=dict)  # "stream@relay": count, first, last
+    # "stream@relay": count, first seq, last seq (seqs as strings: relay/seqtext.py)
+    held: dict[str, list[int | str]] = field(default_factory=dict)
     faults: list[FaultEvent] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     log_dir: str | None = None
@@ -935,10 +936,10 @@ def _fill(
     result.rejoin_missed = len(rejoins) - len(done)
     for h in histories:
         seqs = [r.seq for r in h.records]
-        result.held[f"{h.stream}@{h.relay}"] = [
+        result.held[f"{h.stream}@{h.relay}"] = [  # seqs as strings, as in all JSON output
             len(seqs),
-            min(seqs, default=-1),
-            max(seqs, default=-1),
+            str(min(seqs, default=-1)),
+            str(max(seqs, default=-1)),
         ]
 
 

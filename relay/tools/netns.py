@@ -41,6 +41,7 @@ __all__ = [
     "FAMILY",
     "LOCK_PATH",
     "ChaosNet",
+    "NetBusy",
     "NetError",
     "remove_leftovers",
 ]
@@ -60,6 +61,10 @@ KILL_WAIT_S = 5.0  # a leftover process to go after SIGKILL
 class NetError(RuntimeError):
     """The network could not be built or changed: not root, a tool missing, a command
     failed (the message has the command and its stderr), or another run holds the lock."""
+
+
+class NetBusy(NetError):
+    """Another run holds the lock: its namespaces are in use (callers may wait or skip)."""
 
 
 def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -194,7 +199,7 @@ class ChaosNet:
             lock.seek(0)
             holder = lock.read().strip() or "?"
             lock.close()
-            raise NetError(f"another relay chaos run holds {LOCK_PATH} (pid {holder})") from None
+            raise NetBusy(f"another relay chaos run holds {LOCK_PATH} (pid {holder})") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"{os.getpid()}\n")

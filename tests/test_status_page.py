@@ -1,0 +1,219 @@
+"""The live status page (relay/page.html, served at / by relay/opsserver.py) in a real
+browser: Debian's headless Chromium (scripts/browser-deps.sh installs it) loads it from
+one relay of a real 3-relay mesh under produce load, and the page must show every relay
+answering with live commit rates, computed from the relays' /status documents.
+
+RELAY_STATUS_PAGE_PNG=<file> makes the first test write its screenshot there (that is how
+docs/status-page.png is made; docs/operations.md gives the command)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay.client import Producer
+from relay.launcher import Mesh, write_loopback_topology
+from waiting import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALL_TIMEOUT_S = 1_800.0  # apt-get installing Chromium and its libraries
+BROWSER_TIMEOUT_S = 120.0  # one Chromium run (it takes a few seconds here)
+PAGE_TIMEOUT_S = 180.0  # until the page shows what a test waits for, over many runs
+VIRTUAL_TIME_MS = 5_000  # page time Chromium lets pass before it dumps or shoots the page
+LOAD_STOP_S = 60.0  # how long the load thread may take to see it should stop
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_S + 2 * PAGE_TIMEOUT_S)]
+
+RELAYS = 3
+# The streams under load (two, so the screenshot shows rates side by side).
+STREAMS = ("orders.eu", "orders.us")
+# A stream name that is markup: the page must show it as text (textContent, not innerHTML).
+MARKUP_STREAM = 'orders.<i>x</i>&"y'
+MARKUP_STREAM_AS_TEXT = '<td>orders.&lt;i&gt;x&lt;/i&gt;&amp;"y</td>'
+# Where the screenshot for the README is written, when this names a file.
+SCREENSHOT_ENV = "RELAY_STATUS_PAGE_PNG"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MIN_SCREENSHOT_BYTES = 10_000  # a blank 1400x900 page compresses to far less
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's Chromium, installed by scripts/browser-deps.sh if missing."""
+    found = shutil.which("chromium")
+    if found is None:
+        setup = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "browser-deps.sh")],
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+        )
+        found = shutil.which("chromium")
+        if found is None:
+            pytest.skip(f"Chromium is missing and could not be installed: {setup.stderr[-2000:]}")
+    return found
+
+
+class Browser:
+    """Headless Chromium runs against one URL, each in a process group of its own that is
+    killed whole afterwards (Chromium starts helper processes), also when a run fails."""
+
+    def __init__(self, executable: str, profile: Path) -> None:
+        self.executable = executable
+        self.profile = profile  # not the user's: nothing of a run stays in ~/.config
+
+    def run(self, url: str, *args: str) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of one run with `args` (--dump-dom, --screenshot)."""
+        command = [
+            self.executable,
+            "--headless",
+            "--no-sandbox",  # it runs as root here
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={self.profile}",
+            f"--virtual-time-budget={VIRTUAL_TIME_MS}",
+            *args,
+            url,
+        ]
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=BROWSER_TIMEOUT_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return proc.returncode, out, err
+
+    def dom(self, url: str) -> str:
+        return self.run(url, "--dump-dom")[1]
+
+
+class _Load:
+    """Produces to STREAMS in turn, in a thread, until stopped: commit rates are not zero."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with Producer(topology=self.mesh.config) as producer:
+                while not self._stop.is_set():
+                    stream = STREAMS[self.sent % len(STREAMS)]
+                    producer.send(stream, f"load-{self.sent}".encode())
+                    self.sent += 1
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    def __enter__(self) -> _Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=LOAD_STOP_S)
+
+
+@pytest.fixture
+def mesh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mesh]:
+    """3 relays on free ports of 127.0.0.1 with HTTP ports and spools, serving STREAMS (or
+    the streams a test gives as its parameter); stopped also when the test fails."""
+    streams = list(getattr(request, "param", STREAMS))
+    topology = write_loopback_topology(
+        tmp_path,
+        {i: streams for i in range(RELAYS)},
+        streams,
+        spool={"enabled": True},
+        http=True,
+    )
+    mesh = Mesh(topology, log_level="warning", log_dir=tmp_path / "logs")
+    with mesh.start(timeout_s=60):
+        yield mesh
+
+
+@pytest.fixture
+def browser(chromium: str, tmp_path: Path) -> Browser:
+    return Browser(chromium, tmp_path / "chromium-profile")
+
+
+def page_url(mesh: Mesh) -> str:
+    url = mesh.config.relays[0].http_url
+    assert url is not None
+    return url + "/"
+
+
+def test_the_page_shows_every_relay_live_in_a_real_browser(
+    mesh: Mesh, browser: Browser, tmp_path: Path
+) -> None:
+    url = page_url(mesh)
+    relays = sorted(mesh.config.relays)
+
+    def live_page() -> str | None:
+        dom = browser.dom(url)
+        if 'data-state="live"' not in dom:
+            return None
+        rates = [float(r) for r in re.findall(r'data-kind="rate">([0-9.]+)<', dom)]
+        return dom if any(rate > 0 for rate in rates) else None
+
+    with _Load(mesh) as load:
+        dom = wait_until(
+            live_page,
+            "the page to show every relay with a live commit rate",
+            timeout_s=PAGE_TIMEOUT_S,
+        )
+        screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "status-page.png")
+        code, _, err = browser.run(url, f"--screenshot={screenshot}", "--window-size=1400,900")
+    assert load.error is None, load.error
+    assert load.sent > 0
+    # Every relay up, every link heard, each relay's committed seqs shown whole.
+    for relay in relays:
+        up = f'<tr id="relay-{relay}" data-relay="{relay}"><td>{relay}</td><td class="ok">up<'
+        assert up in dom, (relay, dom)
+        for stream in STREAMS:
+            cell = rf'id="stream-{relay}-{re.escape(stream)}".*?data-kind="committed">'
+            committed = re.search(cell + r"committed (\d+)<", dom)
+            assert committed and len(committed[1]) >= 18, (relay, dom)  # not a rounded float
+        for peer in relays:
+            if peer != relay:
+                assert f'<td class="ok" data-link="{relay}-{peer}">hears' in dom, (relay, peer)
+    assert ">fenced:" not in dom and ">stalled:" not in dom, dom
+    data = screenshot.read_bytes()
+    assert code == 0 and data.startswith(PNG_MAGIC), err
+    assert len(data) > MIN_SCREENSHOT_BYTES, len(data)
+
+
+@pytest.mark.parametrize("mesh", [(MARKUP_STREAM,)], indirect=True, ids=["markup-stream"])
+def test_the_page_shows_a_relay_that_went_down(mesh: Mesh, browser: Browser) -> None:
+    url = page_url(mesh)
+    mesh.kill(2)
+
+    # Relay 2 is down at once (its port refuses); the others stop hearing it once its
+    # heartbeats are overdue.
+    silent = [f'<td class="bad" data-link="{relay}-2">silent' for relay in (0, 1)]
+
+    def down_shown() -> str | None:
+        dom = browser.dom(url)
+        shown = 'data-state="partial"' in dom and all(link in dom for link in silent)
+        return dom if shown else None
+
+    dom = wait_until(down_shown, "the page to show relay 2 down", timeout_s=PAGE_TIMEOUT_S)
+    assert '<tr id="relay-2" data-relay="2"><td>2</td><td class="bad">down since ' in dom, dom
+    assert dom.count('<td class="ok">up<') == 2, dom
+    assert MARKUP_STREAM_AS_TEXT in dom, dom  # the name as text, not as an <i> element
