@@ -34,6 +34,7 @@ LOAD_STOP_S = 60.0  # how long the load thread may take to see it should stop
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_S + 2 * PAGE_TIMEOUT_S)]
 
 RELAYS = 3
+SEGMENT_MAX_AGE_MS = 200  # spooled records reach a segment soon: the spool shows a backlog
 # The streams under load (two, so the screenshot shows rates side by side).
 STREAMS = ("orders.eu", "orders.us")
 # A stream name that is markup: the page must show it as text (textContent, not innerHTML).
@@ -41,6 +42,8 @@ MARKUP_STREAM = 'orders.<i>x</i>&"y'
 MARKUP_STREAM_AS_TEXT = '<td>orders.&lt;i&gt;x&lt;/i&gt;&amp;"y</td>'
 # Where the screenshot for the README is written, when this names a file.
 SCREENSHOT_ENV = "RELAY_STATUS_PAGE_PNG"
+# A stream cell's relay and its commit rate (records/s) in the dumped DOM.
+RATE_CELL = r'<td id="stream-(\d+)-[^"]*"[^>]*>.*?data-kind="rate">([0-9.]+)<'
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIN_SCREENSHOT_BYTES = 10_000  # a blank 1400x900 page compresses to far less
 
@@ -140,7 +143,7 @@ def mesh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mesh]:
         tmp_path,
         {i: streams for i in range(RELAYS)},
         streams,
-        spool={"enabled": True},
+        spool={"enabled": True, "segment_max_age_ms": SEGMENT_MAX_AGE_MS},
         http=True,
     )
     mesh = Mesh(topology, log_level="warning", log_dir=tmp_path / "logs")
@@ -169,13 +172,13 @@ def test_the_page_shows_every_relay_live_in_a_real_browser(
         dom = browser.dom(url)
         if 'data-state="live"' not in dom:
             return None
-        rates = [float(r) for r in re.findall(r'data-kind="rate">([0-9.]+)<', dom)]
-        return dom if any(rate > 0 for rate in rates) else None
+        committing = {int(relay) for relay, rate in re.findall(RATE_CELL, dom) if float(rate) > 0}
+        return dom if committing == set(relays) else None
 
     with _Load(mesh) as load:
         dom = wait_until(
             live_page,
-            "the page to show every relay with a live commit rate",
+            "the page to show every relay live, each with a commit rate above 0",
             timeout_s=PAGE_TIMEOUT_S,
         )
         screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "status-page.png")
