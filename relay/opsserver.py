@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.metrics import exposition
 from relay.seqtext import seqs_as_text
+from relay.streamhealth import stream_problem
 
 __all__ = ["STATUS_WAIT_S", "OpsServer", "readiness"]
 
@@ -49,19 +50,13 @@ StatusSource = Callable[[float], Mapping[str, Any] | None]
 
 
 def readiness(status: Mapping[str, Any]) -> dict[str, str]:
-    """Each stream the relay tracks that is not ready, and why ({}: ready)."""
-    why: dict[str, str] = {}
-    for name, st in status["streams"].items():
-        if not st["joined"]:
-            why[name] = "joining"
-        elif st["fenced"]:
-            stall = st.get("stall") or {}
-            waiting = stall.get("waiting_for") or ()
-            reason = str(st["fence_reason"] or "fenced")
-            why[name] = f"fenced: {reason}" + (
-                f" (waiting for relays {', '.join(map(str, waiting))})" if waiting else ""
-            )
-    return why
+    """Each stream the relay tracks that is not joined or is fenced, and why, in the words
+    of `relay status` ({}: ready)."""
+    return {
+        name: stream_problem(st)
+        for name, st in status["streams"].items()
+        if not st["joined"] or st["fenced"]
+    }
 
 
 class OpsServer:

@@ -239,7 +239,9 @@ def test_a_relay_that_lost_its_quorum_is_not_ready_and_says_why(tmp_path: Path) 
             return json.loads(body) if code == 503 else None
 
         doc = wait_until(not_ready, "relay 0's /readyz to answer 503 once 1 and 2 are gone")
-        assert doc["ready"] is False and doc["not_ready"][STREAM].startswith("fenced: quorum")
+        why = doc["not_ready"][STREAM]  # in the words of `relay status` (relay/streamhealth.py)
+        assert doc["ready"] is False and why.startswith("fenced: "), why
+        assert "[quorum]" in why and "waiting for relays 1, 2" in why, why
         assert get(mesh, 0, "/healthz")[0] == 200  # alive, only not ready
         families = metrics(mesh, 0)
         assert sample(families, "relay_stream_fenced", stream=STREAM, reason="quorum") == 1

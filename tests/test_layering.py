@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("service", "engines", "spool", "sockets", "acceptors", "security", "metasync"),
     ("wire", "topology", "logs"),
     ("store",),  # the topology names the store's location (relay.store.location)
-    ("segment", "access", "meta", "seqtext", "metrics", "produce_metrics"),
+    ("segment", "access", "meta", "seqtext", "metrics", "produce_metrics", "streamhealth"),
     ("core",),
     ("errors", "__init__"),
     ("native",),

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from relay.seqtext import seqs_as_text
+from relay.streamhealth import stream_problem
 
 if TYPE_CHECKING:
     from relay.launcher import StatusReply
@@ -81,19 +82,6 @@ NOTE_COUNTERS: tuple[tuple[tuple[str, ...], str], ...] = (
 _NOT_AUTHORIZED = "not_authorized_"  # + the right: requests refused for lack of rights
 
 # Why a stream cannot commit through a relay (relay/core/fencing.py), in words.
-STALL_WORDS = {
-    "quorum": "fewer than a quorum of its relays are heard",
-    "joining": "it is still joining (it has no history of the stream yet)",
-    "not_admitted": "the stream's view does not admit this relay (yet)",
-    "clock": "this relay's clock is too far from the others'",
-    "view_change": "a view change is under way",
-    "split": "a split is being rebuilt",
-    "spool_full": "this relay's spool is full: it votes on no stream until the store ingests",
-    "store_backlog_full": "fewer than a quorum of its relays have room in their spools "
-    "(relay store ingest frees it)",
-}
-
-
 # --- the document -------------------------------------------------------------------------
 
 
@@ -129,7 +117,7 @@ def mesh_status(
             )
             continue
         for name, info in sorted(streams.items()):
-            words = _stream_problem(info)
+            words = stream_problem(info)
             if words:
                 problems.append(_problem(relay_id, name, words))
         problems += [_problem(relay_id, None, words) for words in _spool_problems(status)]
@@ -154,28 +142,6 @@ def mesh_status(
 
 def _problem(relay: int, stream: str | None, words: str) -> dict[str, Any]:
     return {"relay": relay, "stream": stream, "problem": words}
-
-
-def _stream_problem(info: Mapping[str, Any]) -> str:
-    """What keeps a stream of one relay from committing, in words ("" if nothing)."""
-    stall = info.get("stall")
-    if info.get("fenced") or stall:
-        reason = (stall or {}).get("reason") or info.get("fence_reason") or "no reason given"
-        words = ("fenced" if info.get("fenced") else "stalled") + f": {_stall_words(reason)}"
-        if stall:
-            waiting = ", ".join(str(r) for r in stall.get("waiting_for") or []) or "none"
-            words += f" (waiting for relays {waiting}; for {stall.get('for_ms', 0) / 1000:.1f} s)"
-        if not info.get("joined"):
-            words += "; not joined yet"
-        return words
-    if not info.get("joined"):
-        return "not joined yet"
-    return ""
-
-
-def _stall_words(reason: str) -> str:
-    words = STALL_WORDS.get(reason)
-    return f"{words} [{reason}]" if words else reason
 
 
 def _spool_problems(status: Mapping[str, Any]) -> list[str]:
