@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -361,16 +361,7 @@ class Mesh:
         """MeshError naming every port a relay of this host would listen on that is taken
         (or whose address is not this host's), and its relay; nothing is started. Bound
         as libzmq binds (SO_REUSEADDR), so a port left in TIME_WAIT counts as free."""
-        taken: list[tuple[int, str]] = []
-        for relay_id, spec in self.config.relays.items():
-            if relay_id in self.wrappers:
-                continue
-            for what, host, port in listen_addresses(spec):
-                problem = _bind_problem(host, port)
-                if problem is not None:
-                    taken.append(
-                        (relay_id, f"relay {relay_id}'s {what} port {port} on {host}: {problem}")
-                    )
+        taken = ports_taken(self.config, skip=set(self.wrappers))
         if taken:
             raise MeshError(
                 f"cannot start the mesh of {self.config_path}, nothing was started: "
@@ -634,6 +625,22 @@ def listen_addresses(spec: RelaySpec) -> list[tuple[str, str, int]]:
     if spec.http_port is not None:
         found.append(("http", host, spec.http_port))
     return found
+
+
+def ports_taken(config: MeshConfig, skip: Collection[int] = ()) -> list[tuple[int, str]]:
+    """(relay id, words) for every port a relay of `config` (but those in `skip`) would
+    listen on that is taken here, or whose address is not this host's."""
+    taken: list[tuple[int, str]] = []
+    for relay_id, spec in config.relays.items():
+        if relay_id in skip:
+            continue
+        for what, host, port in listen_addresses(spec):
+            problem = _bind_problem(host, port)
+            if problem is not None:
+                taken.append(
+                    (relay_id, f"relay {relay_id}'s {what} port {port} on {host}: {problem}")
+                )
+    return taken
 
 
 def _bind_problem(host: str, port: int) -> str | None:

@@ -32,7 +32,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from typing import Any
 from relay.cli import relays_first
 from relay.client import Consumer, Producer
 from relay.errors import ClientError, ConfigError
-from relay.launcher import Mesh, MeshError
+from relay.launcher import Mesh, MeshError, ports_taken
 from relay.security import client_curve
 from relay.topology import MeshConfig, load
 
@@ -108,23 +107,6 @@ def fail(text: str) -> None:
 
 
 # --- before starting: are the ports free? --------------------------------------------------
-
-
-def ports_in_use(config: MeshConfig) -> list[str]:
-    """Every mesh or client port of the topology that something on this host already
-    holds, described for a person."""
-    busy = []
-    for relay_id, spec in config.relays.items():
-        for what, port in (("mesh_port", spec.mesh_port), ("client_port", spec.client_port)):
-            family = socket.AF_INET6 if ":" in spec.bind_host else socket.AF_INET
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                # ZeroMQ binds with SO_REUSEADDR too: a port in TIME_WAIT is free for it.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind((spec.bind_host, port))
-                except OSError as e:
-                    busy.append(f"{spec.bind_host}:{port} (relay {relay_id} {what}): {e.strerror}")
-    return busy
 
 
 def explain_busy_ports(config_path: Path, busy: list[str]) -> None:
@@ -544,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    busy = ports_in_use(config)
+    busy = [words for _, words in ports_taken(config)]  # mesh, client and HTTP ports
     if busy:
         explain_busy_ports(config_path, busy)
         return EXIT_MESH
