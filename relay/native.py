@@ -20,6 +20,7 @@ What compiled code needs of the sources is in CONTRIBUTING.md ("Compiled modules
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -29,7 +30,6 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -77,6 +77,7 @@ def builds_dir() -> Path:
     return Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "relay-native")
 
 
+@functools.cache  # the sources do not change under a running process
 def source_digest() -> str:
     """Names the sources a build is valid for: every module of the package (a compiled
     module takes the types and constants of what it imports at build time) and the Python
@@ -148,6 +149,8 @@ def build(jobs: int = 0) -> Path:
     target = builds_dir() / source_digest()
     if _module_file(target, f"{GROUP_NAME}__mypyc") is not None:
         return target  # (set-up asks at every run: no compiler imported for that)
+
+    from concurrent.futures import ThreadPoolExecutor  # only here: every command imports this
 
     from mypyc.build import mypycify  # only here: mypy is a set-up dependency
     from setuptools import Distribution

@@ -111,7 +111,6 @@ from relay.security import (
     MESH_DOMAIN,
     Identity,
     KeyRing,
-    MeshAuthenticator,
     curve_client,
     curve_server,
     relay_key_name,
@@ -120,6 +119,7 @@ from relay.service import ClientService
 from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter, mesh_subscriber
 from relay.store import STREAMS_DIR
 from relay.wire import PIPELINE_BATCH_ITEMS
+from relay.zap import MeshAuthenticator
 
 if TYPE_CHECKING:
     from relay.opsserver import OpsServer

@@ -9,21 +9,16 @@ that counts is the one the topology's `access:` section gives its public key).
 * `generate(directory, name, ...)` writes a key pair (0600 files in a 0700 directory) and
   returns its paths; `load_identity(path)` reads a secret file (refused if others can read
   it, like ssh refuses such keys); `load_public_key(path)` reads either file's public key.
-* `KeyRing` resolves a topology's keys (relay/topology.py: `security:`, each relay's
+* `KeyRing` resolves a topology's keys (relay/topology/: `security:`, each relay's
   `public_key`, the `access:` clients): inline z85 keys or files under `keys_dir`.
-* `MeshAuthenticator` answers ZeroMQ's ZAP requests for one relay: on the mesh PUB
-  (domain `mesh`) only the topology's relay keys may subscribe; on the client ROUTER
-  (domain `clients`) only the keys of the clients the topology names may connect, and
-  every message they send carries their name as its ZMTP `User-Id` (what the ACLs check).
-  It is pyzmq's authenticator in its own thread: a relay's loop may sit in zmq_poll for up
-  to a quiet heartbeat interval, and a handshake must not wait for its next turn.
+* The relays' answers to ZeroMQ's ZAP requests (who may connect to which socket) are in
+  relay/zap.py: only relays need them, and pyzmq's authenticator imports asyncio.
 * `curve_server(sock, identity, domain)` / `curve_client(sock, identity, server_key)` set
   the socket options before a socket binds or connects.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import stat
@@ -33,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from relay.errors import KeyFileError
@@ -281,39 +275,3 @@ def curve_client(sock: zmq.Socket[Any], identity: Identity, server_key: bytes) -
     sock.setsockopt(zmq.CURVE_SECRETKEY, identity.secret_key)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, identity.public_key)
     sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
-
-
-class MeshAuthenticator(ThreadAuthenticator):
-    """ZAP for one relay's context: `allowed[domain]` maps the public keys (Z85) allowed in
-    that domain to the User-Id their messages carry (a client's name). Anything else, and
-    every mechanism but CURVE, is refused (ZeroMQ drops the connection after the
-    handshake; the peer sees nothing but a closed connection)."""
-
-    def __init__(self, context: zmq.Context[Any], allowed: dict[str, dict[bytes, str]]) -> None:
-        super().__init__(context=context)
-        self.allowed = allowed
-        self.refused = 0  # handshakes refused, read by the node's status (an int: atomic)
-
-    def start(self) -> None:
-        super().start()
-        for domain in self.allowed:
-            self.configure_curve_callback(domain, self)
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        """pyzmq's credentials-provider hook: whether `key` (Z85) may connect in `domain`."""
-        allowed = key in self.allowed.get(domain, {})
-        if not allowed:
-            self.refused += 1
-        return allowed
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        key = z85.encode(client_public_key)
-        for names in self.allowed.values():
-            name = names.get(key)
-            if name is not None:
-                return name
-        return key.decode()
-
-    def stop(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):  # the context may be closing already
-            super().stop()

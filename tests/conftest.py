@@ -18,8 +18,10 @@ a loaded machine, where a property test once failed on the default 200 ms deadli
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,13 @@ from s3_server import CREDENTIALS
 # The object-store tests' stand-in credentials, before anything starts a Spark session
 # (tests/s3_server.py says why).
 os.environ.update(CREDENTIALS)
+
+# Checked topologies (relay/topology/cache.py) go to a directory of this test session, for
+# the relays and commands the tests start too, not to the user's ~/.cache: the suite writes
+# hundreds of throw-away topologies. Removed when the session ends.
+_TOPOLOGY_CACHE = tempfile.mkdtemp(prefix="relay-test-topology-cache-")
+os.environ["RELAY_CACHE_DIR"] = _TOPOLOGY_CACHE
+atexit.register(shutil.rmtree, _TOPOLOGY_CACHE, ignore_errors=True)
 
 settings.register_profile(
     "ci",

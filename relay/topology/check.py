@@ -1,77 +1,11 @@
-"""The YAML topology: which relays exist, where they listen, which streams each serves.
+"""Reads and checks a topology file's text (the format and its rules: relay/topology/__init__.py).
 
-The file format (`config/topology.yaml` is the commented example)::
-
-    relays:                       # required, at least one
-      - id: 0                     # 0..1023, unique (it is part of every sequence number)
-        host: 127.0.0.1           # address to bind and to connect to (not a wildcard);
-                                  # or, on several hosts (docs/deploy.md), instead:
-        # advertise: 10.0.0.1     # the address peers and clients connect to (no wildcard)
-        # bind: 0.0.0.0           # optional: where the relay's sockets bind; default the
-                                  # advertise address; may be a wildcard (0.0.0.0, ::)
-        mesh_port: 7100           # PUB socket of the mesh: tcp://advertise:mesh_port
-        client_port: 7200         # ROUTER socket for clients: tcp://advertise:client_port
-        http_port: 7300           # optional: metrics, health, status page (docs/operations.md)
-        streams: ["orders.*", "audit"]   # exact names and fnmatch patterns, at least one
-    streams:                      # optional: the streams the mesh is expected to serve
-      - orders.eu                 # exact names; each must match at least one relay
-      - {name: audit, min_relays: 3}   # object form: fewer serving relays is an error
-    limits:                       # optional: any field of relay.core.config.Limits
-      suspect_timeout_ms: 150
-    data_dir: ../data             # optional, relative to the file; default <file dir>/../data
-    spool:                        # optional: write committed history for the store
-      enabled: true               # default false
-      segment_max_bytes: 16777216 # a segment closes at this size ...
-      segment_max_age_ms: 10000   # ... or this age
-      disk_max_bytes: 10737418240 # per relay; once full the relay stops voting (5.14)
-    store:                        # optional: where the store is and how `relay store run` keeps it
-      location: s3://bucket/relay # a path (relative to the file) or s3:// URI; default
-                                  # <data_dir>/store (docs/store.md 8)
-      s3: {endpoint_url: "http://10.0.0.6:9000", region: eu-west-1, allow_http: true}
-                                  # optional; credentials come from the AWS environment
-      ingest_interval_s: 10       # ingest the spools this often
-      snapshot_interval_s: 300    # snapshot the streams with new records this often
-      keep_deltas_s: 604800       # records older than this (by seq time) are kept only as
-                                  # snapshots; default: every record is kept
-      keep_snapshots: 10          # snapshots per stream (the newest)
-      compact_interval_s: 300     # merge runs of record files smaller than
-      compact_below_bytes: 8388608    # this into files of about
-      compact_target_bytes: 134217728 # this
-      vacuum_interval_s: 3600     # delete files no version of the last
-      vacuum_retention_hours: 24  # this many hours needs
-      lock_wait_s: 60             # wait this long for another job's writer lock
-      spark:                      # where the store's Spark jobs run
-        master: spark://10.0.0.5:7077   # default local[*]; `--master` overrides it
-        driver_host: 10.0.0.4     # executors reach the driver here; default 127.0.0.1
-        executor_python: /opt/relay/.venv/bin/python  # default: the command's Python
-        conf: {spark.executor.memory: 4g}   # any other Spark setting
-    security:                     # optional (docs/security.md)
-      curve: true                 # CurveZMQ on every socket; default false
-      keys_dir: ../data/keys      # relative to the file; default <data_dir>/keys
-      client_key_file: ../data/keys/client-admin.key_secret  # tools' default client key
-    access:                       # with curve: the clients and their rights
-      admin:                      # a client name (letters, digits, _ . -; at most 40)
-        public_key: "..."         # optional, Z85; default <keys_dir>/client-admin.key
-        produce: ["*"]            # stream names and patterns it may produce to
-        consume: ["*"]            # ... and read
-        admin: true               # status and store commands; default false
-        metadata: ["*"]           # metadata keys (fnmatch) it may read and write
-
-A relay takes `public_key:` (Z85, 40 characters) too; without it its public key is read
-from `<keys_dir>/relay-<id>.key`. Its secret key is `<keys_dir>/relay-<id>.key_secret`.
-
-Rules: unknown keys are errors; a relay gives either `host` (advertise and bind in one)
-or `advertise` with an optional `bind`; ports are 1..65535 and every (advertise, port)
-pair is used once across all mesh, client and HTTP ports; two relays known to share a
-machine (one's advertise or specific bind address is the other's) do not bind one port on
-overlapping addresses; stream names are non-empty, at most 255 UTF-8 bytes (or
-`limits.max_stream_name_bytes` if lower), without `|` or NUL; declared streams are exact
-names (no `*`, `?`, `[`). A declared stream served by fewer than 3 relays is a warning:
-its majority quorum tolerates no relay failure.
-
-Every problem becomes one `ConfigError` whose message names the file, the field path and
-the problem, one line per problem, e.g.
-`config/topology.yaml: relays[1].mesh_port: 7100 is already used by relay 0 (...)`.
+Two stages: pydantic models check each field on its own (types, ranges, unknown keys),
+then `_build` checks what needs several fields (ids and ports used twice, declared streams
+nobody serves, access without CurveZMQ, ...) and builds the MeshConfig. Every problem of
+either stage is reported, one line each, in one ConfigError. Only `relay.topology.load`
+imports this module, and only for a file not in the cache of checked topologies: pydantic
+and its models take longer to load than a short command takes to run.
 """
 
 from __future__ import annotations
@@ -97,17 +31,24 @@ from pydantic import (
 )
 
 from relay.access import AccessPolicy, ClientGrant
-from relay.core.config import CoreConfig, Limits, Topology
+from relay.core.config import Limits, Topology
 from relay.core.seq import MAX_RELAY_ID
 from relay.errors import ConfigError
 from relay.meta import METADATA_STREAM, InvalidMetaOp, check_key
-from relay.store.location import BadStoreLocation, StoreLocation, as_location
+from relay.store.location import BadStoreLocation, as_location
+from relay.topology.mesh import (
+    MAX_STREAM_NAME_BYTES,
+    Z85_KEY_CHARS,
+    MeshConfig,
+    RelaySpec,
+    SecuritySettings,
+    SparkSettings,
+    SpoolSettings,
+    StoreSettings,
+    is_pattern,
+)
 
-__all__ = ["MeshConfig", "RelaySpec", "load", "loads"]
-
-MAX_STREAM_NAME_BYTES = 255
 MIN_SAFE_RELAYS = 3  # fewer: a majority quorum tolerates no relay failure
-Z85_KEY_CHARS = 40  # a 32-byte CurveZMQ key in Z85
 _Z85_CHARS = frozenset(
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 )
@@ -116,168 +57,6 @@ _Z85_CHARS = frozenset(
 CLIENT_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _PORT_FIELDS = ("mesh_port", "client_port", "http_port")  # what a relay listens on
 _ZMQ_WILDCARDS = frozenset({"*", "[::]"})  # ZeroMQ's spellings of 0.0.0.0 and ::
-_PATTERN_CHARS = "*?["
-
-
-def is_pattern(stream: str) -> bool:
-    """Whether a name is an fnmatch pattern (it names many streams), not one stream."""
-    return "*" in stream or "?" in stream or "[" in stream
-
-
-def pattern_refusal(stream: str) -> str:
-    """Why `stream` may not be produced to ("" if it may): a pattern names many streams."""
-    if is_pattern(stream):
-        return f"{stream!r} is a pattern (it has one of {_PATTERN_CHARS}), not one stream"
-    return ""
-
-
-# --- the result ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RelaySpec:
-    id: int  # 0..1023
-    # The advertised address, which peers and clients connect to: the topology's
-    # `advertise`, or its `host`. The sockets bind at `bind_host`.
-    host: str
-    mesh_port: int  # the relay's PUB socket: peers subscribe at tcp://host:mesh_port
-    client_port: int  # the relay's ROUTER for clients: tcp://host:client_port
-    streams: tuple[str, ...]  # exact names and fnmatch patterns
-    public_key: str | None = None  # Z85, when the topology gives it inline
-    # HTTP for operators (relay/opsserver.py: /metrics, /healthz, /readyz, the page): none
-    # without it
-    http_port: int | None = None
-    bind: str | None = None  # the topology's `bind` (may be a wildcard); None: `host`
-
-    @property
-    def http_url(self) -> str | None:
-        """Where the relay's HTTP endpoint is reached, if it has one."""
-        if self.http_port is None:
-            return None
-        return _endpoint(self.host, self.http_port, "http")
-
-    @property
-    def mesh_endpoint(self) -> str:
-        return _endpoint(self.host, self.mesh_port)
-
-    @property
-    def client_endpoint(self) -> str:
-        return _endpoint(self.host, self.client_port)
-
-    @property
-    def bind_host(self) -> str:
-        """The address every listening socket of the relay binds (mesh, client, HTTP)."""
-        return self.bind or self.host
-
-    @property
-    def mesh_bind_endpoint(self) -> str:
-        return _endpoint(self.bind_host, self.mesh_port)
-
-    @property
-    def client_bind_endpoint(self) -> str:
-        return _endpoint(self.bind_host, self.client_port)
-
-
-def _endpoint(host: str, port: int, scheme: str = "tcp") -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-
-
-@dataclass(frozen=True)
-class SpoolSettings:
-    """Whether and how relays write their committed history for the store."""
-
-    enabled: bool = False
-    segment_max_bytes: int = 16 * 1024 * 1024
-    segment_max_age_ms: int = 10_000
-    disk_max_bytes: int = 10 * 1024 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SparkSettings:
-    """Where the store's Spark jobs run (docs/store.md 4): the master (`--master`
-    overrides it), the address executors reach the driver at, the Python executors run
-    (absolute; default: the one running the command) and any other Spark settings."""
-
-    master: str = "local[*]"
-    driver_host: str = "127.0.0.1"
-    executor_python: Path | None = None
-    conf: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """How `relay store run` keeps the store (relay.storerun; docs/store.md 7)."""
-
-    ingest_interval_s: int = 10
-    snapshot_interval_s: int = 300
-    keep_deltas_s: int | None = None  # None: keep every record
-    keep_snapshots: int = 10
-    compact_interval_s: int = 300
-    compact_below_bytes: int = 8 * 1024 * 1024
-    compact_target_bytes: int = 128 * 1024 * 1024
-    vacuum_interval_s: int = 3600
-    vacuum_retention_hours: int = 24
-    lock_wait_s: int = 60
-    spark: SparkSettings = SparkSettings()
-    # Where the store is: an absolute path or an s3:// URI; None: <data_dir>/store.
-    location: str | None = None
-    s3: tuple[tuple[str, str], ...] = ()  # S3 options (relay.store.location.S3_OPTIONS)
-
-
-@dataclass(frozen=True)
-class SecuritySettings:
-    """CurveZMQ on every socket (`curve`), where this machine's keys are (`keys_dir`,
-    absolute), and the client key tools use when given none (`client_key_file`)."""
-
-    curve: bool = False
-    keys_dir: Path = Path("keys")
-    client_key_file: Path | None = None
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    path: Path
-    relays: dict[int, RelaySpec]  # by id, ascending
-    streams: tuple[str, ...]  # the declared streams (exact names), in file order
-    limits: Limits  # defaults with the file's overrides
-    topology: Topology  # built from the relays' streams
-    warnings: tuple[str, ...]  # e.g. a declared stream with fewer than 3 relays
-    data_dir: Path  # absolute; for the spool and the store
-    spool: SpoolSettings = SpoolSettings()
-    store: StoreSettings = StoreSettings()
-    security: SecuritySettings = SecuritySettings()
-    access: AccessPolicy = dataclasses.field(default_factory=AccessPolicy)
-
-    @property
-    def spool_dir(self) -> Path:
-        """Where relays write segments (one folder per relay inside)."""
-        return self.data_dir / "spool"
-
-    @property
-    def store_location(self) -> StoreLocation:
-        """The persistent store that `relay store ingest` builds from the spool (checked
-        when the file was loaded)."""
-        return as_location(self.store.location or self.data_dir / "store", dict(self.store.s3))
-
-    def core_config(self, relay_id: int) -> CoreConfig:
-        """The core's configuration for one relay of this mesh."""
-        if (
-            not isinstance(relay_id, int)
-            or isinstance(relay_id, bool)
-            or relay_id not in self.relays
-        ):
-            known = ", ".join(str(r) for r in self.relays)
-            raise ConfigError(f"{self.path}: relay {relay_id!r} is not in the topology ({known})")
-        return CoreConfig(
-            relay_id=relay_id,
-            topology=self.topology,
-            limits=self.limits,
-            declared_streams=self.streams,
-        )
-
-    def members(self, stream: str) -> tuple[int, ...]:
-        """R(S): the relays serving `stream`, ascending; empty if none does."""
-        return self.topology.members(stream)
 
 
 # --- parsing models (field checks that need no other field) ------------------------------
@@ -588,7 +367,7 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-# --- loading ---------------------------------------------------------------------------
+# --- building ---------------------------------------------------------------------------
 
 
 def _store_settings(model: _StoreModel | None, base: Path) -> StoreSettings:
@@ -619,27 +398,9 @@ def _conf_text(value: str | int | float | bool) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def load(path: str | Path) -> MeshConfig:
-    """Read and check a topology file. Raises ConfigError naming the file and field."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: cannot read the topology: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{file}: cannot read the topology: it is a directory") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{file}: cannot read the topology: not UTF-8 text (byte {exc.start})"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read the topology: {exc.strerror or exc}") from None
-    return loads(text, file)
-
-
-def loads(text: str, path: str | Path = "<string>") -> MeshConfig:
-    """Check a topology given as text; `path` names it in messages and anchors data_dir."""
-    file = Path(path)
+def check(text: str, file: Path) -> MeshConfig:
+    """Parse and check a topology's text; `file` names it in messages and anchors the
+    relative paths. Raises ConfigError with one line per problem."""
     data = _parse_yaml(text, file)
     try:
         model = _FileModel.model_validate(data)
