@@ -1482,9 +1482,7 @@ class _WaitNotice:
         self.curve = curve
         self.received = False
         self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="relay-consume-notice", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="relay-consume-notice", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -1837,6 +1835,14 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     "and on one with them, its /metrics scraped every second, side by side.",
 )
 @click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="With --security or --metrics: make every pair of runs N times, each side first in "
+    "every other round, and report the median ratio [default: 1].",
+)
+@click.option(
     "--peers",
     type=click.Choice(["nats"]),
     default=None,
@@ -1881,6 +1887,7 @@ def bench(
     profile: bool,
     security: bool,
     metrics: bool,
+    rounds: int | None,
     peers: str | None,
     hops: bool,
     memory: bool,
@@ -1904,6 +1911,8 @@ def bench(
         )
     if not memory and (rate_tx_s is not None or buffer_mib is not None):
         raise click.UsageError("--rate and --buffer-mib go with --memory")
+    if rounds is not None and not (security or metrics):
+        raise click.UsageError("--rounds goes with --security or --metrics")
     sys.exit(
         run_cli(
             duration_s=duration_s,
@@ -1913,6 +1922,7 @@ def bench(
             profile=profile,
             security=security,
             metrics=metrics,
+            rounds=rounds or 1,
             peers=peers,
             hops=hops,
             memory=memory,

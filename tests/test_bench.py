@@ -130,6 +130,26 @@ def test_quick_metrics_run_compares_a_mesh_without_and_with_http_endpoints() -> 
             check_summary(run["commit_ms"])
     assert report["scrapes"]["done"] > 0 and report["scrapes"]["failed"] == 0, report["scrapes"]
     assert len(report["ratios"]) == 4
+    throughput = [r for r in report["ratios"] if r["run"].startswith("throughput")]
+    assert all(r["relay_cpu_us_per_tx"] > 0 for r in throughput), throughput
+
+
+def test_rounds_alternate_which_side_goes_first() -> None:
+    """`--rounds 2`: every pair of runs twice, the other side first the second time; each
+    ratio is the median of the rounds' ratios, each round's pair taken on its own."""
+    report = bench("--security", "--sizes", "100", "--rounds", "2", "--duration-s", "0.15")
+    assert report["order"] == [["plain", "curve"], ["curve", "plain"]]
+    for side in ("plain", "curve"):
+        assert [run["round"] for run in report[side]["throughput"]] == [0, 0, 1, 1]
+        assert [run["round"] for run in report[side]["latency"]] == [0, 0, 1, 1]
+    assert len(report["ratios"]) == 4
+    for row in report["ratios"]:
+        figures = [key for key in row if key != "run" and not key.endswith("_rounds")]
+        for figure in figures:
+            rounds = row[f"{figure}_rounds"]
+            assert len(rounds) == 2
+            if None not in rounds:
+                assert row[figure] == round((rounds[0] + rounds[1]) / 2, 3)
 
 
 @pytest.mark.slow
@@ -204,6 +224,8 @@ def test_bad_options_are_refused_before_any_mesh_starts() -> None:
         ["--memory", "--hops"],
         ["--rate", "100"],
         ["--buffer-mib", "512"],
+        ["--rounds", "2"],
+        ["--security", "--rounds", "0"],
     )
     for args in bad:
         result = runner.invoke(main, ["bench", *args])

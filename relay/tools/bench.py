@@ -33,10 +33,13 @@ once, one plain and one with CurveZMQ on every socket (its producer and consumer
 report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
 `--metrics` does the same for the relays' HTTP endpoints (relay/opsserver.py): one mesh
 without them, one with them and every relay's /metrics scraped every METRICS_SCRAPE_S.
+Both compare throughput, the relays' CPU per committed transaction and commit latency;
+`--rounds N` makes every pair N times, each side first in every other round, and reports
+the ratio of each round and their median (a single round is at the mercy of the order).
 
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
-    relay bench --security [--duration-s S] [--sizes 100] [--quick] [--json]
-    relay bench --metrics [--duration-s S] [--sizes 100] [--quick] [--json]
+    relay bench --security [--rounds N] [--duration-s S] [--sizes 100] [--quick] [--json]
+    relay bench --metrics [--rounds N] [--duration-s S] [--sizes 100] [--quick] [--json]
     relay bench --hops [--duration-s S] [--sizes 100] [--json]   (relay/tools/hops.py)
     relay bench --memory [--duration-s S] [--rate TX_S] [--buffer-mib MIB]  (tools/membench.py)
 """
@@ -46,12 +49,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import functools
 import io
 import json
 import os
 import platform
 import pstats
 import shutil
+import statistics
 import struct
 import sys
 import tempfile
@@ -117,6 +122,7 @@ class BenchOptions:
     rate_tx_s: int = DEFAULT_RATE_TX_S
     quick: bool = False
     profile: bool = False
+    rounds: int = 1  # --security and --metrics: rounds of every run on both sides
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -1077,6 +1083,7 @@ def run(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> d
 
 SECURITY_SIDES = ("plain", "curve")
 METRICS_SIDES = ("off", "on")
+COMPARISON_WIDTH = 120  # columns of the comparison's tables when not printed to a terminal
 METRICS_SCRAPE_S = 1.0  # how often the "on" side's /metrics are read (Prometheus: 15 s)
 SCRAPE_TIMEOUT_S = 5.0  # one scrape (a relay answers within its STATUS_WAIT_S)
 
@@ -1139,8 +1146,12 @@ class _Scraper:
 def run_comparison(
     options: BenchOptions, comparison: Comparison, *, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """The same runs on the two meshes of `comparison`, each pair back to back; the report
-    (`relay bench --security|--metrics --json`): per side the runs, and the ratios."""
+    """The same runs on the two meshes of `comparison`, each pair back to back, in
+    `options.rounds` rounds that alternate which side goes first (whichever runs second
+    meets another machine: swapping the order of one pair once moved its ratio from 0.85
+    to 1.05). The report
+    (`relay bench --security|--metrics --json`): per side the runs (each with its round),
+    and per kind of run the ratios of every round and their median."""
     say = log or (lambda text: None)
     workdir = Path(tempfile.mkdtemp(prefix="relay-bench-compare-"))
     keep = False
@@ -1150,6 +1161,8 @@ def run_comparison(
         "config": _config(options),
         "title": comparison.title,
         "sides": list(sides),
+        "rounds": options.rounds,
+        "order": [list(_round_order(sides, n)) for n in range(options.rounds)],
         **{side: {"throughput": [], "latency": []} for side in sides},
     }
     try:
@@ -1167,19 +1180,38 @@ def run_comparison(
             for spec in mesh.config.relays.values()
             if (url := spec.http_url) is not None
         ]
+
+        def each_side(
+            number: int, kind: str, what: str, measure: Callable[[_Context], dict[str, Any]]
+        ) -> None:
+            for side in _round_order(sides, number):
+                say(f"round {number + 1}/{options.rounds}, {kind}, {side}: {what}")
+                report[side][kind].append({**measure(contexts[side]), "round": number})
+
         with _Scraper(urls) as scraper:
-            for size in options.sizes:
-                for window in options.windows:
-                    for side in sides:
-                        say(f"throughput, {side}: {size} B, window {window}")
-                        run = _relay_throughput(contexts[side], size, window, False)
-                        report[side]["throughput"].append(run)
-                for side in sides:
-                    say(f"latency, {side}: {size} B, one in flight")
-                    report[side]["latency"].append(_relay_one_in_flight(contexts[side], size))
-                for side in sides:
-                    say(f"latency, {side}: {size} B, {options.rate_tx_s} tx/s")
-                    report[side]["latency"].append(_relay_at_rate(contexts[side], size))
+            for number in range(options.rounds):
+                for size in options.sizes:
+                    for window in options.windows:
+                        each_side(
+                            number,
+                            "throughput",
+                            f"{size} B, window {window}",
+                            functools.partial(
+                                _relay_throughput, size=size, window=window, profile=False
+                            ),
+                        )
+                    each_side(
+                        number,
+                        "latency",
+                        f"{size} B, one in flight",
+                        functools.partial(_relay_one_in_flight, size=size),
+                    )
+                    each_side(
+                        number,
+                        "latency",
+                        f"{size} B, {options.rate_tx_s} tx/s",
+                        functools.partial(_relay_at_rate, size=size),
+                    )
         if urls:
             report["scrapes"] = {"done": scraper.scrapes, "failed": scraper.failures}
     except BaseException:
@@ -1196,26 +1228,56 @@ def run_comparison(
     return report
 
 
+def _round_order(sides: tuple[str, str], number: int) -> tuple[str, str]:
+    """Which side runs first in round `number`: each in every other round."""
+    return sides if number % 2 == 0 else (sides[1], sides[0])
+
+
+def _run_name(run: dict[str, Any]) -> str:
+    if "window" in run:
+        return f"throughput {run['value_bytes']} B window {run['window']}"
+    load = "one in flight" if run["mode"] == "one_in_flight" else f"{run['rate_tx_s']} tx/s"
+    return f"latency {run['value_bytes']} B {load}"
+
+
+def _run_figures(run: dict[str, Any]) -> dict[str, float | None]:
+    """What is compared of a run: throughput and the relays' CPU per committed
+    transaction, or the commit latency."""
+    if "window" in run:
+        return {"tx_s": run["tx_per_s"], "relay_cpu_us_per_tx": _relays_us_per_tx(run)}
+    return {"commit_p50": run["commit_ms"]["p50"], "commit_p99": run["commit_ms"]["p99"]}
+
+
+def _relays_us_per_tx(run: dict[str, Any]) -> float | None:
+    """CPU microseconds of the three relays together per committed transaction."""
+    per_tx = run["cpu_us_per_tx"]
+    relays: list[float | None] = [v for k, v in per_tx.items() if k.startswith("relay")]
+    if not relays or any(v is None for v in relays):
+        return None
+    return round(sum(v for v in relays if v is not None), 1)
+
+
 def _comparison_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The second side / the first for every pair of runs."""
-    base, other = (report[side] for side in report["sides"])
+    """Per kind of run (in the order first run): for each figure, the second side / the
+    first of every round and the median of those ratios (each round's pair ran back to
+    back, so a ratio is never taken across rounds)."""
+    base_side, other_side = report["sides"]
+    pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for kind in ("throughput", "latency"):
+        for base, other in zip(report[base_side][kind], report[other_side][kind], strict=True):
+            pairs.setdefault(_run_name(base), []).append((base, other))
     out: list[dict[str, Any]] = []
-    for p, c in zip(base["throughput"], other["throughput"], strict=True):
-        out.append(
-            {
-                "run": f"throughput {p['value_bytes']} B window {p['window']}",
-                "tx_s": _ratio(c["tx_per_s"], p["tx_per_s"]),
-            }
-        )
-    for p, c in zip(base["latency"], other["latency"], strict=True):
-        load = "one in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
-        out.append(
-            {
-                "run": f"latency {p['value_bytes']} B {load}",
-                "commit_p50": _ratio(c["commit_ms"]["p50"], p["commit_ms"]["p50"]),
-                "commit_p99": _ratio(c["commit_ms"]["p99"], p["commit_ms"]["p99"]),
-            }
-        )
+    for name, runs in pairs.items():
+        row: dict[str, Any] = {"run": name}
+        for figure in _run_figures(runs[0][0]):
+            per_round = [
+                _ratio(_run_figures(other)[figure], _run_figures(base)[figure])
+                for base, other in runs
+            ]
+            known = [r for r in per_round if r is not None]
+            row[figure] = round(statistics.median(known), 3) if known else None
+            row[f"{figure}_rounds"] = per_round
+        out.append(row)
     return out
 
 
@@ -1224,45 +1286,83 @@ def print_comparison_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:  # a file or a pipe: no screen to fit, so nothing is cut
+        console = Console(width=COMPARISON_WIDTH)
     cfg = report["config"]
     first, second = report["sides"]
     ratio = f"{second}/{first}"
+    rounds = report["rounds"]
     console.print(
         f"relay bench: {report['title']}, "
         f"{cfg['cpus']} CPUs, pyzmq {cfg['pyzmq']} (libzmq {cfg['libzmq']}); "
-        f"{cfg['duration_s']:g} s per run"
+        f"{cfg['duration_s']:g} s per run; {rounds} round{'s' if rounds > 1 else ''}, "
+        "each side first in every other one; medians over the rounds, ratios as "
+        "median (lowest-highest round)"
     )
     if "scrapes" in report:
         console.print(
             f"scrapes of /metrics: {report['scrapes']['done']} "
             f"({report['scrapes']['failed']} failed)"
         )
-    table = Table(title="throughput: committed tx/s")
-    for name in ("value", "window", f"{first} tx/s", f"{second} tx/s", ratio):
+    ratios = {row["run"]: row for row in report["ratios"]}
+
+    def medians(side: str, kind: str) -> dict[str, dict[str, float | None]]:
+        by_run: dict[str, list[dict[str, float | None]]] = {}
+        for run in report[side][kind]:
+            by_run.setdefault(_run_name(run), []).append(_run_figures(run))
+        return {
+            name: {figure: _median([f[figure] for f in figures]) for figure in figures[0]}
+            for name, figures in by_run.items()
+        }
+
+    def ratio_cell(name: str, figure: str) -> str:
+        """The median ratio, and with several rounds the lowest and highest."""
+        row = ratios[name]
+        shown = _fmt(row[figure], 2)
+        known = [r for r in row[f"{figure}_rounds"] if r is not None]
+        if len(known) > 1:
+            shown += f" ({_fmt(min(known), 2)}-{_fmt(max(known), 2)})"
+        return shown
+
+    table = Table(title="throughput: committed tx/s; CPU us of the three relays per tx")
+    for name in ("run", f"{first} tx/s", f"{second} tx/s", ratio):
         table.add_column(name, justify="right")
-    for p, c in zip(report[first]["throughput"], report[second]["throughput"], strict=True):
+    for name in (f"CPU {first}", f"CPU {second}", ratio):
+        table.add_column(name, justify="right")
+    base, other = medians(first, "throughput"), medians(second, "throughput")
+    for name in base:
+        b, o = base[name], other[name]
         table.add_row(
-            f"{p['value_bytes']} B",
-            str(p["window"]),
-            _fmt(p["tx_per_s"], 0),
-            _fmt(c["tx_per_s"], 0),
-            _fmt(_ratio(c["tx_per_s"], p["tx_per_s"]), 3),
+            name.removeprefix("throughput ").replace("window ", "w"),
+            _fmt(b["tx_s"], 0),
+            _fmt(o["tx_s"], 0),
+            ratio_cell(name, "tx_s"),
+            _fmt(b["relay_cpu_us_per_tx"], 0),
+            _fmt(o["relay_cpu_us_per_tx"], 0),
+            ratio_cell(name, "relay_cpu_us_per_tx"),
         )
     console.print(table)
-    table = Table(title="latency ms, produce->commit p50 / p99")
-    for name in ("value", "load", first, second, f"{ratio} p50 / p99"):
+    table = Table(title="latency ms, produce->commit")
+    for name in ("run", f"{first} p50 / p99", f"{second} p50 / p99"):
         table.add_column(name, justify="right")
-    for p, c in zip(report[first]["latency"], report[second]["latency"], strict=True):
-        load = "1 in flight" if p["mode"] == "one_in_flight" else f"{p['rate_tx_s']} tx/s"
-        pc, cc = p["commit_ms"], c["commit_ms"]
+    for name in (f"{ratio} p50", f"{ratio} p99"):
+        table.add_column(name, justify="right")
+    base, other = medians(first, "latency"), medians(second, "latency")
+    for name in base:
+        b, o = base[name], other[name]
         table.add_row(
-            f"{p['value_bytes']} B",
-            load,
-            f"{_fmt(pc['p50'])} / {_fmt(pc['p99'])}",
-            f"{_fmt(cc['p50'])} / {_fmt(cc['p99'])}",
-            f"{_fmt(_ratio(cc['p50'], pc['p50']))} / {_fmt(_ratio(cc['p99'], pc['p99']))}",
+            name.removeprefix("latency "),
+            f"{_fmt(b['commit_p50'])} / {_fmt(b['commit_p99'])}",
+            f"{_fmt(o['commit_p50'])} / {_fmt(o['commit_p99'])}",
+            ratio_cell(name, "commit_p50"),
+            ratio_cell(name, "commit_p99"),
         )
     console.print(table)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 # --- side by side with NATS JetStream (issue 12) --------------------------------------------------
@@ -1710,6 +1810,7 @@ def run_cli(
     profile: bool,
     security: bool = False,
     metrics: bool = False,
+    rounds: int = 1,
     peers: str | None = None,
     hops: bool = False,
     memory: bool = False,
@@ -1725,7 +1826,7 @@ def run_cli(
         duration_s = QUICK_DURATION_S if quick else DEFAULT_DURATION_S
     if windows is None:  # each mode's own shapes
         windows = PEER_WINDOWS if peers is not None else DEFAULT_WINDOWS
-    options = BenchOptions(duration_s, sizes, windows, rate_tx_s, quick, profile)
+    options = BenchOptions(duration_s, sizes, windows, rate_tx_s, quick, profile, rounds)
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
