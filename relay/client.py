@@ -157,7 +157,7 @@ from relay.meta import (
 )
 from relay.security import ClientCurve, client_curve
 from relay.seqtext import parse_seq
-from relay.sockets import DisconnectMonitor, ReadableWaiter
+from relay.sockets import DisconnectMonitor, ReadableWaiter, allow_ipv6
 from relay.store import STREAMS_DIR
 from relay.store.changes import KIND_CHANGES, KIND_PLAIN, Change, encode_changes
 from relay.store.errors import UnknownStoredStream
@@ -369,6 +369,7 @@ class _Links:
                 sock = ctx.socket(zmq.DEALER)
                 self.socks[endpoint] = sock
                 _configure(sock)
+                allow_ipv6(sock, endpoint)
                 if curve is not None:
                     curve.apply(sock, endpoint)
                 plain: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying) if shadow else sock

@@ -51,7 +51,7 @@ import zmq
 from relay import wire
 from relay.errors import RelayError
 from relay.logs import STATE_CHANGE
-from relay.topology import MeshConfig, RelaySpec, is_pattern, load
+from relay.topology import MeshConfig, RelaySpec, is_ipv6, is_pattern, load
 
 if TYPE_CHECKING:  # relay.security (and yaml) only where used: `relay status` starts faster
     from relay.security import ClientCurve
@@ -132,6 +132,8 @@ def query_status(
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_STATUS_BYTES)
             socks[relay_id] = sock
+            if is_ipv6(endpoint):  # (relay.sockets.allow_ipv6 would import asyncio)
+                sock.setsockopt(zmq.IPV6, 1)
             if curve is not None:
                 curve.apply(sock, endpoint)
             try:

@@ -116,7 +116,13 @@ from relay.security import (
     relay_key_name,
 )
 from relay.service import ClientService
-from relay.sockets import LinkMonitor, MeshLinkTimings, ReadableWaiter, mesh_subscriber
+from relay.sockets import (
+    LinkMonitor,
+    MeshLinkTimings,
+    ReadableWaiter,
+    allow_ipv6,
+    mesh_subscriber,
+)
 from relay.store import STREAMS_DIR
 from relay.wire import PIPELINE_BATCH_ITEMS
 from relay.zap import MeshAuthenticator
@@ -876,7 +882,7 @@ class RelayNode:
             timings.apply(pub, pings=False)
             if identity is not None:
                 curve_server(pub, identity, MESH_DOMAIN)
-            _allow_ipv6(pub, self.spec.bind_host)
+            allow_ipv6(pub, self.spec.bind_host)
             pub.bind(self.spec.mesh_bind_endpoint)  # peers connect to mesh_endpoint
 
             subs: dict[int, tuple[zmq.Socket[Any], str]] = {}  # plain views
@@ -889,7 +895,7 @@ class RelayNode:
                     curve_client(sub, identity, self._peer_keys[relay_id])
                 for prefix in self._subscriptions():
                     sub.setsockopt(zmq.SUBSCRIBE, prefix)
-                _allow_ipv6(sub, spec.host)
+                allow_ipv6(sub, spec.host)
                 sub.connect(spec.mesh_endpoint)
                 subs[relay_id] = (zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint)
 
@@ -909,7 +915,7 @@ class RelayNode:
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a gone client fails
             if identity is not None:
                 curve_server(router, identity, CLIENT_DOMAIN)
-            _allow_ipv6(router, self.spec.bind_host)
+            allow_ipv6(router, self.spec.bind_host)
             router.bind(self.spec.client_bind_endpoint)  # clients connect to client_endpoint
             client_events = LinkMonitor(plain_ctx, router, _ACCEPTED | _DISCONNECTED)
             closers.append(client_events.socket)
@@ -1529,14 +1535,6 @@ class _Outlet:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _allow_ipv6(sock: zmq.Socket[Any], host: str) -> None:
-    """Let `sock` bind or connect an IPv6 address (`::` too, which then takes IPv4 as well):
-    libzmq refuses them unless told. Only for IPv6 addresses: the option also lets a host
-    name resolve to an IPv6 address where it resolved to IPv4 before."""
-    if ":" in host:
-        sock.setsockopt(zmq.IPV6, 1)
 
 
 def _spool_figures(spool: Spool) -> str:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from relay.topology import is_ipv6
+
 if TYPE_CHECKING:
     from relay.core import Limits
 
@@ -163,6 +165,13 @@ class ReadableWaiter:
                 loop.remove_reader(fd)
             if self._wake_fd is not None:
                 loop.remove_reader(self._wake_fd)
+
+
+def allow_ipv6(sock: zmq.Socket[Any], address: str) -> None:
+    """Let `sock` bind or connect `address` (a host or an endpoint) if it is an IPv6 one
+    (`::` too, which then takes IPv4 as well): libzmq refuses them unless told."""
+    if is_ipv6(address):
+        sock.setsockopt(zmq.IPV6, 1)
 
 
 class LinkMonitor:

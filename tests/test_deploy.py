@@ -299,6 +299,26 @@ def http_status(host: str, port: int, path: str) -> tuple[int, dict[str, Any]] |
         conn.close()
 
 
+def routes(spec: RelaySpec) -> dict[str, int] | None:
+    """The relay's routes around cut links (peer -> the relay that forwards), from
+    /status; None while it does not answer."""
+    assert spec.http_port is not None
+    answer = http_status(spec.host, spec.http_port, "/status")
+    return None if answer is None else answer[1]["route_via"]
+
+
+def http_text(spec: RelaySpec, path: str) -> str:
+    assert spec.http_port is not None
+    conn = http.client.HTTPConnection(spec.host, spec.http_port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.status
+        return resp.read().decode()
+    finally:
+        conn.close()
+
+
 def wait_ready(spec: RelaySpec, log: Callable[[], str]) -> None:
     """Until the relay answers 200 on /readyz at its advertised HTTP address."""
     port = spec.http_port
@@ -358,6 +378,27 @@ def test_the_guide_runs_three_relays_on_three_hosts(tmp_path: Path, network: Cha
         produced = produce_through(config, admin_key, 0)
         assert read_through(config, admin_key, 2) == produced
 
+        # A partial cut: relays 0 and 1 no longer reach each other, both still reach 2.
+        # Each routes to the other via 2 (docs/protocol.md 5.13), says so in /status and
+        # in /metrics, and the mesh still commits through either.
+        net.cut(0, 1)
+        for here, there in ((0, 1), (1, 0)):
+            wait_until(
+                lambda h=here, t=there: routes(config.relays[h]) == {str(t): 2},
+                lambda h=here: f"relay {h} to route around the cut: {routes(config.relays[h])}",
+                timeout_s=READY_WAIT_S,
+            )
+        scrape = http_text(config.relays[0], "/metrics")
+        assert 'relay_peer_routed_via{peer="1",via="2"} 1.0' in scrape, scrape[-3000:]
+        across = produce_through(config, admin_key, 1)
+        assert read_through(config, admin_key, 0, 2 * RECORDS) == produced + across
+        net.heal()
+        wait_until(
+            lambda: routes(config.relays[0]) == {} and routes(config.relays[1]) == {},
+            "relays 0 and 1 to hear each other again",
+            timeout_s=READY_WAIT_S,
+        )
+
         store = ops.command(Unit.from_guide("store-unit").exec_start)
         done = run([*store, "--once", "--engine", "baseline"])
         assert done.returncode == 0, done.stderr
@@ -375,11 +416,14 @@ def produce_through(config: MeshConfig, key_file: str, relay_id: int) -> list[tu
         return [(producer.send(STREAM, value), value) for value in values]
 
 
-def read_through(config: MeshConfig, key_file: str, relay_id: int) -> list[tuple[int, bytes]]:
-    """Read STREAM from its start through relay_id's advertised client address only."""
+def read_through(
+    config: MeshConfig, key_file: str, relay_id: int, count: int = RECORDS
+) -> list[tuple[int, bytes]]:
+    """Read `count` records of STREAM from its start through relay_id's advertised client
+    address only."""
     curve = client_curve(config, key_file)
     endpoint = {relay_id: config.relays[relay_id].client_endpoint}
-    with Consumer(relays=endpoint, curve=curve, store=False, timeout_s=30, count=RECORDS) as c:
+    with Consumer(relays=endpoint, curve=curve, store=False, timeout_s=30, count=count) as c:
         return [(record.seq, record.value) for record in c.subscribe(STREAM, "earliest")]
 
 
@@ -417,3 +461,37 @@ def test_a_relay_bound_to_the_wildcard_serves_its_advertised_address(
         assert answer is not None and answer[0] == 200 and answer[1]["live"], answer
         with contextlib.closing(socket.socket()) as probe:
             assert probe.connect_ex(("127.0.0.2", other.client_port)) != 0
+
+
+# --- IPv6 (no root) ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="this Python has no IPv6")
+def test_a_mesh_on_ipv6_serves_clients_over_ipv6(tmp_path: Path) -> None:
+    """Relays that advertise ::1: peers, clients, `relay status` and the HTTP endpoint all
+    reach them at tcp://[::1]:port (ZeroMQ needs IPv6 turned on for such endpoints, on
+    every socket that connects or binds)."""
+    path = write_loopback_topology(tmp_path, {r: [STREAM] for r in range(RELAYS)}, http=True)
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for relay in doc["relays"]:
+        relay["host"] = "::1"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    config = load(path)
+    assert all(s.client_endpoint.startswith("tcp://[::1]:") for s in config.relays.values())
+
+    with Mesh(path, log_level="warning", log_dir=tmp_path / "logs").start(timeout_s=60):
+        with Producer(relays={0: config.relays[0].client_endpoint}, send_timeout_s=60) as p:
+            seqs = [p.send(STREAM, b"over IPv6 %d" % n) for n in range(RECORDS)]
+        with Consumer(
+            relays={2: config.relays[2].client_endpoint}, store=False, timeout_s=30, count=RECORDS
+        ) as c:
+            read = [(record.seq, record.value) for record in c.subscribe(STREAM, "earliest")]
+        assert read == [(seq, b"over IPv6 %d" % n) for n, seq in enumerate(seqs)]
+
+        status = run([str(RELAY), "status", "--config", str(path), "--json"])
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert json.loads(status.stdout)["health"] == "healthy"
+        spec = config.relays[1]
+        assert spec.http_port is not None
+        answer = http_status("::1", spec.http_port, "/readyz")
+        assert answer is not None and answer[0] == 200, answer

@@ -92,6 +92,7 @@ from relay.topology.mesh import (
     SparkSettings,
     SpoolSettings,
     StoreSettings,
+    is_ipv6,
     is_pattern,
     pattern_refusal,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "SparkSettings",
     "SpoolSettings",
     "StoreSettings",
+    "is_ipv6",
     "is_pattern",
     "load",
     "loads",

@@ -80,6 +80,14 @@ def _endpoint(host: str, port: int, scheme: str = "tcp") -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
+def is_ipv6(address: str) -> bool:
+    """Whether a host (`::1`) or an endpoint (`tcp://[::1]:7200`) is an IPv6 address:
+    ZeroMQ sockets must be told to allow those (zmq.IPV6), and only those, since the
+    option also lets a host name resolve to IPv6 where it resolved to IPv4 before."""
+    host = address.split("://", 1)[1].rsplit(":", 1)[0] if "://" in address else address
+    return ":" in host
+
+
 @dataclass(frozen=True)
 class SpoolSettings:
     """Whether and how relays write their committed history for the store."""
