@@ -32,6 +32,7 @@ from typing import IO, Any
 import pytest
 import yaml  # type: ignore[import-untyped, unused-ignore]
 
+from browser import INSTALL_TIMEOUT_S, Browser, find_chromium
 from relay.client import Consumer, Producer
 from relay.launcher import Mesh, query_status, write_loopback_topology
 from relay.security import client_curve
@@ -53,6 +54,7 @@ HTTP_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 60.0  # one command of the guide (`relay keygen`, `relay status`)
 TOOLS = ("ip", "iptables", "ss")
 READY_WAIT_S = 120.0  # a relay's start and join, generous for a loaded machine
+PAGE_WAIT_S = 180.0  # until the page shows what a test waits for, over many browser runs
 LOCK_WAIT_S = 120.0  # for another test's namespaces to go (a `relay chaos` run: skip)
 
 
@@ -337,32 +339,62 @@ def listening(net: ChaosNet, relay_id: int) -> set[str]:
     return {line.split()[3] for line in done.stdout.splitlines() if line.strip()}
 
 
-@needs_root
-def test_the_guide_runs_three_relays_on_three_hosts(tmp_path: Path, network: ChaosNet) -> None:
-    net = network
+@dataclass
+class Deployment:
+    """Three relays started as the guide says, each in its namespace (see `deployed`)."""
+
+    net: ChaosNet
+    config: MeshConfig  # the topology, as the operator's machine has it
+    relays: RelayProcesses
+    ops: Machine
+    admin_key: str  # the operator's client key file
+
+
+@contextlib.contextmanager
+def deployed(tmp_path: Path, net: ChaosNet) -> Iterator[Deployment]:
+    """The guide's keys, topology and relay unit on three hosts; yields once every relay
+    answers /readyz; the relays are stopped when the block ends, failed or not."""
     hosts = [Machine(tmp_path / f"host-{i}") for i in range(RELAYS)]
     ops = Machine(tmp_path / "ops")
     write_topology([*hosts, ops], make_keys(hosts, ops))
     config = load(ops.topology)
-    for i, spec in config.relays.items():  # the guide's example addresses are the network's
-        assert (spec.host, spec.bind_host) == (net.address(i), "0.0.0.0"), spec
-    assert net.host_address == "10.77.0.1"  # ops in the guide
-    admin_key = ops.path("~/.config/relay/client-admin.key_secret")
-
     unit = Unit.from_guide("relay-unit")
     with RelayProcesses(unit, tmp_path) as relays:
         for i, host in enumerate(hosts):
             Path(host.path("/var/lib/relay")).mkdir(parents=True)  # the unit's StateDirectory
             relays.start(i, net.command(i, host.command(unit.exec_start, **{"%i": str(i)})))
-
         for i, spec in config.relays.items():
             wait_ready(spec, functools.partial(relays.log, i))
+        admin_key = ops.path("~/.config/relay/client-admin.key_secret")
+        yield Deployment(net, config, relays, ops, admin_key)
+
+
+def cut_between_0_and_1(net: ChaosNet, config: MeshConfig) -> None:
+    """Relays 0 and 1 no longer reach each other, both still reach 2: until each routes to
+    the other via 2 (docs/protocol.md 5.13), as its /status says."""
+    net.cut(0, 1)
+    for here, there in ((0, 1), (1, 0)):
+        wait_until(
+            lambda h=here, t=there: routes(config.relays[h]) == {str(t): 2},
+            lambda h=here: f"relay {h} to route around the cut: {routes(config.relays[h])}",
+            timeout_s=READY_WAIT_S,
+        )
+
+
+@needs_root
+def test_the_guide_runs_three_relays_on_three_hosts(tmp_path: Path, network: ChaosNet) -> None:
+    net = network
+    with deployed(tmp_path, net) as mesh:
+        config, admin_key = mesh.config, mesh.admin_key
+        for i, spec in config.relays.items():  # the guide's example addresses are the network's
+            assert (spec.host, spec.bind_host) == (net.address(i), "0.0.0.0"), spec
             ports = (spec.mesh_port, spec.client_port, spec.http_port)
             wanted = {f"0.0.0.0:{port}" for port in ports}
             assert wanted <= listening(net, i), "the relay binds the wildcard, as the guide says"
+        assert net.host_address == "10.77.0.1"  # ops in the guide
 
         status = run(
-            [str(RELAY), "status", "--config", str(ops.topology), "--json"],
+            [str(RELAY), "status", "--config", str(mesh.ops.topology), "--json"],
             env={**os.environ, "RELAY_KEY_FILE": admin_key},
         )  # as the guide: export
         assert status.returncode == 0, status.stdout + status.stderr
@@ -378,16 +410,9 @@ def test_the_guide_runs_three_relays_on_three_hosts(tmp_path: Path, network: Cha
         produced = produce_through(config, admin_key, 0)
         assert read_through(config, admin_key, 2) == produced
 
-        # A partial cut: relays 0 and 1 no longer reach each other, both still reach 2.
-        # Each routes to the other via 2 (docs/protocol.md 5.13), says so in /status and
-        # in /metrics, and the mesh still commits through either.
-        net.cut(0, 1)
-        for here, there in ((0, 1), (1, 0)):
-            wait_until(
-                lambda h=here, t=there: routes(config.relays[h]) == {str(t): 2},
-                lambda h=here: f"relay {h} to route around the cut: {routes(config.relays[h])}",
-                timeout_s=READY_WAIT_S,
-            )
+        # A partial cut: each of relays 0 and 1 routes to the other via 2, says so in
+        # /metrics too, and the mesh still commits through either.
+        cut_between_0_and_1(net, config)
         scrape = http_text(config.relays[0], "/metrics")
         assert 'relay_peer_routed_via{peer="1",via="2"} 1.0' in scrape, scrape[-3000:]
         across = produce_through(config, admin_key, 1)
@@ -399,12 +424,41 @@ def test_the_guide_runs_three_relays_on_three_hosts(tmp_path: Path, network: Cha
             timeout_s=READY_WAIT_S,
         )
 
-        store = ops.command(Unit.from_guide("store-unit").exec_start)
+        store = mesh.ops.command(Unit.from_guide("store-unit").exec_start)
         done = run([*store, "--once", "--engine", "baseline"])
         assert done.returncode == 0, done.stderr
 
-        codes = relays.stop()
+        codes = mesh.relays.stop()
     assert codes == dict.fromkeys(range(RELAYS), 0), "a relay exits 0 on the unit's KillSignal"
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + 300)
+def test_the_page_shows_a_link_routed_around_a_cut(tmp_path: Path, network: ChaosNet) -> None:
+    """The live page (a real Chromium on the operator's host) shows that relays 0 and 1
+    send to each other through relay 2 (each still hears the other: its frames come
+    forwarded by 2)."""
+    executable, why = find_chromium()
+    if executable is None:
+        pytest.skip(why)
+    browser = Browser(executable, tmp_path / "chromium-profile")
+    with deployed(tmp_path, network) as mesh:
+        url = mesh.config.relays[0].http_url
+        assert url is not None
+        cut_between_0_and_1(network, mesh.config)
+        routed = [
+            f'<td class="ok" data-link="{a}-{b}">hears<span class="small"> (to it via 2)</span>'
+            for a, b in ((0, 1), (1, 0))
+        ]
+
+        def routed_shown() -> str | None:
+            dom = browser.dom(url + "/")
+            return dom if 'data-state="live"' in dom and all(r in dom for r in routed) else None
+
+        dom = wait_until(routed_shown, "the page to show the route via 2", timeout_s=PAGE_WAIT_S)
+        for a, b in ((0, 2), (2, 0), (1, 2), (2, 1)):  # the links that work
+            assert f'<td class="ok" data-link="{a}-{b}">hears</td>' in dom, (a, b, dom)
 
 
 def produce_through(config: MeshConfig, key_file: str, relay_id: int) -> list[tuple[int, bytes]]:

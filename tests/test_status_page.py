@@ -8,27 +8,20 @@ docs/status-page.png is made; docs/operations.md gives the command)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
-import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from browser import INSTALL_TIMEOUT_S, Browser, find_chromium
 from relay.client import Producer
 from relay.launcher import Mesh, write_loopback_topology
 from waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-INSTALL_TIMEOUT_S = 1_800.0  # apt-get installing Chromium and its libraries
-BROWSER_TIMEOUT_S = 120.0  # one Chromium run (it takes a few seconds here)
 PAGE_TIMEOUT_S = 180.0  # until the page shows what a test waits for, over many runs
-VIRTUAL_TIME_MS = 5_000  # page time Chromium lets pass before it dumps or shoots the page
 LOAD_STOP_S = 60.0  # how long the load thread may take to see it should stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_S + 2 * PAGE_TIMEOUT_S)]
@@ -51,58 +44,10 @@ MIN_SCREENSHOT_BYTES = 10_000  # a blank 1400x900 page compresses to far less
 @pytest.fixture(scope="module")
 def chromium() -> str:
     """Debian's Chromium, installed by scripts/browser-deps.sh if missing."""
-    found = shutil.which("chromium")
+    found, why = find_chromium()
     if found is None:
-        setup = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "browser-deps.sh")],
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT_S,
-        )
-        found = shutil.which("chromium")
-        if found is None:
-            pytest.skip(f"Chromium is missing and could not be installed: {setup.stderr[-2000:]}")
+        pytest.skip(why)
     return found
-
-
-class Browser:
-    """Headless Chromium runs against one URL, each in a process group of its own that is
-    killed whole afterwards (Chromium starts helper processes), also when a run fails."""
-
-    def __init__(self, executable: str, profile: Path) -> None:
-        self.executable = executable
-        self.profile = profile  # not the user's: nothing of a run stays in ~/.config
-
-    def run(self, url: str, *args: str) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) of one run with `args` (--dump-dom, --screenshot)."""
-        command = [
-            self.executable,
-            "--headless",
-            "--no-sandbox",  # it runs as root here
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--user-data-dir={self.profile}",
-            f"--virtual-time-budget={VIRTUAL_TIME_MS}",
-            *args,
-            url,
-        ]
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=BROWSER_TIMEOUT_S)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        return proc.returncode, out, err
-
-    def dom(self, url: str) -> str:
-        return self.run(url, "--dump-dom")[1]
 
 
 class _Load:
