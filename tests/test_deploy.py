@@ -374,11 +374,15 @@ def cut_between_0_and_1(net: ChaosNet, config: MeshConfig) -> None:
     the other via 2 (docs/protocol.md 5.13), as its /status says."""
     net.cut(0, 1)
     for here, there in ((0, 1), (1, 0)):
-        wait_until(
-            lambda h=here, t=there: routes(config.relays[h]) == {str(t): 2},
-            lambda h=here: f"relay {h} to route around the cut: {routes(config.relays[h])}",
-            timeout_s=READY_WAIT_S,
-        )
+        spec = config.relays[here]
+
+        def routed(spec: RelaySpec = spec, there: int = there) -> bool:
+            return routes(spec) == {str(there): 2}
+
+        def why(spec: RelaySpec = spec) -> str:
+            return f"relay {spec.id} to route around the cut: {routes(spec)}"
+
+        wait_until(routed, why, timeout_s=READY_WAIT_S)
 
 
 @needs_root
