@@ -44,7 +44,6 @@ from relay.topology.mesh import (
 
 CACHE_DIR_ENV = "RELAY_CACHE_DIR"
 MAX_CACHED_TOPOLOGIES = 64
-DOCUMENT_FORMAT = 1  # changes whenever the document's layout does
 _SUFFIX = ".topology.msgpack"
 
 
@@ -62,7 +61,8 @@ def key(file: Path, text: str) -> bytes:
     from relay.native import source_digest
 
     digest = xxhash.xxh3_128()
-    for part in (str(DOCUMENT_FORMAT), source_digest(), str(file), os.getcwd(), text):
+    # The digest covers this module too: a new layout of the document is a new key.
+    for part in (source_digest(), str(file), os.getcwd(), text):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     return digest.digest()
 
