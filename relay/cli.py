@@ -27,6 +27,7 @@ even while a subcommand's module is broken.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -73,6 +74,25 @@ def _until_stopped(function: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(0)
 
     return stopped_cleanly
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """Inside the block SIGTERM stops the command as Ctrl-C does (KeyboardInterrupt), and
+    either ends it with exit code 0: a command that runs until stopped, stopped while it
+    starts."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.exit(0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 SECONDS_MAX = 365 * 86_400.0  # the longest time any option takes (a year; beyond is "never")
@@ -519,18 +539,8 @@ def run(
     (also one while it starts), 2 for a configuration error, 1 if the relay cannot start
     (e.g. its port is taken, or another process of this machine runs it).
     """
-    import signal
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # before or after the node's own handlers are installed
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with _stopped_by_sigterm():  # before or after the node's own handlers are installed
         _run_relay(config_path, relay_id, log_level, log_format, hop_trace)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     sys.exit(0)
 
 
@@ -2143,19 +2153,13 @@ def store_run(
     Exit codes: 0 stopped (also while starting; or, with --once, every job done), 1 a job
     of --once failed or an error, 2 a usage or configuration error.
     """
-    import signal
-
     from relay import storecmd
 
     config = _load_config(config_path)
     _require_admin(config, key_file, "relay store run")
     _setup_logging(log_level, log_format)
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # while the engine starts; storecmd.run handles its own
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with _stopped_by_sigterm():  # while the engine starts; storecmd.run handles its own
         if engine == "spark":
             from relay.storerun import SparkEngine
 
@@ -2165,10 +2169,6 @@ def store_run(
             from relay.tools.store_baseline import BaselineEngine
 
             runner_engine = BaselineEngine()
-    except KeyboardInterrupt:
-        sys.exit(0)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     sys.exit(storecmd.run(config, runner_engine, once=once))
 
 

@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from relay.metrics import exposition
 from relay.seqtext import seqs_as_text
 from relay.streamhealth import stream_problem
+from relay.topology import is_ipv6
 
 __all__ = ["STATUS_WAIT_S", "OpsServer", "readiness"]
 
@@ -68,7 +69,7 @@ class OpsServer:
         self._status = status
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._page = resources.files("relay").joinpath("page.html").read_bytes()
-        server = _Server6 if ":" in host else _Server  # an IPv6 address, or IPv4 / a name
+        server = _Server6 if is_ipv6(host) else _Server  # an IPv6 address, or IPv4 / a name
         self._server = server((host, port), _Handler)
         self._server.ops = self
         self._thread = threading.Thread(

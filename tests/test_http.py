@@ -245,7 +245,16 @@ def test_a_relay_that_lost_its_quorum_is_not_ready_and_says_why(tmp_path: Path) 
         assert get(mesh, 0, "/healthz")[0] == 200  # alive, only not ready
         families = metrics(mesh, 0)
         assert sample(families, "relay_stream_fenced", stream=STREAM, reason="quorum") == 1
-        assert sample(families, "relay_stream_stalled_seconds", stream=STREAM, reason="quorum") >= 0
+        # The stall's age, under its reason, grows while the quorum stays lost.
+        wait_until(
+            lambda: (
+                sample(
+                    metrics(mesh, 0), "relay_stream_stalled_seconds", stream=STREAM, reason="quorum"
+                )
+                > 0
+            ),
+            "relay 0's stall to be counted in seconds",
+        )
         assert sample(families, "relay_peer_heard", peer="2") == 0
 
 

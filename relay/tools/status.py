@@ -81,7 +81,6 @@ NOTE_COUNTERS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 _NOT_AUTHORIZED = "not_authorized_"  # + the right: requests refused for lack of rights
 
-# Why a stream cannot commit through a relay (relay/core/fencing.py), in words.
 # --- the document -------------------------------------------------------------------------
 
 
