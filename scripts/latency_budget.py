@@ -1,0 +1,294 @@
+"""The latency budget of one transaction in flight on this machine: the relay's commit path
+modelled in plain pyzmq, with a chosen amount of work per frame.
+
+Four processes shaped like `relay bench`'s one-in-flight run: a client DEALER sends a
+100-byte request to the coordinator's ROUTER; the coordinator publishes it (PUB) to two
+members; each member publishes a report (PUB) that the coordinator and the other member
+both take, as the relays' `Reports` are; the coordinator answers the client on the first
+report for the request. That is the protocol's four one-way delays (docs/protocol.md,
+section 7) and its frames (a member takes the other member's report too). Every relay
+process spins for W microseconds on each frame it takes: W stands for the protocol's work
+per frame, W = 0 is the floor of any relay built on pyzmq here.
+
+    .venv/bin/python scripts/latency_budget.py [--work-us 0,20,40,60,80] [--duration-s 4]
+        [--free-peer-reports] [--json] [--quick]
+
+For each W it prints the round trip's p50/p90 at the client and the CPU per transaction of
+each process (utime + stime: libzmq's I/O thread included), to set beside `relay bench
+--peers nats` (NATS JetStream's one-in-flight p50 and CPU) and `relay bench --hops` (the
+relays' own work per frame). `--free-peer-reports`: members take each other's reports
+without the work, to price that traffic. Performance is measured here, never asserted in a
+test.
+
+Exit codes: 0; 2 usage error; 3 a process of the model failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+try:  # run as a file without the package installed: import `relay` from this checkout
+    import relay  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import zmq
+
+from relay.launcher import free_ports
+
+DEFAULT_WORK_US = (0, 20, 40, 60, 80)
+DEFAULT_DURATION_S = 4.0
+QUICK_DURATION_S = 0.3
+VALUE_BYTES = 100
+WARMUP_TX = 300  # unmeasured round trips before each measured run
+QUICK_WARMUP_TX = 20
+MEMBERS = (1, 2)  # relay 0 coordinates
+READY_TIMEOUT_S = 30.0  # every process bound, connected and subscribed
+ANSWER_TIMEOUT_MS = 10_000  # one round trip; longer means a process of the model died
+CONNECT_SETTLE_S = 0.3  # PUB/SUB subscriptions propagate after connect (no handshake to wait on)
+BATCH, REPORT = b"B", b"R"
+SEQ_BYTES = 8
+
+
+class ModelFailed(Exception):
+    """A process of the model died or stopped answering."""
+
+
+def _spin(seconds: float) -> None:
+    """Busy work standing for the protocol's per-frame work (a sleep would free the core)."""
+    if seconds > 0:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def _relay(relay_id: int, ports: dict[str, int], work_s: float, free_peer_reports: bool) -> None:
+    """One relay of the model (a child process: `--serve-relay`), until it is terminated;
+    says "ready" on stdout once bound, connected and subscribed."""
+    with contextlib.suppress(Exception):  # follow the parent out if it dies (Linux)
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{ports[f'pub{relay_id}']}")
+    poller = zmq.Poller()
+    for peer in (0, *MEMBERS):
+        if peer != relay_id:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(f"tcp://127.0.0.1:{ports[f'pub{peer}']}")
+            poller.register(sub, zmq.POLLIN)
+    router = None
+    if relay_id == 0:
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(f"tcp://127.0.0.1:{ports['client']}")
+        poller.register(router, zmq.POLLIN)
+    time.sleep(CONNECT_SETTLE_S)
+    print("ready", flush=True)
+    waiting: dict[bytes, bytes] = {}  # seq -> the client's identity (coordinator)
+    seq = 0
+    while True:
+        for sock, _ in poller.poll():
+            if sock is router:
+                _spin(work_s)
+                identity, body = router.recv_multipart()
+                seq += 1
+                key = seq.to_bytes(SEQ_BYTES, "big")
+                waiting[key] = identity
+                pub.send(BATCH + key + body)
+                continue
+            frame = sock.recv()
+            kind, key = frame[:1], frame[1 : 1 + SEQ_BYTES]
+            if relay_id == 0 or kind == BATCH or not free_peer_reports:
+                _spin(work_s)
+            if kind == BATCH and relay_id != 0:
+                pub.send(REPORT + key)
+            elif kind == REPORT and router is not None and key in waiting:
+                router.send_multipart([waiting.pop(key), b"ok"])
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(ordered: Sequence[float], p: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+def measure(
+    work_us: float, duration_s: float, free_peer_reports: bool, warmup_tx: int
+) -> dict[str, Any]:
+    """Start the model with `work_us` per frame, run one transaction in flight for
+    `duration_s`, stop it; the figures."""
+    names = ["client", *(f"pub{r}" for r in (0, *MEMBERS))]
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    children: dict[int, subprocess.Popen[str]] = {}
+    try:
+        for relay_id in (0, *MEMBERS):
+            command = [sys.executable, __file__, "--serve-relay", str(relay_id)]
+            command += ["--ports", json.dumps(ports), "--work-us", str(work_us)]
+            command += ["--free-peer-reports"] if free_peer_reports else []
+            children[relay_id] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for relay_id, proc in children.items():
+            assert proc.stdout is not None
+            readable, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            if not readable or proc.stdout.readline() != "ready\n":  # (EOF if it died)
+                raise ModelFailed(f"relay {relay_id} of the model did not start")
+        return _run_client(ports, children, duration_s, warmup_tx) | {
+            "work_us": work_us,
+            "free_peer_reports": free_peer_reports,
+        }
+    finally:
+        for proc in children.values():
+            proc.terminate()
+        for proc in children.values():
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _run_client(
+    ports: dict[str, int],
+    children: dict[int, subprocess.Popen[str]],
+    duration_s: float,
+    warmup_tx: int,
+) -> dict[str, Any]:
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{ports['client']}")
+    body = os.urandom(VALUE_BYTES)
+
+    def round_trip() -> None:
+        dealer.send(body)
+        if not dealer.poll(ANSWER_TIMEOUT_MS):
+            dead = [r for r, proc in children.items() if proc.poll() is not None]
+            raise ModelFailed(f"no answer in {ANSWER_TIMEOUT_MS} ms (dead relays: {dead})")
+        dealer.recv()
+
+    try:
+        for _ in range(warmup_tx):
+            round_trip()
+        pids = {relay_id: proc.pid for relay_id, proc in children.items()}
+        cpu_before = {relay_id: _cpu_s(pid) for relay_id, pid in pids.items()}
+        client_before = os.times()
+        samples: list[float] = []
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration_s:
+            sent = time.perf_counter()
+            round_trip()
+            samples.append(time.perf_counter() - sent)
+        client_after = os.times()
+        cpu = {relay_id: _cpu_s(pid) - cpu_before[relay_id] for relay_id, pid in pids.items()}
+    finally:
+        ctx.destroy(linger=0)
+    n = len(samples)
+    client_cpu = (client_after.user + client_after.system) - (
+        client_before.user + client_before.system
+    )
+    ordered = sorted(samples)
+    per_tx = {"client": client_cpu / n * 1e6} | {
+        f"relay{relay_id}": used / n * 1e6 for relay_id, used in cpu.items()
+    }
+    return {
+        "transactions": n,
+        "p50_us": _percentile(ordered, 0.5) * 1e6,
+        "p90_us": _percentile(ordered, 0.9) * 1e6,
+        "mean_us": statistics.fmean(samples) * 1e6,
+        "cpu_us_per_tx": per_tx,
+        "cpu_us_per_tx_all": sum(per_tx.values()),
+    }
+
+
+def _work_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"want non-negative microseconds: {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="The commit path's four one-way delays in plain pyzmq, with W us of "
+        "work per frame: one transaction in flight, latency and CPU per transaction."
+    )
+    p.add_argument(
+        "--work-us",
+        type=_work_list,
+        default=list(DEFAULT_WORK_US),
+        help="work per frame in each relay, comma-separated microseconds "
+        f"(default {','.join(map(str, DEFAULT_WORK_US))}; 0,40 with --quick)",
+    )
+    p.add_argument("--duration-s", type=float, default=None, help="per W (default 4)")
+    p.add_argument(
+        "--free-peer-reports",
+        action="store_true",
+        help="members take each other's reports without the work",
+    )
+    p.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--serve-relay", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ports", type=json.loads, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.duration_s is not None and args.duration_s <= 0:
+        p.error("--duration-s must be positive")
+    if args.quick and args.work_us == list(DEFAULT_WORK_US):
+        args.work_us = [0.0, 40.0]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_relay is not None:  # a child of `measure`
+        _relay(args.serve_relay, args.ports, args.work_us[0] / 1e6, args.free_peer_reports)
+        return 0
+    duration_s = args.duration_s or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
+    warmup = QUICK_WARMUP_TX if args.quick else WARMUP_TX
+    runs = []
+    try:
+        for work_us in args.work_us:
+            runs.append(measure(work_us, duration_s, args.free_peer_reports, warmup))
+    except ModelFailed as e:
+        print(f"latency_budget: {e}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps({"duration_s": duration_s, "runs": runs}, indent=2))
+        return 0
+    print(
+        "one transaction in flight through the commit path in plain pyzmq (4 one-way delays), "
+        f"{VALUE_BYTES} B, {duration_s:g} s per row"
+        + (", members take each other's reports for free" if args.free_peer_reports else "")
+    )
+    print(f"{'work/frame us':>13} {'p50 us':>7} {'p90 us':>7}  CPU us per tx: client, relays, all")
+    for run in runs:
+        cpu = run["cpu_us_per_tx"]
+        relays = " / ".join(f"{cpu[f'relay{r}']:.0f}" for r in (0, *MEMBERS))
+        print(
+            f"{run['work_us']:>13g} {run['p50_us']:>7.0f} {run['p90_us']:>7.0f}  "
+            f"{cpu['client']:.0f}, {relays}, {run['cpu_us_per_tx_all']:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

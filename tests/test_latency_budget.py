@@ -1,0 +1,80 @@
+"""scripts/latency_budget.py runs end to end, reports figures and leaves no process behind.
+
+Only shape is checked: the figures are measurements, never asserted here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "latency_budget.py"
+
+
+@pytest.fixture(scope="module")
+def budget() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("latency_budget", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model_processes() -> list[int]:
+    """Processes of the model still running (children started with --serve-relay)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"latency_budget.py" in command and b"--serve-relay" in command:
+                found.append(int(entry.name))
+    return found
+
+
+def test_quick_json_reports_every_work_level(
+    budget: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert budget.main(["--quick", "--json", "--work-us", "0,30"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = report["runs"]
+    assert [run["work_us"] for run in runs] == [0, 30]
+    for run in runs:
+        assert run["transactions"] > 0, run
+        assert 0 < run["p50_us"] <= run["p90_us"], run
+        assert set(run["cpu_us_per_tx"]) == {"client", "relay0", "relay1", "relay2"}, run
+        assert run["cpu_us_per_tx_all"] > 0, run
+    assert _model_processes() == []
+
+
+def test_the_table_names_its_rows(budget: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--quick", "--work-us", "5", "--free-peer-reports", "--duration-s", "0.2"]
+    assert budget.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "members take each other's reports for free" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("5 ")]
+    assert len(rows) == 1 and int(rows[0][1]) > 0, out
+    assert _model_processes() == []
+
+
+@pytest.mark.parametrize("bad", [["--work-us", "x"], ["--work-us", "-1"], ["--duration-s", "0"]])
+def test_bad_options_are_usage_errors(budget: ModuleType, bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        budget.main(bad)
+    assert exc.value.code == 2
+
+
+def test_a_relay_that_cannot_start_is_named(
+    budget: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The children run this interpreter: one that exits at once never says "ready".
+    monkeypatch.setattr(budget.sys, "executable", "/bin/false")
+    assert budget.main(["--quick", "--work-us", "0"]) == 3
+    assert "relay 0 of the model did not start" in capsys.readouterr().err
+    assert _model_processes() == []
