@@ -22,7 +22,9 @@ def answer_of(retargeted: bool, outcome: Outcome, reason: str = "") -> ProduceRe
     for _ in range(50):
         mesh.step_ms()
     core = mesh.running(3)
-    core.forwards[77] = PendingForward(5, "s", TX, target=1, retargeted=retargeted)
+    core.forwards[77] = PendingForward(
+        5, "s", TX, target=1, deadline_ms=10_000, retargeted=retargeted
+    )
     seq = 123 if outcome is Outcome.COMMITTED else -1
     coordinate.on_forward_reply(core, ForwardReply(1, 1, 0, 3, 77, outcome, seq, reason, ()))
     (reply,) = core.ready().replies

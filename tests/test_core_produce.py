@@ -117,10 +117,9 @@ def _state(core: RelayCore) -> object:
         st.timeline.memory_bytes,
         st.out_entries,
         [
-            (seq, p.tx, [(w.request_id, w.origin) for w in p.waiters])
+            (seq, p.tx, [(w.request_id, w.origin) for w in p.waiters], p.deadline_ms)
             for seq, p in st.pending.by_seq.items()
         ],
-        [seq for _, seqs in st.pending.deadlines for seq in seqs],
         dict(core.counters),
         core.outbox,
     )

@@ -195,7 +195,7 @@ class _Run:
         seq = clock.next_seq(core.wall_ms)
         self.entries.append((seq, tx))
         self.entries_bytes += size_bytes
-        pending.add(seq, key, tx, waiter)
+        pending.add(seq, key, tx, waiter, self.deadline_ms)
         return None
 
     def take_plain(self, produces: Sequence[tuple[Transaction, Waiter]], fences: FenceMemo) -> bool:
@@ -243,7 +243,7 @@ class _Run:
         seqs = core.clock.next_seqs(count)
         self.entries.extend(zip(seqs, txs, strict=True))
         self.entries_bytes += total_bytes
-        pending.add_many(seqs, keys, txs, [waiter for _, waiter in produces])
+        pending.add_many(seqs, keys, txs, [waiter for _, waiter in produces], self.deadline_ms)
         return True
 
     def _evict_for(self, st: StreamState, count: int, cost: int) -> bool:
@@ -268,8 +268,7 @@ class _Run:
         return self.room_entries >= count and cost <= self.room_bytes
 
     def flush(self) -> None:
-        """Put the collected entries into the timeline, the outgoing batch and the
-        produce deadlines."""
+        """Put the collected entries into the timeline and the outgoing batch."""
         entries, st = self.entries, self.st
         if not entries or st is None:
             return
@@ -280,7 +279,6 @@ class _Run:
                 tl.insert(seq, tx)
         st.out_entries.extend(entries)
         st.out_bytes += entries_bytes
-        st.pending.expire_at(self.deadline_ms, [seq for seq, _ in entries])
 
 
 def forward(
@@ -297,8 +295,9 @@ def forward(
     target = _forward_target(core, members, forward_id, now_ms)
     if target < 0:
         return answer(core, waiter, Outcome.FENCED, redirect=members)
-    pending = core.forwards[forward_id] = PendingForward(waiter.request_id, stream, tx, target)
-    core.forward_deadlines.append((now_ms + core.limits.produce_timeout_ms, forward_id))
+    deadline_ms = now_ms + core.limits.produce_timeout_ms
+    pending = PendingForward(waiter.request_id, stream, tx, target, deadline_ms)
+    core.forwards[forward_id] = pending
     _send_forward(core, forward_id, pending)
     return None
 
@@ -374,12 +373,14 @@ def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
 
 def expire_forwards(core: RelayState, now_ms: int) -> None:
     """Forwards unanswered past their deadline: their clients are told `unknown`."""
-    deadlines = core.forward_deadlines
-    while deadlines and deadlines[0][0] <= now_ms:
-        _, forward_id = deadlines.popleft()
-        pending = core.forwards.pop(forward_id, None)
-        if pending is not None:
-            core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
+    due = []
+    for forward_id, pending in core.forwards.items():  # in deadline order (RelayState)
+        if pending.deadline_ms > now_ms:
+            break
+        due.append(forward_id)
+    for forward_id in due:
+        pending = core.forwards.pop(forward_id)
+        core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
 
 
 def answer(
@@ -480,9 +481,9 @@ def expire_pending(core: RelayState, st: StreamState, now_ms: int) -> None:
     """Produces past their deadline are answered `unknown` (5.4)."""
     for seq in st.pending.expired(now_ms):
         pending = st.pending.take(seq)
-        if pending is not None:
-            core.counters["produce_unknown"] += 1
-            answer_all(core, pending.waiters, Outcome.UNKNOWN)
+        assert pending is not None  # expired() names pending ones only
+        core.counters["produce_unknown"] += 1
+        answer_all(core, pending.waiters, Outcome.UNKNOWN)
 
 
 def abandon_pending(core: RelayState, st: StreamState) -> None:

@@ -78,8 +78,8 @@ def can_sleep(core: RelayState, st: StreamState, now_ms: int) -> bool:
     (`peer_picture`, which wakes the streams that read it). Its status then goes only in
     the heartbeats that repeat it in turn (`_statuses`)."""
     tl = st.timeline
-    if not stream_settled(core, st) or unsettled(st) or tl.late or st.pending.deadlines:
-        return False  # (a produce answered early leaves its deadline until it passes)
+    if not stream_settled(core, st) or unsettled(st) or tl.late:
+        return False
     if st.reports_paused or st.acceptor.promised >= 0 or st.announced_commit < tl.committed_point:
         return False
     if st.acks_by_ms != NOT_DUE:

@@ -257,13 +257,15 @@ class RelayCore(RelayState):
         fires at most one heartbeat interval late (a quiet one only while nothing is in
         flight, 5.11), and at most FED_TICK_MS late after an input (relay/core/shell.py)."""
         due = self.last_heartbeat_ms + heartbeat.interval_ms(self)
-        if self.forward_deadlines:
-            due = min(due, self.forward_deadlines[0][0])
+        oldest_forward = next(iter(self.forwards.values()), None)  # the earliest deadline
+        if oldest_forward is not None:
+            due = min(due, oldest_forward.deadline_ms)
         for st in self.streams.values():
             if st.dormant:
                 continue
-            if st.pending.deadlines:
-                due = min(due, st.pending.deadlines[0][0])
+            produce_due = st.pending.next_deadline_ms()
+            if produce_due is not None:
+                due = min(due, produce_due)
             if st.announced_commit < st.timeline.committed_point:
                 due = min(due, st.announce_by_ms)  # a lazy announcement (5.4)
             due = min(due, st.acks_by_ms)  # acks held for a commit (5.4)

@@ -14,6 +14,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from mypy_extensions import mypyc_attr
 
@@ -184,6 +185,7 @@ class PendingForward:
     stream: str
     tx: Transaction
     target: int
+    deadline_ms: int  # when its client is told `unknown` if no answer came
     # sent again to another member: the one that fell silent may hold a copy (5.1)
     retargeted: bool = False
 
@@ -194,6 +196,7 @@ class Pending(IdentityStruct, eq=False):
 
     tx: Transaction
     waiters: list[Waiter]
+    deadline_ms: int  # when its waiters are told `unknown` if it did not commit
 
     @property
     def key(self) -> ProducerKey:
@@ -205,18 +208,21 @@ class PendingProduces:
     """The produces this relay coordinates and has not answered yet (5.1, 5.4)."""
 
     def __init__(self) -> None:
-        self.by_seq: dict[int, Pending] = {}  # own seq -> pending; in seq order
+        # own seq -> pending, in seq order, which is also deadline order: both follow the
+        # order in which we coordinated them (a deadline is the monotonic time then plus
+        # produce_timeout_ms)
+        self.by_seq: dict[int, Pending] = {}
         self.by_key: dict[ProducerKey, int] = {}  # -> own seq
-        # (deadline_ms, seqs), in deadline order; seqs outlive early answers
-        self.deadlines: deque[tuple[int, list[int]]] = deque()
 
     def __len__(self) -> int:
         return len(self.by_seq)
 
-    def add(self, seq: int, key: ProducerKey, tx: Transaction, waiter: Waiter) -> None:
-        """A produce we coordinated at `seq` (`key`: its producer key); its deadline
-        follows (`expire_at`)."""
-        self.by_seq[seq] = Pending(tx, [waiter])
+    def add(
+        self, seq: int, key: ProducerKey, tx: Transaction, waiter: Waiter, deadline_ms: int
+    ) -> None:
+        """A produce we coordinated at `seq` (`key`: its producer key), answered `unknown`
+        at `deadline_ms` unless it commits before."""
+        self.by_seq[seq] = Pending(tx, [waiter], deadline_ms)
         self.by_key[key] = seq
 
     def add_many(
@@ -225,19 +231,17 @@ class PendingProduces:
         keys: list[ProducerKey],
         txs: list[Transaction],
         waiters: list[Waiter],
+        deadline_ms: int,
     ) -> None:
         """`add` for each of them, in order."""
-        self.by_seq.update(zip(seqs, map(Pending, txs, ([w] for w in waiters)), strict=True))
+        pendings = map(Pending, txs, ([w] for w in waiters), repeat(deadline_ms))
+        self.by_seq.update(zip(seqs, pendings, strict=True))
         self.by_key.update(zip(keys, seqs, strict=True))
 
     def find(self, key: ProducerKey) -> Pending | None:
         """The pending produce of `key`, if there is one."""
         seq = self.by_key.get(key)
         return None if seq is None else self.by_seq[seq]
-
-    def expire_at(self, deadline_ms: int, seqs: list[int]) -> None:
-        """The produces at `seqs` (added last) are answered `unknown` at `deadline_ms`."""
-        self.deadlines.append((deadline_ms, seqs))
 
     def take(self, seq: int) -> Pending | None:
         """Remove the pending produce at `seq` (to answer it)."""
@@ -249,11 +253,21 @@ class PendingProduces:
     def oldest(self) -> int | None:
         return next(iter(self.by_seq), None)
 
-    def expired(self, now_ms: int) -> Iterator[int]:
-        """The seqs whose deadline passed (some may be answered already)."""
-        deadlines = self.deadlines
-        while deadlines and deadlines[0][0] <= now_ms:
-            yield from deadlines.popleft()[1]
+    def next_deadline_ms(self) -> int | None:
+        """The earliest deadline of a produce still pending (that of the oldest). An
+        answered produce leaves no deadline behind: each used to wake the relay when it
+        passed, at one transaction in flight most of a coordinator's ticks."""
+        oldest = next(iter(self.by_seq.values()), None)
+        return None if oldest is None else oldest.deadline_ms
+
+    def expired(self, now_ms: int) -> list[int]:
+        """The seqs of the pending produces whose deadline passed, oldest first."""
+        due = []
+        for seq, pending in self.by_seq.items():
+            if pending.deadline_ms > now_ms:
+                break
+            due.append(seq)
+        return due
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -538,9 +552,9 @@ class RelayState:
         self.memory = MemoryBudget(self.limits.relay_buffer_max_bytes)  # 5.10
         self.outbox = Ready()  # drained by ready()
         self.last_request_id = incarnation << REQUEST_ID_BITS
-        # 5.1 forwarding: our forward id -> the forward, and deadlines
+        # 5.1 forwarding: our forward id -> the forward, in id order, which is also their
+        # deadlines' order (as PendingProduces.by_seq's)
         self.forwards: dict[int, PendingForward] = {}
-        self.forward_deadlines: deque[tuple[int, int]] = deque()
         # 5.9 heartbeats
         self.last_heartbeat_ms = NEVER
         self.floor_sent = -1  # the highest floor any message carried
