@@ -146,7 +146,8 @@ def measure(
         deadline = time.monotonic() + READY_TIMEOUT_S
         for relay_id, proc in children.items():
             assert proc.stdout is not None
-            readable, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            wait_s = max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([proc.stdout], [], [], wait_s)
             if not readable or proc.stdout.readline() != "ready\n":  # (EOF if it died)
                 raise ModelFailed(f"relay {relay_id} of the model did not start")
         return _run_client(ports, children, duration_s, warmup_tx) | {
