@@ -6,28 +6,17 @@ relay, positive costs): performance is measured by the benchmark, never asserted
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_core.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_core", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_core"] = module  # dataclasses resolve annotations through it
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["bench_core"]
-    return module
+    return load_script("bench_core")
 
 
 def test_quick_json_reports_sane_numbers(

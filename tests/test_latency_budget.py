@@ -5,35 +5,34 @@ Only shape is checked: the figures are measurements, never asserted here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "latency_budget.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def budget() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("latency_budget", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("latency_budget")
 
 
 def _model_processes() -> list[int]:
-    """Processes of the model still running (children started with --serve-relay)."""
+    """This process's children that are relays of the model (started with
+    --serve-relay) and still there; another test worker's do not count."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 command = (entry / "cmdline").read_bytes()
+                status = (entry / "status").read_text()
             except OSError:
                 continue
-            if b"latency_budget.py" in command and b"--serve-relay" in command:
+            parent = int(status.split("PPid:", 1)[1].split()[0])
+            if parent == os.getpid() and b"--serve-relay" in command:
                 found.append(int(entry.name))
     return found
 

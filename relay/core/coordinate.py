@@ -27,7 +27,14 @@ from relay.core.messages import (
 )
 from relay.core.seq import MAX_MS, end_of_ms, ms_of, wall_ms
 from relay.core.shell import ProduceReply
-from relay.core.state import PendingForward, RelayState, StreamState, Waiter, chunks
+from relay.core.state import (
+    PendingForward,
+    RelayState,
+    StreamState,
+    Waiter,
+    chunks,
+    past_deadline,
+)
 from relay.core.timeline import Delivered
 from relay.core.transit import hears_us
 
@@ -373,12 +380,7 @@ def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:
 
 def expire_forwards(core: RelayState, now_ms: int) -> None:
     """Forwards unanswered past their deadline: their clients are told `unknown`."""
-    due = []
-    for forward_id, pending in core.forwards.items():  # in deadline order (RelayState)
-        if pending.deadline_ms > now_ms:
-            break
-        due.append(forward_id)
-    for forward_id in due:
+    for forward_id in past_deadline(core.forwards, now_ms):
         pending = core.forwards.pop(forward_id)
         core.outbox.replies.append(ProduceReply(pending.request_id, Outcome.UNKNOWN))
 
@@ -479,9 +481,9 @@ def resolve_excluded(
 
 def expire_pending(core: RelayState, st: StreamState, now_ms: int) -> None:
     """Produces past their deadline are answered `unknown` (5.4)."""
-    for seq in st.pending.expired(now_ms):
+    for seq in past_deadline(st.pending.by_seq, now_ms):
         pending = st.pending.take(seq)
-        assert pending is not None  # expired() names pending ones only
+        assert pending is not None  # past_deadline names pending ones only
         core.counters["produce_unknown"] += 1
         answer_all(core, pending.waiters, Outcome.UNKNOWN)
 

@@ -79,6 +79,7 @@ from relay.core.state import (
     RelayState,
     StreamState,
     Waiter,
+    earliest_deadline_ms,
     retry_due,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
@@ -257,13 +258,13 @@ class RelayCore(RelayState):
         fires at most one heartbeat interval late (a quiet one only while nothing is in
         flight, 5.11), and at most FED_TICK_MS late after an input (relay/core/shell.py)."""
         due = self.last_heartbeat_ms + heartbeat.interval_ms(self)
-        oldest_forward = next(iter(self.forwards.values()), None)  # the earliest deadline
-        if oldest_forward is not None:
-            due = min(due, oldest_forward.deadline_ms)
+        forward_due = earliest_deadline_ms(self.forwards)
+        if forward_due is not None:
+            due = min(due, forward_due)
         for st in self.streams.values():
             if st.dormant:
                 continue
-            produce_due = st.pending.next_deadline_ms()
+            produce_due = earliest_deadline_ms(st.pending.by_seq)
             if produce_due is not None:
                 due = min(due, produce_due)
             if st.announced_commit < st.timeline.committed_point:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Protocol, TypeVar
 
 from mypy_extensions import mypyc_attr
 
@@ -253,21 +254,31 @@ class PendingProduces:
     def oldest(self) -> int | None:
         return next(iter(self.by_seq), None)
 
-    def next_deadline_ms(self) -> int | None:
-        """The earliest deadline of a produce still pending (that of the oldest). An
-        answered produce leaves no deadline behind: each used to wake the relay when it
-        passed, at one transaction in flight most of a coordinator's ticks."""
-        oldest = next(iter(self.by_seq.values()), None)
-        return None if oldest is None else oldest.deadline_ms
 
-    def expired(self, now_ms: int) -> list[int]:
-        """The seqs of the pending produces whose deadline passed, oldest first."""
-        due = []
-        for seq, pending in self.by_seq.items():
-            if pending.deadline_ms > now_ms:
-                break
-            due.append(seq)
-        return due
+class _WithDeadline(Protocol):
+    deadline_ms: int
+
+
+_Key = TypeVar("_Key")
+
+
+def earliest_deadline_ms(in_deadline_order: Mapping[_Key, _WithDeadline]) -> int | None:
+    """The deadline of the first entry (None: none), for a dict kept in deadline order:
+    `PendingProduces.by_seq`, `RelayState.forwards`. An answered entry is removed, so it
+    leaves no deadline behind to wake the relay (each once did: most of a coordinator's
+    ticks at one transaction in flight)."""
+    first = next(iter(in_deadline_order.values()), None)
+    return None if first is None else first.deadline_ms
+
+
+def past_deadline(in_deadline_order: Mapping[_Key, _WithDeadline], now_ms: int) -> list[_Key]:
+    """The keys of the entries whose deadline passed at `now_ms`, first first."""
+    due = []
+    for key, entry in in_deadline_order.items():
+        if entry.deadline_ms > now_ms:
+            break
+        due.append(key)
+    return due
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
