@@ -1,5 +1,5 @@
 """The latency budget of one transaction in flight on this machine: the relay's commit path
-modelled in plain pyzmq, with a chosen amount of work per frame.
+modelled on ZeroMQ (relays in plain pyzmq, or in C), with a chosen amount of work per frame.
 
 Four processes shaped like `relay bench`'s one-in-flight run: a client DEALER sends a
 100-byte request to the coordinator's ROUTER; the coordinator publishes it (PUB) to two
@@ -11,16 +11,20 @@ process spins for W microseconds on each frame it takes: W stands for the protoc
 per frame, W = 0 is the floor of any relay built on pyzmq here.
 
     .venv/bin/python scripts/latency_budget.py [--work-us 0,20,40,60,80] [--duration-s 4]
-        [--free-peer-reports] [--json] [--quick]
+        [--free-peer-reports] [--native] [--json] [--quick]
 
 For each W it prints the round trip's p50/p90 at the client and the CPU per transaction of
 each process (utime + stime: libzmq's I/O thread included), to set beside `relay bench
 --peers nats` (NATS JetStream's one-in-flight p50 and CPU) and `relay bench --hops` (the
 relays' own work per frame). `--free-peer-reports`: members take each other's reports
-without the work, to price that traffic. Performance is measured here, never asserted in a
-test.
+without the work, to price that traffic. `--native`: each W also with the three relay
+processes written in C (scripts/latency_budget_relay.c, built here with gcc against the
+libzmq pyzmq loads), the client unchanged, the two runs back to back: what pyzmq and the
+interpreter cost per frame, and where a relay in native code would start. Performance is
+measured here, never asserted in a test.
 
-Exit codes: 0; 2 usage error; 3 a process of the model failed.
+Exit codes: 0; 2 usage error; 3 a process of the model failed (or, with --native, the C
+relay could not be built).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +62,8 @@ QUICK_WARMUP_TX = 20
 MEMBERS = (1, 2)  # relay 0 coordinates
 READY_TIMEOUT_S = 30.0  # every process bound, connected and subscribed
 ANSWER_TIMEOUT_MS = 10_000  # one round trip; longer means a process of the model died
+NATIVE_SOURCE = Path(__file__).resolve().with_name("latency_budget_relay.c")
+PYTHON, NATIVE = "python", "c"  # what the model's relay processes are written in
 CONNECT_SETTLE_S = 0.3  # PUB/SUB subscriptions propagate after connect (no handshake to wait on)
 BATCH, REPORT = b"B", b"R"
 SEQ_BYTES = 8
@@ -63,6 +71,10 @@ SEQ_BYTES = 8
 
 class ModelFailed(Exception):
     """A process of the model died or stopped answering."""
+
+
+class NativeBuildFailed(ModelFailed):
+    """The C relay of the model could not be built (no compiler, no libzmq, an error)."""
 
 
 def _spin(seconds: float) -> None:
@@ -129,19 +141,71 @@ def _percentile(ordered: Sequence[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
+def _libzmq() -> Path:
+    """The libzmq shared library that pyzmq loads (its wheel bundles one), else the
+    system's; NativeBuildFailed if neither is found."""
+    wheel_libs = Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs"
+    bundled = sorted(wheel_libs.glob("libzmq*.so*"))
+    if bundled:
+        return bundled[0]
+    import ctypes.util
+
+    name = ctypes.util.find_library("zmq")
+    for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"):
+        if name is not None and (Path(directory) / name).exists():
+            return Path(directory) / name
+    raise NativeBuildFailed("no libzmq shared library found (neither pyzmq's nor the system's)")
+
+
+def build_native(directory: Path) -> Path:
+    """Compile the C relay of the model into `directory`; its path. The socket types and
+    options come from pyzmq, so the C file needs no zmq.h."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise NativeBuildFailed("no C compiler (gcc or cc) on PATH")
+    library = _libzmq()
+    binary = directory / "latency_budget_relay"
+    names = ("PUB", "SUB", "ROUTER", "SUBSCRIBE", "POLLIN", "DONTWAIT", "SNDMORE")
+    command = [compiler, "-O2", "-o", str(binary), str(NATIVE_SOURCE)]
+    command += [f"-DZMQ_{name}={int(getattr(zmq, name))}" for name in names]
+    command += [str(library), f"-Wl,-rpath,{library.parent}"]
+    built = subprocess.run(command, capture_output=True, text=True)
+    if built.returncode != 0:
+        raise NativeBuildFailed(f"{' '.join(command)} failed: {built.stderr.strip()}")
+    return binary
+
+
+def _relay_command(
+    relay_id: int,
+    ports: dict[str, int],
+    work_us: float,
+    free_peer_reports: bool,
+    native: Path | None,
+) -> list[str]:
+    if native is not None:
+        pubs = [str(ports[f"pub{r}"]) for r in (0, *MEMBERS)]
+        free = str(int(free_peer_reports))
+        return [str(native), str(relay_id), str(ports["client"]), *pubs, str(work_us), free]
+    command = [sys.executable, __file__, "--serve-relay", str(relay_id)]
+    command += ["--ports", json.dumps(ports), "--work-us", str(work_us)]
+    return command + (["--free-peer-reports"] if free_peer_reports else [])
+
+
 def measure(
-    work_us: float, duration_s: float, free_peer_reports: bool, warmup_tx: int
+    work_us: float,
+    duration_s: float,
+    free_peer_reports: bool,
+    warmup_tx: int,
+    native: Path | None = None,
 ) -> dict[str, Any]:
-    """Start the model with `work_us` per frame, run one transaction in flight for
-    `duration_s`, stop it; the figures."""
+    """Start the model with `work_us` per frame (its relays the C binary `native`, else
+    pyzmq), run one transaction in flight for `duration_s`, stop it; the figures."""
     names = ["client", *(f"pub{r}" for r in (0, *MEMBERS))]
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     children: dict[int, subprocess.Popen[str]] = {}
     try:
         for relay_id in (0, *MEMBERS):
-            command = [sys.executable, __file__, "--serve-relay", str(relay_id)]
-            command += ["--ports", json.dumps(ports), "--work-us", str(work_us)]
-            command += ["--free-peer-reports"] if free_peer_reports else []
+            command = _relay_command(relay_id, ports, work_us, free_peer_reports, native)
             children[relay_id] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         for relay_id, proc in children.items():
@@ -152,6 +216,7 @@ def measure(
                 raise ModelFailed(f"relay {relay_id} of the model did not start")
         return _run_client(ports, children, duration_s, warmup_tx) | {
             "work_us": work_us,
+            "relays": PYTHON if native is None else NATIVE,
             "free_peer_reports": free_peer_reports,
         }
     finally:
@@ -246,6 +311,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="members take each other's reports without the work",
     )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="each W also with the relays in C (built with gcc), side by side",
+    )
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--serve-relay", type=int, default=None, help=argparse.SUPPRESS)
@@ -266,27 +336,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     duration_s = args.duration_s or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
     warmup = QUICK_WARMUP_TX if args.quick else WARMUP_TX
     runs = []
+    build_dir = Path(tempfile.mkdtemp(prefix="latency-budget-"))
     try:
+        native = build_native(build_dir) if args.native else None
         for work_us in args.work_us:
             runs.append(measure(work_us, duration_s, args.free_peer_reports, warmup))
+            if native is not None:
+                runs.append(measure(work_us, duration_s, args.free_peer_reports, warmup, native))
     except ModelFailed as e:
         print(f"latency_budget: {e}", file=sys.stderr)
         return 3
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
     if args.json:
         print(json.dumps({"duration_s": duration_s, "runs": runs}, indent=2))
         return 0
     print(
-        "one transaction in flight through the commit path in plain pyzmq (4 one-way delays), "
+        "one transaction in flight through the commit path on ZeroMQ (4 one-way delays), "
         f"{VALUE_BYTES} B, {duration_s:g} s per row"
         + (", members take each other's reports for free" if args.free_peer_reports else "")
     )
-    print(f"{'work/frame us':>13} {'p50 us':>7} {'p90 us':>7}  CPU us per tx: client, relays, all")
+    print(
+        f"{'work/frame us':>13} {'relays':>6} {'p50 us':>7} {'p90 us':>7}  "
+        "CPU us per tx: client, relays, all"
+    )
     for run in runs:
         cpu = run["cpu_us_per_tx"]
         relays = " / ".join(f"{cpu[f'relay{r}']:.0f}" for r in (0, *MEMBERS))
         print(
-            f"{run['work_us']:>13g} {run['p50_us']:>7.0f} {run['p90_us']:>7.0f}  "
-            f"{cpu['client']:.0f}, {relays}, {run['cpu_us_per_tx_all']:.0f}"
+            f"{run['work_us']:>13g} {run['relays']:>6} {run['p50_us']:>7.0f} "
+            f"{run['p90_us']:>7.0f}  {cpu['client']:.0f}, {relays}, {run['cpu_us_per_tx_all']:.0f}"
         )
     return 0
 

@@ -22,7 +22,7 @@ def budget() -> ModuleType:
 
 def _model_processes() -> list[int]:
     """This process's children that are relays of the model (started with
-    --serve-relay) and still there; another test worker's do not count."""
+    --serve-relay, or the C relay) and still there; another test worker's do not count."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -32,7 +32,8 @@ def _model_processes() -> list[int]:
             except OSError:
                 continue
             parent = int(status.split("PPid:", 1)[1].split()[0])
-            if parent == os.getpid() and b"--serve-relay" in command:
+            model = b"--serve-relay" in command or b"latency_budget_relay" in command
+            if parent == os.getpid() and model:
                 found.append(int(entry.name))
     return found
 
@@ -58,7 +59,7 @@ def test_the_table_names_its_rows(budget: ModuleType, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "members take each other's reports for free" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("5 ")]
-    assert len(rows) == 1 and int(rows[0][1]) > 0, out
+    assert len(rows) == 1 and rows[0][1] == "python" and int(rows[0][2]) > 0, out
     assert _model_processes() == []
 
 
@@ -76,4 +77,45 @@ def test_a_relay_that_cannot_start_is_named(
     monkeypatch.setattr(budget.sys, "executable", "/bin/false")
     assert budget.main(["--quick", "--work-us", "0"]) == 3
     assert "relay 0 of the model did not start" in capsys.readouterr().err
+    assert _model_processes() == []
+
+
+def test_native_relays_run_beside_the_python_ones(
+    budget: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert budget.main(["--quick", "--json", "--native", "--work-us", "0,20"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(run["work_us"], run["relays"]) for run in runs] == [
+        (0, "python"),
+        (0, "c"),
+        (20, "python"),
+        (20, "c"),
+    ]
+    for run in runs:
+        assert run["transactions"] > 0 and 0 < run["p50_us"] <= run["p90_us"], run
+        assert set(run["cpu_us_per_tx"]) == {"client", "relay0", "relay1", "relay2"}, run
+    assert _model_processes() == []
+
+
+def test_native_without_a_compiler_is_named(
+    budget: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(budget.shutil, "which", lambda name: None)
+    assert budget.main(["--quick", "--native", "--work-us", "0"]) == 3
+    assert "no C compiler (gcc or cc) on PATH" in capsys.readouterr().err
+    assert _model_processes() == []
+
+
+def test_native_build_errors_are_reported(
+    budget: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    broken = tmp_path / "broken.c"
+    broken.write_text("int main(void) { return not_declared; }\n")
+    monkeypatch.setattr(budget, "NATIVE_SOURCE", broken)
+    assert budget.main(["--quick", "--native", "--work-us", "0"]) == 3
+    err = capsys.readouterr().err
+    assert "failed" in err and "not_declared" in err, err
     assert _model_processes() == []
