@@ -225,6 +225,7 @@ CLIENT_HEARTBEAT_IVL_MS = 200
 CLIENT_HEARTBEAT_TIMEOUT_MS = 1_000
 # pyzmq's flags are enum members: plain ints skip an enum operation per call.
 _NOBLOCK = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
 
 
 RelayEndpoints: TypeAlias = Sequence[str] | Mapping[int, str]
@@ -400,12 +401,18 @@ class _Links:
                     engine.on_disconnect(endpoint, now)
             if sock not in readable:
                 continue
+            # A poll of the socket alone says whether another frame waits: reading until
+            # recv raised Again cost more than the read (3.4 us against 1.2, as in the
+            # relay's drain).
+            poll_self = [(sock, _POLLIN)]
             for _ in range(DRAIN_MAX):
                 try:
                     frame = sock.recv(_NOBLOCK)
                 except zmq.Again:
                     break
                 engine.on_frame(endpoint, frame, now)
+                if not zmq.zmq_poll(poll_self, 0):
+                    break
 
     def close(self) -> None:
         if self.closed:

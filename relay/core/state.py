@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -23,6 +23,7 @@ from relay.core import codec
 from relay.core.config import CoreConfig, Limits
 from relay.core.memory import MemoryBudget
 from relay.core.messages import (
+    DIRECTED_MESSAGES,
     Entry,
     Heartbeat,
     Interval,
@@ -613,7 +614,9 @@ class RelayState:
         else to every peer (see Outgoing). A message for a relay that does not hear us
         goes through one that it hears (5.13). `busy`: sending it ends quiet (5.11), as
         everything but a heartbeat does."""
-        target = getattr(msg, "target", None)
+        # Looked up by type, as in RelayCore._check: a getattr that finds no such field
+        # raises and catches an AttributeError inside, on every message sent.
+        target: int | None = cast(Any, msg).target if type(msg) in DIRECTED_MESSAGES else None
         self.floor_sent = max(self.floor_sent, msg.floor)
         if busy and not isinstance(msg, Heartbeat):
             self.note_busy(self.now_ms)
