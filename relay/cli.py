@@ -1849,8 +1849,8 @@ def _parse_bench_sizes(ctx: click.Context, param: click.Parameter, value: str) -
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="With --security or --metrics: make every pair of runs N times, each side first in "
-    "every other round, and report the median ratio [default: 1].",
+    help="With --security, --metrics or --peers: make every pair of runs N times, each side "
+    "first in every other round, and report the median ratio [default: 1].",
 )
 @click.option(
     "--peers",
@@ -1921,8 +1921,8 @@ def bench(
         )
     if not memory and (rate_tx_s is not None or buffer_mib is not None):
         raise click.UsageError("--rate and --buffer-mib go with --memory")
-    if rounds is not None and not (security or metrics):
-        raise click.UsageError("--rounds goes with --security or --metrics")
+    if rounds is not None and not (security or metrics or peers is not None):
+        raise click.UsageError("--rounds goes with --security, --metrics or --peers")
     sys.exit(
         run_cli(
             duration_s=duration_s,

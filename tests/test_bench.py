@@ -158,9 +158,12 @@ def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
     """`relay bench --peers nats`: the same shapes through a 3-server NATS JetStream cluster
     beside the mesh (slow: scripts/peer-deps.sh installs nats-server and nats-py first)."""
     subprocess.run(["bash", "scripts/peer-deps.sh"], cwd=ROOT, check=True, timeout=600)
-    report = bench("--peers", "nats", "--sizes", "100")
+    report = bench("--peers", "nats", "--sizes", "100", "--rounds", "2")
+    assert report["order"] == [["relay", "nats"], ["nats", "relay"]]
+    windows = [16, 64, 256, 1024, 4096]
     for side in ("relay", "nats"):
-        assert [r["window"] for r in report[side]["throughput"]] == [16, 64, 256, 1024, 4096]
+        assert [r["window"] for r in report[side]["throughput"]] == windows * 2
+        assert [r["round"] for r in report[side]["throughput"]] == [0] * 5 + [1] * 5
         for run in report[side]["throughput"]:
             assert run["committed"] > 0 and run["tx_per_s"] > 0, run
             assert run["cpu_us_per_tx_all"] > 0, run
@@ -168,12 +171,73 @@ def test_quick_peers_run_compares_the_mesh_with_nats_jetstream() -> None:
             assert run["committed"] > 0, run
             assert run["cpu_us_per_tx_all"] > 0, run
             check_summary(run["commit_ms"])
-        assert [r["mode"] for r in report[side]["latency"]] == ["one_in_flight", "rate", "rate"]
-        for run in report[side]["latency"][1:]:
-            assert run["delivered"] > 0, run  # a consumer of another server got them
-            check_summary(run["delivery_ms"])
+        modes = ["one_in_flight", "rate", "rate"]
+        assert [r["mode"] for r in report[side]["latency"]] == modes * 2
+        for run in report[side]["latency"]:
+            if run["mode"] == "rate":
+                assert run["delivered"] > 0, run  # a consumer of another server got them
+                check_summary(run["delivery_ms"])
         idle = report["idle_cpu_percent"][side]
         assert len(idle) == 3 and all(v is not None and v >= 0 for v in idle), idle
+    shapes = [row["run"] for row in report["ratios"]]
+    assert shapes[:5] == [f"100 B window {w}" for w in windows], shapes
+    assert shapes[5:] == [
+        "100 B one in flight",
+        "100 B at 200 tx/s",
+        "100 B at 80% of each side's best",
+    ]
+    for row in report["ratios"]:
+        assert len(row["cpu_us_per_tx_rounds"]) == 2, row
+
+
+def _peer_run(
+    round_: int, tx_s: float | None = None, p50: float | None = None, **more: Any
+) -> dict[str, Any]:
+    run: dict[str, Any] = {"value_bytes": 100, "round": round_, "cpu_us_per_tx_all": 10.0}
+    if tx_s is not None:
+        return {**run, "window": 16, "tx_per_s": tx_s, **more}
+    return {**run, "commit_ms": {"p50": p50, "p99": 2 * p50 if p50 else None}, **more}
+
+
+def test_peer_ratios_take_each_rounds_pair_and_their_median() -> None:
+    """relay/NATS per shape: the ratio of every round's pair, their median and spread;
+    the rate runs are shapes by what was asked of them (a rate both ran at, or each side's
+    own share of its best), never paired across rounds."""
+    from relay.tools.bench import _peer_ratios
+
+    def side(tx: list[float], one: list[float], rates: list[tuple[int, int]]) -> dict[str, Any]:
+        throughput = [_peer_run(n, tx_s=v) for n, v in enumerate(tx)]
+        latency = []
+        for n, (p50, (fixed, share)) in enumerate(zip(one, rates, strict=True)):
+            latency.append(_peer_run(n, p50=p50, mode="one_in_flight"))
+            for rate in (fixed, share):
+                delivery = {"p50": 1.0, "p99": 2.0}
+                latency.append(
+                    _peer_run(n, p50=p50, mode="rate", rate_tx_s=rate, delivery_ms=delivery)
+                )
+        return {"throughput": throughput, "latency": latency}
+
+    report = {
+        "relay": side([9.0, 12.0, 30.0], [2.0, 3.0, 1.0], [(1000, 800), (1000, 900), (1000, 700)]),
+        "nats": side([10.0, 10.0, 10.0], [1.0, 1.0, 1.0], [(1000, 400), (1000, 500), (1000, 600)]),
+    }
+    rows = {row["run"]: row for row in _peer_ratios(report)}
+    assert list(rows) == [
+        "100 B window 16",
+        "100 B one in flight",
+        "100 B at 1,000 tx/s",
+        "100 B at 80% of each side's best",
+    ]
+    window = rows["100 B window 16"]
+    assert window["tx_s_rounds"] == [0.9, 1.2, 3.0]
+    assert window["tx_s"] == 1.2 and window["tx_s_range"] == [0.9, 3.0]
+    assert window["cpu_us_per_tx"] == 1.0
+    one = rows["100 B one in flight"]
+    assert one["commit_p50_rounds"] == [2.0, 3.0, 1.0] and one["commit_p50"] == 2.0
+    assert "delivery_p50" not in one
+    share = rows["100 B at 80% of each side's best"]
+    assert share["rates_tx_s"] == [[800, 400], [900, 500], [700, 600]]
+    assert share["delivery_p50"] == 1.0
 
 
 COORDINATOR_FRAMES = ("the TxBatch", "TxBatch from relay 0", "Reports from relay 0")

@@ -35,11 +35,13 @@ report shows them side by side with curve/plain ratios (no PUB/SUB baseline).
 without them, one with them and every relay's /metrics scraped every METRICS_SCRAPE_S.
 Both compare throughput, the relays' CPU per committed transaction and commit latency;
 `--rounds N` makes every pair N times, each side first in every other round, and reports
-the ratio of each round and their median (a single round is at the mercy of the order).
+the ratio of each round and their median (a single round is at the mercy of the order);
+so does `--peers nats --rounds N` for the relay and NATS JetStream.
 
     relay bench [--duration-s S] [--sizes 100,1024] [--quick] [--json] [--profile]
     relay bench --security [--rounds N] [--duration-s S] [--sizes 100] [--quick] [--json]
     relay bench --metrics [--rounds N] [--duration-s S] [--sizes 100] [--quick] [--json]
+    relay bench --peers nats [--rounds N] [--duration-s S] [--sizes 100] [--quick] [--json]
     relay bench --hops [--duration-s S] [--sizes 100] [--json]   (relay/tools/hops.py)
     relay bench --memory [--duration-s S] [--rate TX_S] [--buffer-mib MIB]  (tools/membench.py)
 """
@@ -62,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -122,7 +124,7 @@ class BenchOptions:
     rate_tx_s: int = DEFAULT_RATE_TX_S
     quick: bool = False
     profile: bool = False
-    rounds: int = 1  # --security and --metrics: rounds of every run on both sides
+    rounds: int = 1  # --security, --metrics, --peers: rounds of every run on both sides
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -1184,9 +1186,8 @@ def run_comparison(
         def each_side(
             number: int, kind: str, what: str, measure: Callable[[_Context], dict[str, Any]]
         ) -> None:
-            for side in _round_order(sides, number):
-                say(f"round {number + 1}/{options.rounds}, {kind}, {side}: {what}")
-                report[side][kind].append({**measure(contexts[side]), "round": number})
+            runs = {side: partial(measure, contexts[side]) for side in sides}
+            _run_pair(report, sides, (number, options.rounds), kind, what, runs, say)
 
         with _Scraper(urls) as scraper:
             for number in range(options.rounds):
@@ -1231,6 +1232,23 @@ def run_comparison(
 def _round_order(sides: tuple[str, str], number: int) -> tuple[str, str]:
     """Which side runs first in round `number`: each in every other round."""
     return sides if number % 2 == 0 else (sides[1], sides[0])
+
+
+def _run_pair(
+    report: dict[str, Any],
+    sides: tuple[str, str],
+    round_of: tuple[int, int],
+    kind: str,
+    what: str,
+    runs: Mapping[str, Callable[[], dict[str, Any]]],
+    say: Callable[[str], None],
+) -> None:
+    """One pair of runs of round `round_of` (number, rounds), back to back in the round's
+    order; each run is added to its side's `kind` runs with its round."""
+    number, rounds = round_of
+    for side in _round_order(sides, number):
+        say(f"round {number + 1}/{rounds}, {kind}, {side}: {what}")
+        report[side][kind].append({**runs[side](), "round": number})
 
 
 def _run_name(run: dict[str, Any]) -> str:
@@ -1481,10 +1499,15 @@ def _idle_cpu(sides: dict[str, dict[int, int]], seconds: float) -> dict[str, lis
     return out
 
 
-def _rates(report: dict[str, Any], side: str, size: int, quick: bool) -> list[int]:
-    """The fixed rates of the delivery runs: 1,000 tx/s and 80 % of the side's best."""
+def _rates(report: dict[str, Any], side: str, size: int, quick: bool, number: int) -> list[int]:
+    """The fixed rates of round `number`'s delivery runs: 1,000 tx/s and 80 % of the
+    side's best throughput in that round."""
     best = max(
-        (r["tx_per_s"] for r in report[side]["throughput"] if r["value_bytes"] == size),
+        (
+            r["tx_per_s"]
+            for r in report[side]["throughput"]
+            if r["value_bytes"] == size and r["round"] == number
+        ),
         default=0.0,
     )
     fixed = QUICK_RATE_TX_S if quick else PEER_FIXED_RATE_TX_S
@@ -1493,11 +1516,13 @@ def _rates(report: dict[str, Any], side: str, size: int, quick: bool) -> list[in
 
 def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The relay mesh and a 3-server NATS JetStream cluster (R3 memory stream, nats-py),
-    both running, the same shapes through each, every pair of runs back to back, the
-    clients alike: each throughput client in a process of its own, the asyncio ones on
-    the same loop (relay/loop.py), producer and consumer of a rate run in one loop, no
-    consumer at one in flight. The report (`relay bench --peers nats --json`): per side
-    the runs, and the ratios."""
+    both running, the same shapes through each, every pair of runs back to back, in
+    `options.rounds` rounds that alternate which side goes first; the clients alike: each
+    throughput client in a process of its own, the asyncio ones on the same loop
+    (relay/loop.py), producer and consumer of a rate run in one loop, no consumer at one
+    in flight. The report (`relay bench --peers nats --json`): per side the runs (each
+    with its round), and per shape the relay/NATS ratios of every round and their median
+    (NATS's figures here vary by a quarter from one run to the next)."""
     from relay.tools.nats_peer import NatsCluster
 
     say = log or (lambda text: None)
@@ -1507,6 +1532,8 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
     mesh = Mesh(_write_topology(workdir / "relay"), log_dir=workdir / "relay" / "logs")
     report: dict[str, Any] = {
         "config": _config(options),
+        "rounds": options.rounds,
+        "order": [list(_round_order(PEER_SIDES, n)) for n in range(options.rounds)],
         **{side: {"throughput": [], "latency": []} for side in PEER_SIDES},
     }
     try:
@@ -1518,38 +1545,67 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
         say(f"idle CPU over {idle_s:g} s")
         time.sleep(PEER_SETTLE_S)  # (an idle mesh goes quiet after quiet_after_ms)
         report["idle_cpu_percent"] = _idle_cpu({"relay": mesh.pids, "nats": cluster.pids}, idle_s)
-        for size in options.sizes:
-            for window in options.windows:
-                say(f"throughput: {size} B, window {window}")
-                run = _relay_throughput(ctx, size, window, False)
-                run["cpu_us_per_tx_all"] = _per_tx_us(run["cpu_s"], run["committed"])
-                report["relay"]["throughput"].append(run)
-                report["nats"]["throughput"].append(
-                    _nats_throughput(cluster, size, window, options.duration_s)
-                )
-            say(f"latency: {size} B, one in flight")
-            report["relay"]["latency"].append(
-                _with_cpu(mesh.pids, "relay", partial(_relay_one_in_flight, ctx, size, False))
-            )
-            report["nats"]["latency"].append(
-                _with_cpu(
-                    cluster.pids, "server", partial(_nats_one_in_flight, cluster, size, options)
-                )
-            )
-            relay_rates = _rates(report, "relay", size, options.quick)
-            nats_rates = _rates(report, "nats", size, options.quick)
-            for relay_rate, nats_rate in zip(relay_rates, nats_rates, strict=True):
-                say(f"delivery: {size} B at {relay_rate:,} / {nats_rate:,} tx/s")
-                report["relay"]["latency"].append(
-                    _with_cpu(mesh.pids, "relay", partial(_relay_at_rate, ctx, size, relay_rate))
-                )
-                report["nats"]["latency"].append(
-                    _with_cpu(
-                        cluster.pids,
-                        "server",
-                        partial(_nats_at_rate, cluster, size, nats_rate, options.duration_s),
+
+        def pair(number: int, kind: str, what: str, runs: dict[str, Callable[[], Any]]) -> None:
+            _run_pair(report, PEER_SIDES, (number, options.rounds), kind, what, runs, say)
+
+        for number in range(options.rounds):
+            for size in options.sizes:
+                for window in options.windows:
+                    pair(
+                        number,
+                        "throughput",
+                        f"{size} B, window {window}",
+                        {
+                            "relay": partial(_peer_relay_throughput, ctx, size, window),
+                            "nats": partial(
+                                _nats_throughput, cluster, size, window, options.duration_s
+                            ),
+                        },
                     )
+                pair(
+                    number,
+                    "latency",
+                    f"{size} B, one in flight",
+                    {
+                        "relay": partial(
+                            _with_cpu,
+                            mesh.pids,
+                            "relay",
+                            partial(_relay_one_in_flight, ctx, size, False),
+                        ),
+                        "nats": partial(
+                            _with_cpu,
+                            cluster.pids,
+                            "server",
+                            partial(_nats_one_in_flight, cluster, size, options),
+                        ),
+                    },
                 )
+                relay_rates = _rates(report, "relay", size, options.quick, number)
+                nats_rates = _rates(report, "nats", size, options.quick, number)
+                for relay_rate, nats_rate in zip(relay_rates, nats_rates, strict=True):
+                    pair(
+                        number,
+                        "latency",
+                        f"{size} B at {relay_rate:,} / {nats_rate:,} tx/s",
+                        {
+                            "relay": partial(
+                                _with_cpu,
+                                mesh.pids,
+                                "relay",
+                                partial(_relay_at_rate, ctx, size, relay_rate),
+                            ),
+                            "nats": partial(
+                                _with_cpu,
+                                cluster.pids,
+                                "server",
+                                partial(
+                                    _nats_at_rate, cluster, size, nats_rate, options.duration_s
+                                ),
+                            ),
+                        },
+                    )
     except BaseException:
         keep = True
         raise
@@ -1560,7 +1616,67 @@ def run_peers(options: BenchOptions, *, log: Callable[[str], None] | None = None
             say(f"logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    report["ratios"] = _peer_ratios(report)
     return report
+
+
+def _peer_relay_throughput(ctx: _Context, size: int, window: int) -> dict[str, Any]:
+    run = _relay_throughput(ctx, size, window, False)
+    run["cpu_us_per_tx_all"] = _per_tx_us(run["cpu_s"], run["committed"])
+    return run
+
+
+def _peer_shape(relay: dict[str, Any], nats: dict[str, Any]) -> str:
+    """The shape of a pair of runs: a window, one in flight, a rate both sides ran at, or
+    each side's own share of its best."""
+    size = relay["value_bytes"]
+    if "window" in relay:
+        return f"{size} B window {relay['window']}"
+    if relay["mode"] == "one_in_flight":
+        return f"{size} B one in flight"
+    if relay["rate_tx_s"] == nats["rate_tx_s"]:
+        return f"{size} B at {relay['rate_tx_s']:,} tx/s"
+    return f"{size} B at {PEER_MAX_RATE_SHARE:.0%} of each side's best"
+
+
+def _peer_figures(run: dict[str, Any]) -> dict[str, float | None]:
+    """What is compared of a peer run: throughput (higher is better) or latency (lower
+    is), and the CPU of every process per committed transaction."""
+    if "window" in run:
+        return {"tx_s": run["tx_per_s"], "cpu_us_per_tx": run["cpu_us_per_tx_all"]}
+    figures: dict[str, float | None] = {
+        "commit_p50": run["commit_ms"]["p50"],
+        "commit_p99": run["commit_ms"]["p99"],
+    }
+    if run.get("delivery_ms"):
+        figures["delivery_p50"] = run["delivery_ms"]["p50"]
+        figures["delivery_p99"] = run["delivery_ms"]["p99"]
+    figures["cpu_us_per_tx"] = run.get("cpu_us_per_tx_all")
+    return figures
+
+
+def _peer_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per shape (in the order of the first round): for each figure, relay/NATS of every
+    round (the two ran back to back), their median and the lowest and highest."""
+    rows: dict[str, dict[str, Any]] = {}
+    for kind in ("throughput", "latency"):
+        for relay, nats in zip(report["relay"][kind], report["nats"][kind], strict=True):
+            shape = _peer_shape(relay, nats)
+            row = rows.setdefault(shape, {"run": shape})
+            if relay.get("mode") == "rate":
+                row.setdefault("rates_tx_s", []).append([relay["rate_tx_s"], nats["rate_tx_s"]])
+            ours, theirs = _peer_figures(relay), _peer_figures(nats)
+            for figure, value in ours.items():
+                row.setdefault(f"{figure}_rounds", []).append(_ratio(value, theirs.get(figure)))
+    out = []
+    for row in rows.values():
+        for key in [k for k in row if k.endswith("_rounds")]:
+            known = [r for r in row[key] if r is not None]
+            figure = key.removesuffix("_rounds")
+            row[figure] = round(statistics.median(known), 3) if known else None
+            row[f"{figure}_range"] = [min(known), max(known)] if known else None
+        out.append(row)
+    return out
 
 
 def print_peers_report(report: dict[str, Any]) -> None:
@@ -1568,18 +1684,24 @@ def print_peers_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:  # a file or a pipe: no screen to fit, so nothing is cut
+        console = Console(width=COMPARISON_WIDTH)
     cfg = report["config"]
+    rounds = report["rounds"]
     console.print(
         f"relay bench --peers nats: a 3-relay mesh and 3 nats-servers (JetStream, R3 memory "
         f"stream, nats-py) on 127.0.0.1, {cfg['cpus']} CPUs; {cfg['duration_s']:g} s per run; "
+        f"{rounds} round{'s' if rounds > 1 else ''}, each side first in every other one; "
         f"compiled modules: {_compiled(cfg)}; each throughput client in a process of its own; "
         f"asyncio clients on {cfg.get('event_loop', 'asyncio')}"
     )
     table = Table(title="throughput: committed (acknowledged) tx/s, CPU us per tx (all processes)")
-    for name in ("value", "window", "relay tx/s", "nats tx/s", "relay/nats", "relay us", "nats us"):
+    columns = ("round", "value", "window", "relay tx/s", "nats tx/s", "relay/nats")
+    for name in (*columns, "relay us", "nats us"):
         table.add_column(name, justify="right")
     for r, n in zip(report["relay"]["throughput"], report["nats"]["throughput"], strict=True):
         table.add_row(
+            str(r["round"] + 1),
             f"{r['value_bytes']} B",
             str(r["window"]),
             _fmt(r["tx_per_s"], 0),
@@ -1594,6 +1716,7 @@ def print_peers_report(report: dict[str, Any]) -> None:
         "of another server"
     )
     for name in (
+        "round",
         "value",
         "load (relay / nats)",
         "what",
@@ -1613,6 +1736,7 @@ def print_peers_report(report: dict[str, Any]) -> None:
             if rc is None or nc is None:
                 continue
             table.add_row(
+                str(r["round"] + 1),
                 f"{r['value_bytes']} B",
                 load,
                 what,
@@ -1626,6 +1750,26 @@ def print_peers_report(report: dict[str, Any]) -> None:
                 ),
             )
     console.print(table)
+    if rounds > 1:
+        table = Table(
+            title=f"relay/nats over {rounds} rounds: median (lowest-highest round); "
+            "above 1 is better for tx/s, below 1 for latency and CPU"
+        )
+        figures = ("tx_s", "commit_p50", "commit_p99", "delivery_p50", "cpu_us_per_tx")
+        table.add_column("shape")
+        for figure in figures:
+            table.add_column(figure, justify="right")
+        for row in report["ratios"]:
+            cells = []
+            for figure in figures:
+                spread = row.get(f"{figure}_range")
+                cells.append(
+                    "-"
+                    if row.get(figure) is None or spread is None
+                    else f"{row[figure]:.2f} ({spread[0]:.2f}-{spread[1]:.2f})"
+                )
+            table.add_row(row["run"], *cells)
+        console.print(table)
     idle = report.get("idle_cpu_percent") or {}
     for side in PEER_SIDES:
         shown = ", ".join(_fmt(v) for v in idle.get(side, []))
