@@ -279,15 +279,22 @@ def test_produce_with_the_mesh_down_says_no_relay_answered_and_which(down: Path)
 
 @contextlib.contextmanager
 def relay_process(args: list[str], stdin: int) -> Iterator[subprocess.Popen[str]]:
-    """`python -m relay ARGS` running, its output piped; killed at the end if still there."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "relay", *args],
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        text=True,
-    )
+    """`python -m relay ARGS` running, its output piped; killed at the end if still there.
+    Ctrl-C reaches it as it would from a terminal: a SIGINT that this process ignores (a
+    shell ignores it in a background job, e.g. the suite started with `&`) would be
+    ignored by the child too, whereas one caught here is reset to the default in the child."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relay", *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         yield proc
     finally:
