@@ -48,7 +48,6 @@ from relay.core import (
 )
 from relay.core.config import CoreConfig
 from relay.core.messages import (
-    DIRECTED_MESSAGES,
     STREAM_MESSAGES,
     TX_OVERHEAD_BYTES,
     Forward,
@@ -81,6 +80,7 @@ from relay.core.state import (
     Waiter,
     earliest_deadline_ms,
     retry_due,
+    target_of,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
 from relay.errors import FieldError, FrameError, OversizedFrame
@@ -483,19 +483,17 @@ class RelayCore(RelayState):
         came in); raise FrameError before any state change."""
         if msg.sender == self.id or msg.sender not in self.peers:
             raise FieldError(f"sender {msg.sender} is not a peer of relay {self.id}")
-        kind = type(msg)
-        # Looked up by type: a getattr that finds no such field raises and catches an
-        # AttributeError inside, on every frame.
-        loose = cast(Any, msg)
-        if kind in DIRECTED_MESSAGES and loose.target != self.id:
-            raise FieldError(f"message for relay {loose.target} reached relay {self.id}")
+        target = target_of(msg)
+        if target is not None and target != self.id:
+            raise FieldError(f"message for relay {target} reached relay {self.id}")
         if (
             isinstance(msg, Relayed)
             and msg.to != self.id
             and (msg.to not in self.peers or msg.to == msg.sender)
         ):
             raise FieldError(f"relay {msg.sender} asked to pass its frame on to relay {msg.to}")
-        stream: str | None = loose.stream if kind in STREAM_MESSAGES else None
+        # Looked up by type, as `target_of` says why.
+        stream: str | None = cast(Any, msg).stream if type(msg) in STREAM_MESSAGES else None
         if stream is not None and not self.can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
         if stream is not None and not isinstance(msg, Forward):

@@ -256,6 +256,13 @@ class PendingProduces:
         return next(iter(self.by_seq), None)
 
 
+def target_of(msg: PeerMessage) -> int | None:
+    """The relay a directed message is for; None for any other. Looked up by the message's
+    type: a getattr with a default raises and catches an AttributeError inside for every
+    message without the field, on every message sent and received."""
+    return cast(Any, msg).target if type(msg) in DIRECTED_MESSAGES else None
+
+
 class _WithDeadline(Protocol):
     deadline_ms: int
 
@@ -614,9 +621,7 @@ class RelayState:
         else to every peer (see Outgoing). A message for a relay that does not hear us
         goes through one that it hears (5.13). `busy`: sending it ends quiet (5.11), as
         everything but a heartbeat does."""
-        # Looked up by type, as in RelayCore._check: a getattr that finds no such field
-        # raises and catches an AttributeError inside, on every message sent.
-        target: int | None = cast(Any, msg).target if type(msg) in DIRECTED_MESSAGES else None
+        target = target_of(msg)
         self.floor_sent = max(self.floor_sent, msg.floor)
         if busy and not isinstance(msg, Heartbeat):
             self.note_busy(self.now_ms)
