@@ -203,7 +203,7 @@ def test_peer_ratios_take_each_rounds_pair_and_their_median() -> None:
     """relay/NATS per shape: the ratio of every round's pair, their median and spread;
     the rate runs are shapes by what was asked of them (a rate both ran at, or each side's
     own share of its best), never paired across rounds."""
-    from relay.tools.bench import _peer_ratios
+    from relay.tools.bench import _peer_ratios, _ratio_cell
 
     def side(tx: list[float], one: list[float], rates: list[tuple[int, int]]) -> dict[str, Any]:
         throughput = [_peer_run(n, tx_s=v) for n, v in enumerate(tx)]
@@ -230,14 +230,15 @@ def test_peer_ratios_take_each_rounds_pair_and_their_median() -> None:
     ]
     window = rows["100 B window 16"]
     assert window["tx_s_rounds"] == [0.9, 1.2, 3.0]
-    assert window["tx_s"] == 1.2 and window["tx_s_range"] == [0.9, 3.0]
+    assert window["tx_s"] == 1.2 and _ratio_cell(window, "tx_s") == "1.20 (0.90-3.00)"
     assert window["cpu_us_per_tx"] == 1.0
     one = rows["100 B one in flight"]
     assert one["commit_p50_rounds"] == [2.0, 3.0, 1.0] and one["commit_p50"] == 2.0
-    assert "delivery_p50" not in one
+    assert "delivery_p50" not in one and _ratio_cell(one, "delivery_p50") == "-"
+    # Each round's pair, whatever rates the two sides' bests gave them.
     share = rows["100 B at 80% of each side's best"]
-    assert share["rates_tx_s"] == [[800, 400], [900, 500], [700, 600]]
-    assert share["delivery_p50"] == 1.0
+    assert share["commit_p50_rounds"] == [2.0, 3.0, 1.0]
+    assert share["delivery_p50_rounds"] == [1.0, 1.0, 1.0] and share["delivery_p50"] == 1.0
 
 
 COORDINATOR_FRAMES = ("the TxBatch", "TxBatch from relay 0", "Reports from relay 0")

@@ -1276,27 +1276,50 @@ def _relays_us_per_tx(run: dict[str, Any]) -> float | None:
 
 
 def _comparison_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per kind of run (in the order first run): for each figure, the second side / the
-    first of every round and the median of those ratios (each round's pair ran back to
-    back, so a ratio is never taken across rounds)."""
+    """Per kind of run: the second side / the first (`_round_ratios`)."""
     base_side, other_side = report["sides"]
-    pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    return _round_ratios(
+        report, other_side, base_side, lambda other, base: _run_name(base), _run_figures
+    )
+
+
+def _round_ratios(
+    report: dict[str, Any],
+    over: str,
+    under: str,
+    name_of: Callable[[dict[str, Any], dict[str, Any]], str],
+    figures_of: Callable[[dict[str, Any]], dict[str, float | None]],
+) -> list[dict[str, Any]]:
+    """Per run (named by `name_of(over's run, under's run)`, in the order of the first
+    round): for each figure, `over` / `under` of every round (`<figure>_rounds`: each
+    round's pair ran back to back, so a ratio is never taken across rounds) and their
+    median (`<figure>`)."""
+    rows: dict[str, dict[str, Any]] = {}
     for kind in ("throughput", "latency"):
-        for base, other in zip(report[base_side][kind], report[other_side][kind], strict=True):
-            pairs.setdefault(_run_name(base), []).append((base, other))
-    out: list[dict[str, Any]] = []
-    for name, runs in pairs.items():
-        row: dict[str, Any] = {"run": name}
-        for figure in _run_figures(runs[0][0]):
-            per_round = [
-                _ratio(_run_figures(other)[figure], _run_figures(base)[figure])
-                for base, other in runs
-            ]
-            known = [r for r in per_round if r is not None]
-            row[figure] = round(statistics.median(known), 3) if known else None
-            row[f"{figure}_rounds"] = per_round
-        out.append(row)
-    return out
+        for ours, theirs in zip(report[over][kind], report[under][kind], strict=True):
+            name = name_of(ours, theirs)
+            row = rows.setdefault(name, {"run": name})
+            under_figures = figures_of(theirs)
+            for figure, value in figures_of(ours).items():
+                ratio = _ratio(value, under_figures.get(figure))
+                row.setdefault(f"{figure}_rounds", []).append(ratio)
+    for row in rows.values():
+        for key in [k for k in row if k.endswith("_rounds")]:
+            median = _median(row[key])
+            row[key.removesuffix("_rounds")] = None if median is None else round(median, 3)
+    return list(rows.values())
+
+
+def _ratio_cell(row: dict[str, Any], figure: str) -> str:
+    """A row's median ratio of `figure`, and with several rounds the lowest and highest;
+    "-" where it has none."""
+    if row.get(figure) is None:
+        return "-"
+    shown = _fmt(row[figure], 2)
+    known = [r for r in row[f"{figure}_rounds"] if r is not None]
+    if len(known) > 1:
+        shown += f" ({_fmt(min(known), 2)}-{_fmt(max(known), 2)})"
+    return shown
 
 
 def print_comparison_report(report: dict[str, Any]) -> None:
@@ -1334,13 +1357,7 @@ def print_comparison_report(report: dict[str, Any]) -> None:
         }
 
     def ratio_cell(name: str, figure: str) -> str:
-        """The median ratio, and with several rounds the lowest and highest."""
-        row = ratios[name]
-        shown = _fmt(row[figure], 2)
-        known = [r for r in row[f"{figure}_rounds"] if r is not None]
-        if len(known) > 1:
-            shown += f" ({_fmt(min(known), 2)}-{_fmt(max(known), 2)})"
-        return shown
+        return _ratio_cell(ratios[name], figure)
 
     table = Table(title="throughput: committed tx/s; CPU us of the three relays per tx")
     for name in ("run", f"{first} tx/s", f"{second} tx/s", ratio):
@@ -1656,27 +1673,8 @@ def _peer_figures(run: dict[str, Any]) -> dict[str, float | None]:
 
 
 def _peer_ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per shape (in the order of the first round): for each figure, relay/NATS of every
-    round (the two ran back to back), their median and the lowest and highest."""
-    rows: dict[str, dict[str, Any]] = {}
-    for kind in ("throughput", "latency"):
-        for relay, nats in zip(report["relay"][kind], report["nats"][kind], strict=True):
-            shape = _peer_shape(relay, nats)
-            row = rows.setdefault(shape, {"run": shape})
-            if relay.get("mode") == "rate":
-                row.setdefault("rates_tx_s", []).append([relay["rate_tx_s"], nats["rate_tx_s"]])
-            ours, theirs = _peer_figures(relay), _peer_figures(nats)
-            for figure, value in ours.items():
-                row.setdefault(f"{figure}_rounds", []).append(_ratio(value, theirs.get(figure)))
-    out = []
-    for row in rows.values():
-        for key in [k for k in row if k.endswith("_rounds")]:
-            known = [r for r in row[key] if r is not None]
-            figure = key.removesuffix("_rounds")
-            row[figure] = round(statistics.median(known), 3) if known else None
-            row[f"{figure}_range"] = [min(known), max(known)] if known else None
-        out.append(row)
-    return out
+    """Per shape: relay/NATS (`_round_ratios`)."""
+    return _round_ratios(report, "relay", "nats", _peer_shape, _peer_figures)
 
 
 def print_peers_report(report: dict[str, Any]) -> None:
@@ -1760,15 +1758,7 @@ def print_peers_report(report: dict[str, Any]) -> None:
         for figure in figures:
             table.add_column(figure, justify="right")
         for row in report["ratios"]:
-            cells = []
-            for figure in figures:
-                spread = row.get(f"{figure}_range")
-                cells.append(
-                    "-"
-                    if row.get(figure) is None or spread is None
-                    else f"{row[figure]:.2f} ({spread[0]:.2f}-{spread[1]:.2f})"
-                )
-            table.add_row(row["run"], *cells)
+            table.add_row(row["run"], *(_ratio_cell(row, figure) for figure in figures))
         console.print(table)
     idle = report.get("idle_cpu_percent") or {}
     for side in PEER_SIDES:
