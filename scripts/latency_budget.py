@@ -74,7 +74,7 @@ class ModelFailed(Exception):
 
 
 class NativeBuildFailed(ModelFailed):
-    """The C relay of the model could not be built (no compiler, no libzmq, an error)."""
+    """The C relay of the model could not be built (no compiler, a compile or link error)."""
 
 
 def _spin(seconds: float) -> None:
@@ -141,20 +141,14 @@ def _percentile(ordered: Sequence[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-def _libzmq() -> Path:
-    """The libzmq shared library that pyzmq loads (its wheel bundles one), else the
-    system's; NativeBuildFailed if neither is found."""
+def _libzmq() -> list[str]:
+    """How to link the libzmq that pyzmq loads (its wheel bundles one), else the
+    system's (`-lzmq`: the linker says if there is none)."""
     wheel_libs = Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs"
     bundled = sorted(wheel_libs.glob("libzmq*.so*"))
-    if bundled:
-        return bundled[0]
-    import ctypes.util
-
-    name = ctypes.util.find_library("zmq")
-    for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"):
-        if name is not None and (Path(directory) / name).exists():
-            return Path(directory) / name
-    raise NativeBuildFailed("no libzmq shared library found (neither pyzmq's nor the system's)")
+    if not bundled:
+        return ["-lzmq"]
+    return [str(bundled[0]), f"-Wl,-rpath,{wheel_libs}"]
 
 
 def build_native(directory: Path) -> Path:
@@ -163,12 +157,11 @@ def build_native(directory: Path) -> Path:
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise NativeBuildFailed("no C compiler (gcc or cc) on PATH")
-    library = _libzmq()
     binary = directory / "latency_budget_relay"
     names = ("PUB", "SUB", "ROUTER", "SUBSCRIBE", "POLLIN", "DONTWAIT", "SNDMORE")
     command = [compiler, "-O2", "-o", str(binary), str(NATIVE_SOURCE)]
     command += [f"-DZMQ_{name}={int(getattr(zmq, name))}" for name in names]
-    command += [str(library), f"-Wl,-rpath,{library.parent}"]
+    command += _libzmq()
     built = subprocess.run(command, capture_output=True, text=True)
     if built.returncode != 0:
         raise NativeBuildFailed(f"{' '.join(command)} failed: {built.stderr.strip()}")
