@@ -51,6 +51,32 @@ def test_quick_table_and_options(bench: ModuleType, capsys: pytest.CaptureFixtur
     assert (mode, value, batch, rounds, committed) == ("spread", "1024", "4", "2", "8")
 
 
+def test_cold_evicts_the_caches_whenever_another_relay_takes_its_turn(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--quick", "--json", "--batches", "1", "--modes", "relay0", "--rounds", "5"]
+    assert bench.main([*argv, "--cold"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["cold_evict_mib"] == bench.COLD_EVICT_MIB
+    (cold,) = report["results"]
+    assert cold["committed"] == 5 and cold["core_us"] > 0, cold
+    # every transaction passes through all three relays, so the relay changes several
+    # times per round; never more often than there are core calls
+    assert 3 * 5 <= cold["evictions"] <= cold["core_calls"], cold
+    assert bench.main(argv) == 0
+    (warm,) = json.loads(capsys.readouterr().out)["results"]
+    assert warm["evictions"] == 0
+
+
+def test_cache_evictor_writes_every_line(bench: ModuleType) -> None:
+    evictor = bench.CacheEvictor(1)
+    evictor.buffer[:] = b"\xff" * len(evictor.buffer)
+    evictor.evict()
+    assert evictor.count == 1
+    assert evictor.buffer[:: bench.CACHE_LINE_BYTES] == bytes(len(evictor.lines))
+    assert len(evictor.lines) == (1 << 20) // bench.CACHE_LINE_BYTES
+
+
 def test_rejects_bad_options(bench: ModuleType) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--batches", "0"])
