@@ -27,11 +27,11 @@ is_311() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null
 can_venv() { "$1" -c 'import ensurepip, venv' >/dev/null 2>&1; }
 
 # The interpreter of a new .venv: $PYTHON if set; else the distribution's python3 when it is
-# 3.11+ (Debian, Ubuntu and Fedora build it with profile-guided and link-time optimisation
+# 3.11+ (distributions build it with profile-guided and link-time optimisation, Debian's
 # into a statically linked executable: relays on Debian's used 6 % less CPU per transaction
-# at one in flight and 9-18 % less at windows 16-256 than on the same sources under an
-# interpreter built without them, pyenv's default; scripts/ab_trees.py, 6 rounds); its venv
-# module comes from apt's python3-venv when missing. Else python3 on the PATH.
+# at one in flight and 9-18 % less at windows 16-256 than the same sources on an interpreter
+# built without them, pyenv's default; two meshes side by side, 6 alternating rounds); its
+# venv module comes from apt's python3-venv when missing. Else python3 on the PATH.
 pick_python() {
     if [ -n "${PYTHON:-}" ]; then
         printf '%s\n' "$PYTHON"
