@@ -9,7 +9,7 @@ from relay.core import codec
 from relay.core.machine import RelayCore
 from relay.core.messages import Heartbeat, JoinRequest, Reports, TxBatch
 from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain, recipients
-from relay.core.state import GENESIS_POINT
+from relay.core.state import GENESIS_POINT, target_of
 from relay.sim.explore.checks import chain_at, check_transition, inspect_core
 from relay.sim.explore.model import (
     LINK_INDEX,
@@ -88,7 +88,7 @@ class _Observer:
             return
         if msg.sender != rid:
             p.append(f"relay {rid} sent a frame with sender {msg.sender}")
-        target = getattr(msg, "target", None)
+        target = target_of(msg)
         if isinstance(msg, TxBatch | Reports | JoinRequest):
             if o.stream != STREAM or o.target is not None:
                 p.append(f"relay {rid}: {type(msg).__name__} not routed to the stream")
