@@ -61,8 +61,9 @@ def test_cold_evicts_the_caches_whenever_another_relay_takes_its_turn(
     (cold,) = report["results"]
     assert cold["committed"] == 5 and cold["core_us"] > 0, cold
     # every transaction passes through all three relays, so the relay changes several
-    # times per round; never more often than there are core calls
-    assert 3 * 5 <= cold["evictions"] <= cold["core_calls"], cold
+    # times per round; but consecutive calls of one relay (relay 0's produce, then its
+    # ready()) share their caches, so there are fewer evictions than core calls
+    assert 3 * 5 <= cold["evictions"] < cold["core_calls"], cold
     assert bench.main(argv) == 0
     (warm,) = json.loads(capsys.readouterr().out)["results"]
     assert warm["evictions"] == 0
