@@ -11,7 +11,7 @@ process spins for W microseconds on each frame it takes: W stands for the protoc
 per frame, W = 0 is the floor of any relay built on pyzmq here.
 
     .venv/bin/python scripts/latency_budget.py [--work-us 0,20,40,60,80] [--duration-s 4]
-        [--free-peer-reports] [--native] [--json] [--quick]
+        [--free-peer-reports] [--native] [--relay] [--peers nats] [--json] [--quick]
 
 For each W it prints the round trip's p50/p90 at the client and the CPU per transaction of
 each process (utime + stime: libzmq's I/O thread included), to set beside `relay bench
@@ -20,17 +20,26 @@ relays' own work per frame). `--free-peer-reports`: members take each other's re
 without the work, to price that traffic. `--native`: each W also with the three relay
 processes written in C (scripts/latency_budget_relay.c, built here with gcc against the
 libzmq pyzmq loads), the client unchanged, the two runs back to back: what pyzmq and the
-interpreter cost per frame, and where a relay in native code would start. Performance is
-measured here, never asserted in a test.
+interpreter cost per frame, and where a relay in native code would start.
+
+`--relay` and `--peers nats` measure, in the same run and before the sweep, this project's
+3-relay mesh (a `Producer`, one transaction in flight, no consumer) and a 3-server NATS
+JetStream cluster (R3 memory stream, nats-py; `bash scripts/peer-deps.sh` installs them)
+the same way, and place each on the sweep: the work per frame at which the model's p50
+equals theirs (linear between the two rows around it). NATS's is the budget a relay on
+pyzmq (or, with --native, in C) has for its own work per frame to match NATS's latency;
+the mesh's is the work per frame it runs like. Performance is measured here, never
+asserted in a test.
 
 Exit codes: 0; 2 usage error; 3 a process of the model failed (or, with --native, the C
-relay could not be built).
+relay could not be built; with --relay or --peers, the mesh or NATS did not start).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -51,7 +60,9 @@ except ImportError:
 
 import zmq
 
-from relay.launcher import free_ports
+from relay.client import Producer
+from relay.errors import ClientError
+from relay.launcher import Mesh, MeshError, free_ports, write_loopback_topology
 
 DEFAULT_WORK_US = (0, 20, 40, 60, 80)
 DEFAULT_DURATION_S = 4.0
@@ -65,6 +76,9 @@ ANSWER_TIMEOUT_MS = 10_000  # one round trip; longer means a process of the mode
 NATIVE_SOURCE = Path(__file__).resolve().with_name("latency_budget_relay.c")
 PYTHON, NATIVE = "python", "c"  # what the model's relay processes are written in
 CONNECT_SETTLE_S = 0.3  # PUB/SUB subscriptions propagate after connect (no handshake to wait on)
+MESH_STREAM = "budget"  # the stream of --relay's mesh
+MESH_START_TIMEOUT_S = 60.0
+MESH, NATS = "relay", "nats"  # what --relay and --peers nats measure
 BATCH, REPORT = b"B", b"R"
 SEQ_BYTES = 8
 
@@ -75,6 +89,10 @@ class ModelFailed(Exception):
 
 class NativeBuildFailed(ModelFailed):
     """The C relay of the model could not be built (no compiler, a compile or link error)."""
+
+
+class ComparisonFailed(ModelFailed):
+    """The mesh of --relay or the NATS cluster of --peers did not start or did not answer."""
 
 
 def _spin(seconds: float) -> None:
@@ -255,25 +273,106 @@ def _run_client(
             round_trip()
             samples.append(time.perf_counter() - sent)
         client_after = os.times()
-        cpu = {relay_id: _cpu_s(pid) - cpu_before[relay_id] for relay_id, pid in pids.items()}
+        cpu = {f"relay{r}": _cpu_s(pid) - cpu_before[r] for r, pid in pids.items()}
     finally:
         ctx.destroy(linger=0)
-    n = len(samples)
-    client_cpu = (client_after.user + client_after.system) - (
-        client_before.user + client_before.system
-    )
-    ordered = sorted(samples)
-    per_tx = {"client": client_cpu / n * 1e6} | {
-        f"relay{relay_id}": used / n * 1e6 for relay_id, used in cpu.items()
-    }
+    return _figures(samples, _cpu_used(client_before, client_after) | cpu)
+
+
+def _cpu_used(before: os.times_result, after: os.times_result) -> dict[str, float]:
+    """This process's CPU seconds between two `os.times()`, as the client's."""
+    return {"client": (after.user + after.system) - (before.user + before.system)}
+
+
+def _figures(samples_s: Sequence[float], cpu_s: dict[str, float]) -> dict[str, Any]:
+    """Round trips (seconds) and CPU seconds by process -> the row's figures."""
+    n = len(samples_s)
+    if n == 0:
+        raise ModelFailed("no transaction completed")
+    ordered = sorted(samples_s)
+    per_tx = {name: used / n * 1e6 for name, used in cpu_s.items()}
     return {
         "transactions": n,
         "p50_us": _percentile(ordered, 0.5) * 1e6,
         "p90_us": _percentile(ordered, 0.9) * 1e6,
-        "mean_us": statistics.fmean(samples) * 1e6,
+        "mean_us": statistics.fmean(samples_s) * 1e6,
         "cpu_us_per_tx": per_tx,
         "cpu_us_per_tx_all": sum(per_tx.values()),
     }
+
+
+def measure_mesh(duration_s: float, warmup_tx: int) -> dict[str, Any]:
+    """This project's 3-relay mesh on 127.0.0.1 (always stopped), a `Producer` with one
+    transaction in flight for `duration_s`, no consumer: the figures."""
+    directory = Path(tempfile.mkdtemp(prefix="latency-budget-mesh-"))
+    try:
+        subscriptions = {relay_id: [MESH_STREAM] for relay_id in (0, *MEMBERS)}
+        topology = write_loopback_topology(directory, subscriptions, [MESH_STREAM])
+        mesh = Mesh(topology, log_level="warning", log_dir=directory / "logs")
+        with mesh.start(MESH_START_TIMEOUT_S):
+            relays = {r: ends.client for r, ends in mesh.endpoints.items()}
+            with Producer(relays=relays, window=1) as producer:
+                body = os.urandom(VALUE_BYTES)
+                for _ in range(warmup_tx):
+                    producer.send(MESH_STREAM, body)
+                cpu_before = {r: _cpu_s(pid) for r, pid in mesh.pids.items()}
+                client_before = os.times()
+                samples: list[float] = []
+                started = time.perf_counter()
+                while time.perf_counter() - started < duration_s:
+                    sent = time.perf_counter()
+                    producer.send(MESH_STREAM, body)
+                    samples.append(time.perf_counter() - sent)
+                client_after = os.times()
+                cpu = {f"relay{r}": _cpu_s(pid) - cpu_before[r] for r, pid in mesh.pids.items()}
+    except (MeshError, ClientError) as e:
+        raise ComparisonFailed(f"the mesh: {e}") from e
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return _figures(samples, _cpu_used(client_before, client_after) | cpu) | {"relays": MESH}
+
+
+def measure_nats(duration_s: float, warmup_tx: int) -> dict[str, Any]:
+    """A 3-server NATS JetStream cluster (R3 memory stream; always stopped), nats-py
+    publishing one message at a time for `duration_s`: the figures."""
+    from relay.tools import nats_peer  # nats-py is an extra: imported only when asked for
+
+    directory = Path(tempfile.mkdtemp(prefix="latency-budget-nats-"))
+    body = os.urandom(VALUE_BYTES)
+    cluster: nats_peer.NatsCluster | None = None
+    try:
+        cluster = nats_peer.NatsCluster()
+        cluster.start(directory)
+        nats_peer.one_in_flight(cluster.urls, body, MESH_START_TIMEOUT_S, warmup_tx)
+        pids = cluster.pids
+        cpu_before = {i: _cpu_s(pid) for i, pid in pids.items()}
+        client_before = os.times()
+        got = nats_peer.one_in_flight(cluster.urls, body, duration_s, sys.maxsize)
+        client_after = os.times()
+        cpu = {f"server{i}": _cpu_s(pid) - cpu_before[i] for i, pid in pids.items()}
+    except nats_peer.NatsUnavailable as e:
+        raise ComparisonFailed(f"NATS: {e}") from e
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    if got["failed"]:
+        raise ComparisonFailed(f"NATS: {got['failed']} publishes failed")
+    used = _cpu_used(client_before, client_after) | cpu
+    return _figures(got["samples_s"], used) | {"relays": NATS}
+
+
+def work_at(runs: Sequence[dict[str, Any]], relays: str, p50_us: float) -> float | None:
+    """The work per frame at which the model with `relays` (python or c) has `p50_us`:
+    linear between the first two consecutive rows (by work) whose p50s bracket it; None
+    when the sweep does not reach it (below its first row's p50 or above its last's)."""
+    curve: list[tuple[float, float]] = sorted(
+        (run["work_us"], run["p50_us"]) for run in runs if run["relays"] == relays
+    )
+    for (w0, p0), (w1, p1) in itertools.pairwise(curve):
+        if min(p0, p1) <= p50_us <= max(p0, p1):
+            return w0 if p1 == p0 else w0 + (w1 - w0) * (p50_us - p0) / (p1 - p0)
+    return None
 
 
 def _work_list(text: str) -> list[float]:
@@ -309,6 +408,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="each W also with the relays in C (built with gcc), side by side",
     )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="also this project's 3-relay mesh, one in flight, placed on the sweep",
+    )
+    p.add_argument(
+        "--peers",
+        choices=[NATS],
+        default=None,
+        help="also a 3-server NATS JetStream cluster (nats-py), one in flight, placed on "
+        "the sweep (bash scripts/peer-deps.sh installs it)",
+    )
     p.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--serve-relay", type=int, default=None, help=argparse.SUPPRESS)
@@ -329,9 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     duration_s = args.duration_s or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
     warmup = QUICK_WARMUP_TX if args.quick else WARMUP_TX
     runs = []
+    compared = []  # the mesh and NATS, measured first (side by side with the sweep)
     build_dir = Path(tempfile.mkdtemp(prefix="latency-budget-"))
     try:
         native = build_native(build_dir) if args.native else None
+        if args.peers == NATS:
+            compared.append(measure_nats(duration_s, warmup))
+        if args.relay:
+            compared.append(measure_mesh(duration_s, warmup))
         for work_us in args.work_us:
             runs.append(measure(work_us, duration_s, args.free_peer_reports, warmup))
             if native is not None:
@@ -341,8 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+    kinds = [PYTHON] + ([NATIVE] if args.native else [])
+    for row in compared:
+        row["work_us_like"] = {kind: work_at(runs, kind, row["p50_us"]) for kind in kinds}
     if args.json:
-        print(json.dumps({"duration_s": duration_s, "runs": runs}, indent=2))
+        print(json.dumps({"duration_s": duration_s, "runs": runs, "compared": compared}, indent=2))
         return 0
     print(
         "one transaction in flight through the commit path on ZeroMQ (4 one-way delays), "
@@ -354,13 +473,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         "CPU us per tx: client, relays, all"
     )
     for run in runs:
-        cpu = run["cpu_us_per_tx"]
-        relays = " / ".join(f"{cpu[f'relay{r}']:.0f}" for r in (0, *MEMBERS))
-        print(
-            f"{run['work_us']:>13g} {run['relays']:>6} {run['p50_us']:>7.0f} "
-            f"{run['p90_us']:>7.0f}  {cpu['client']:.0f}, {relays}, {run['cpu_us_per_tx_all']:.0f}"
+        print(f"{run['work_us']:>13g} {run['relays']:>6} {_row_figures(run)}")
+    for row in compared:
+        print(f"{'-':>13} {row['relays']:>6} {_row_figures(row)}")
+    for row in compared:
+        like = ", ".join(
+            f"{kind} {_fmt_work(row['work_us_like'][kind], runs, kind)}" for kind in kinds
         )
+        what = (
+            "NATS JetStream's p50: the model matches it at work/frame us"
+            if row["relays"] == NATS
+            else "this project's mesh runs like the model at work/frame us"
+        )
+        print(f"{what}: {like}")
     return 0
+
+
+def _row_figures(run: dict[str, Any]) -> str:
+    cpu = run["cpu_us_per_tx"]
+    servers = " / ".join(f"{used:.0f}" for name, used in cpu.items() if name != "client")
+    return (
+        f"{run['p50_us']:>7.0f} {run['p90_us']:>7.0f}  "
+        f"{cpu['client']:.0f}, {servers}, {run['cpu_us_per_tx_all']:.0f}"
+    )
+
+
+def _fmt_work(work_us: float | None, runs: Sequence[dict[str, Any]], relays: str) -> str:
+    """A place on the sweep, or which side of it the p50 fell."""
+    if work_us is not None:
+        return f"{work_us:.0f}"
+    works = [run["work_us"] for run in runs if run["relays"] == relays]
+    return f"outside the sweep ({min(works):g}-{max(works):g})"
 
 
 if __name__ == "__main__":

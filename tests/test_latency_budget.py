@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -20,9 +21,13 @@ def budget() -> ModuleType:
     return load_script("latency_budget")
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def _model_processes() -> list[int]:
-    """This process's children that are relays of the model (started with
-    --serve-relay, or the C relay) and still there; another test worker's do not count."""
+    """This process's children that are relays of the model (started with --serve-relay,
+    or the C relay), of --relay's mesh or of --peers' NATS cluster, and still there;
+    another test worker's do not count."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -32,7 +37,10 @@ def _model_processes() -> list[int]:
             except OSError:
                 continue
             parent = int(status.split("PPid:", 1)[1].split()[0])
-            model = b"--serve-relay" in command or b"latency_budget_relay" in command
+            model = any(
+                mark in command
+                for mark in (b"--serve-relay", b"latency_budget_relay", b"latency-budget-")
+            )
             if parent == os.getpid() and model:
                 found.append(int(entry.name))
     return found
@@ -118,4 +126,78 @@ def test_native_build_errors_are_reported(
     assert budget.main(["--quick", "--native", "--work-us", "0"]) == 3
     err = capsys.readouterr().err
     assert "failed" in err and "not_declared" in err, err
+    assert _model_processes() == []
+
+
+def test_work_at_places_a_latency_on_the_sweep(budget: ModuleType) -> None:
+    runs = [
+        {"work_us": 0, "relays": "python", "p50_us": 300.0},
+        {"work_us": 20, "relays": "python", "p50_us": 400.0},
+        {"work_us": 40, "relays": "python", "p50_us": 500.0},
+        {"work_us": 0, "relays": "c", "p50_us": 250.0},
+        {"work_us": 20, "relays": "c", "p50_us": 250.0},
+    ]
+    assert budget.work_at(runs, "python", 450.0) == 30.0
+    assert budget.work_at(runs, "python", 300.0) == 0.0
+    assert budget.work_at(runs, "python", 500.0) == 40.0
+    assert budget.work_at(runs, "python", 299.0) is None  # faster than the floor
+    assert budget.work_at(runs, "python", 501.0) is None  # beyond the sweep
+    assert budget.work_at(runs, "c", 250.0) == 0  # a flat stretch: its first row
+    assert budget.work_at(runs, "c", 400.0) is None
+
+
+def test_the_mesh_is_measured_beside_the_model(
+    budget: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--relay: this project's mesh, one in flight, placed on the sweep (a real mesh of
+    three relay processes, stopped afterwards)."""
+    assert budget.main(["--quick", "--json", "--relay", "--work-us", "0,5000"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    [mesh] = report["compared"]
+    assert mesh["relays"] == "relay" and mesh["transactions"] > 0, mesh
+    assert 0 < mesh["p50_us"] <= mesh["p90_us"], mesh
+    assert set(mesh["cpu_us_per_tx"]) == {"client", "relay0", "relay1", "relay2"}, mesh
+    # 5 ms of work per frame is far slower than the mesh: it lands inside the sweep
+    # unless it is faster than the floor (then None); either way it was placed.
+    assert set(mesh["work_us_like"]) == {"python"}
+    like = mesh["work_us_like"]["python"]
+    assert like is None or 0 <= like <= 5000, mesh
+    assert _model_processes() == []
+
+
+def test_the_table_places_the_mesh(budget: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert budget.main(["--quick", "--relay", "--work-us", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "this project's mesh runs like the model at work/frame us: python " in out, out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("- ")]
+    assert len(rows) == 1 and rows[0][1] == "relay" and int(rows[0][2]) > 0, out
+    assert _model_processes() == []
+
+
+def test_nats_missing_is_named(
+    budget: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relay.tools import nats_peer
+
+    monkeypatch.setattr(nats_peer.shutil, "which", lambda name: None)
+    assert budget.main(["--quick", "--peers", "nats", "--work-us", "0"]) == 3
+    err = capsys.readouterr().err
+    assert "NATS: nats-server not found" in err and "peer-deps.sh" in err, err
+    assert _model_processes() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_nats_is_measured_beside_the_model(
+    budget: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--peers nats: a 3-server NATS JetStream cluster, one in flight, placed on the
+    sweep (slow: scripts/peer-deps.sh installs nats-server and nats-py first)."""
+    subprocess.run(["bash", "scripts/peer-deps.sh"], cwd=ROOT, check=True, timeout=600)
+    argv = ["--quick", "--json", "--native", "--peers", "nats", "--work-us", "0,5000"]
+    assert budget.main(argv) == 0
+    [nats] = json.loads(capsys.readouterr().out)["compared"]
+    assert nats["relays"] == "nats" and nats["transactions"] > 0, nats
+    assert set(nats["cpu_us_per_tx"]) == {"client", "server0", "server1", "server2"}, nats
+    assert set(nats["work_us_like"]) == {"python", "c"}
     assert _model_processes() == []
