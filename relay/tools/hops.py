@@ -21,7 +21,9 @@ took the request, relay 0; the members M are the two others) it finds:
 
 and reports, per stage, the median and 90th percentile over the transactions, plus what
 each member heard last before it reported (its *trigger*: the TxBatch itself, or another
-member's frame that raised its watermark, 5.3 and section 7 of docs/protocol.md). Each
+member's frame that raised its watermark, 5.3 and section 7 of docs/protocol.md). A member
+that took the TxBatch only after the others' reports committed the seq does not report
+there (its vote is no longer needed) and is left out of that transaction's path. Each
 stage names the one-way delays it holds: the four between processes on the path. Only
 relay 0 coordinates, so the members lead (5.2) and none waits for the other's floor before
 it reports: four, as section 7 counts (five where several relays coordinate a stream).
@@ -57,6 +59,7 @@ QUICK_HOPS_MAX_TX = 100
 COORDINATOR = 0  # the producer sends to relay 0 first
 READER = 1  # the consumer reads from relay 1 first
 _PRODUCE_ANSWERS = ("ProduceResp", "ProduceBatchResp")
+NO_LATER_SEQ = 1 << 64  # above every seq (u63): the last transaction has no next one
 
 # The stages, in the order of the path: (name, what it measures, the one-way delays in it).
 # A member reports on the TxBatch: the other member leads (docs/protocol.md 5.2 and 7).
@@ -117,13 +120,15 @@ def _holds(seq: int) -> Callable[[dict[str, Any]], bool]:
     return lambda e: seq in e.get("seqs", ())
 
 
-def _reports_at(seq: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: e["kind"] == "Reports" and any(p >= seq for p in e.get("points", ()))
+def _reports_in(lo: int, below: int) -> Callable[[dict[str, Any]], bool]:
+    """A Reports with a point in [lo, below): a report at seq `lo`, not at the next
+    transaction's seq `below` or later (no point of a report made before that seq was
+    given reaches it: a member reports up to its watermark only, 5.3)."""
+    return lambda e: e["kind"] == "Reports" and any(lo <= p < below for p in e.get("points", ()))
 
 
-def _reports_from(relay: int, seq: int) -> Callable[[dict[str, Any]], bool]:
-    at = _reports_at(seq)
-    return lambda e: e["dir"] == PEER_IN and e["peer"] == relay and at(e)
+def _from(relay: int, match: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["dir"] == PEER_IN and e["peer"] == relay and match(e)
 
 
 def _path_of_one(
@@ -140,6 +145,9 @@ def _path_of_one(
     batch = coord.after(took["ns"], lambda e: e["dir"] == PEER_OUT and _holds(seq)(e))
     if batch is None:
         return None
+    later = coord.after(batch["ns"] + 1, lambda e: e["dir"] == PEER_OUT and e["kind"] == "TxBatch")
+    at_seq = _reports_in(seq, min(later["seqs"]) if later else NO_LATER_SEQ)
+    taken: list[int] = []  # when each member took the TxBatch
     members: list[dict[str, Any]] = []
     for relay, events in traces.items():
         if relay == COORDINATOR:
@@ -149,13 +157,14 @@ def _path_of_one(
             lambda e: e["dir"] == PEER_IN and e["peer"] == COORDINATOR and _holds(seq)(e),
         )
         if batch_in is None:
-            return None
-        report_out = events.after(
-            batch_in["ns"], lambda e: e["dir"] == PEER_OUT and _reports_at(seq)(e)
-        )
-        report_in = coord.after(batch["ns"], _reports_from(relay, seq))
+            continue  # it took the TxBatch another way (passed on by a peer, 5.13)
+        taken.append(batch_in["ns"])
+        report_out = events.after(batch_in["ns"], lambda e: e["dir"] == PEER_OUT and at_seq(e))
+        report_in = coord.after(batch["ns"], _from(relay, at_seq))
         if report_out is None or report_in is None:
-            return None
+            # It did not report at the seq: the others' reports had committed it before
+            # its watermark reached it (a member slower than the others votes no more).
+            continue
         trigger = events.last_before(report_out["ns"], lambda e: e["dir"] == PEER_IN)
         members.append(
             {
@@ -172,13 +181,14 @@ def _path_of_one(
                 ),
             }
         )
-    first_in = min(members, key=lambda m: m["batch_in"])
+    if not members:
+        return None
     first_report = min(members, key=lambda m: m["report_in"])
     stamps = {
         "sent": sent_ns,
         "client_in": took["ns"],
         "batch_out": batch["ns"],
-        "batch_in": first_in["batch_in"],
+        "batch_in": min(taken),
         "report_out": first_report["report_out"],
         "report_in": first_report["report_in"],
         "reply_out": reply["ns"],
@@ -247,6 +257,7 @@ def analyse(
     second_report = sorted(
         (max(m["report_in"] for m in p["members"]) - p["stamps"]["report_in"]) / 1_000
         for p in paths
+        if len(p["members"]) > 1
     )
     return {
         "transactions": len(client),
