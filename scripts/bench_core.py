@@ -33,8 +33,8 @@ left in the caches. Cold, the cores cost about twice what a warm loop measures (
 transaction per relay: 76 against 40 µs at B=1, 9.8 against 5.6 at B=16), nearer what perf
 finds in live relays (about 118 µs for a member's core at one in flight). A change that
 saves instructions but touches more memory can look better warm than it runs; `--cold`
-shows it. The baseline stays warm (it
-is the irreducible work), so with `--cold` the ratio includes what cold caches cost.
+shows it. The baseline stays warm (it is the irreducible work), so with `--cold` the ratio
+includes what cold caches cost.
 
 Performance is measured here, never asserted in a unit test.
 """

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,21 +261,29 @@ def _run_client(
         dealer.recv()
 
     try:
-        for _ in range(warmup_tx):
-            round_trip()
         pids = {relay_id: proc.pid for relay_id, proc in children.items()}
-        cpu_before = {relay_id: _cpu_s(pid) for relay_id, pid in pids.items()}
-        client_before = os.times()
-        samples: list[float] = []
-        started = time.perf_counter()
-        while time.perf_counter() - started < duration_s:
-            sent = time.perf_counter()
-            round_trip()
-            samples.append(time.perf_counter() - sent)
-        client_after = os.times()
-        cpu = {f"relay{r}": _cpu_s(pid) - cpu_before[r] for r, pid in pids.items()}
+        return _one_in_flight(round_trip, pids, duration_s, warmup_tx)
     finally:
         ctx.destroy(linger=0)
+
+
+def _one_in_flight(
+    round_trip: Callable[[], object], pids: dict[int, int], duration_s: float, warmup_tx: int
+) -> dict[str, Any]:
+    """`round_trip` `warmup_tx` times, then for `duration_s`, timed: the figures, with the
+    CPU of this process (the client) and of the relays `pids` (relay id -> pid)."""
+    for _ in range(warmup_tx):
+        round_trip()
+    cpu_before = {relay_id: _cpu_s(pid) for relay_id, pid in pids.items()}
+    client_before = os.times()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < duration_s:
+        sent = time.perf_counter()
+        round_trip()
+        samples.append(time.perf_counter() - sent)
+    client_after = os.times()
+    cpu = {f"relay{r}": _cpu_s(pid) - cpu_before[r] for r, pid in pids.items()}
     return _figures(samples, _cpu_used(client_before, client_after) | cpu)
 
 
@@ -313,23 +321,14 @@ def measure_mesh(duration_s: float, warmup_tx: int) -> dict[str, Any]:
             relays = {r: ends.client for r, ends in mesh.endpoints.items()}
             with Producer(relays=relays, window=1) as producer:
                 body = os.urandom(VALUE_BYTES)
-                for _ in range(warmup_tx):
-                    producer.send(MESH_STREAM, body)
-                cpu_before = {r: _cpu_s(pid) for r, pid in mesh.pids.items()}
-                client_before = os.times()
-                samples: list[float] = []
-                started = time.perf_counter()
-                while time.perf_counter() - started < duration_s:
-                    sent = time.perf_counter()
-                    producer.send(MESH_STREAM, body)
-                    samples.append(time.perf_counter() - sent)
-                client_after = os.times()
-                cpu = {f"relay{r}": _cpu_s(pid) - cpu_before[r] for r, pid in mesh.pids.items()}
+                figures = _one_in_flight(
+                    lambda: producer.send(MESH_STREAM, body), mesh.pids, duration_s, warmup_tx
+                )
     except (MeshError, ClientError) as e:
         raise ComparisonFailed(f"the mesh: {e}") from e
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return _figures(samples, _cpu_used(client_before, client_after) | cpu) | {"relays": MESH}
+    return figures | {"relays": MESH}
 
 
 def measure_nats(duration_s: float, warmup_tx: int) -> dict[str, Any]:
