@@ -88,6 +88,13 @@ class FieldError(FrameError):
     counter = "frame_bad_field"
 
 
+class NotAMember(FieldError):
+    """A message about a stream from a relay outside the stream's configuration, or for a
+    relay that does not serve it (docs/protocol.md 5.15: a relay whose topology differs)."""
+
+    counter = "frame_not_member"
+
+
 class OversizedFrame(FrameError):
     """The frame exceeds the configured maximum frame size."""
 

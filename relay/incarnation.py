@@ -21,7 +21,7 @@ spool directory, `<data_dir>/spool/relay=<id>/`):
   fsync, rename, directory fsync) before the relay talks to anyone.
 
   FIRST_INCARNATION (1) means "the first start of this identity ever": the core then
-  knows there is nothing it could have forgotten (relay/core/join.py forgot_acceptor:
+  knows there is nothing it could have forgotten (relay/core/view.py forgot_acceptor:
   no abstaining from view changes, relay/acceptors.py). So a start without the file
   takes 1 only if nothing else shows an earlier start: a relay with acceptor records or
   a spool directory has run before, and takes at least 2.

@@ -10,9 +10,9 @@ import pytest
 
 from relay.acceptors import COMPACT_MIN_BYTES, LEGACY_SUFFIX, LOG_NAME, AcceptorFiles
 from relay.core import CoreConfig, Limits, RelayCore, Topology, codec
-from relay.core.join import forgot_acceptor
 from relay.core.messages import Interval, ViewValue
 from relay.core.state import FIRST_INCARNATION
+from relay.core.view import forgot_acceptor
 from relay.errors import FrameError
 
 T0 = 1_800_000_000_000
@@ -23,8 +23,14 @@ def core_of(incarnation: int) -> RelayCore:
     return RelayCore(CoreConfig(0, TOPOLOGY, Limits()), incarnation, T0)
 
 
-def record(number: int, promised: int, ballot: int = -1, value: ViewValue | None = None) -> bytes:
-    return codec.encode_acceptor(number, promised, ballot, value)
+def record(
+    number: int,
+    promised: int,
+    ballot: int = -1,
+    value: ViewValue | None = None,
+    config: tuple[int, tuple[int, ...]] = (1, (0, 1, 2)),
+) -> bytes:
+    return codec.encode_acceptor(codec.AcceptorRecord(number, promised, ballot, value, *config))
 
 
 # --- the files ---------------------------------------------------------------------------------
@@ -105,8 +111,8 @@ def test_files_of_the_earlier_layout_are_taken_over(tmp_path: Path) -> None:
 def test_acceptor_record_round_trips_with_an_accepted_value() -> None:
     value = ViewValue(3, 1_000, 900, (Interval(0, 1, 0), Interval(1, 2, 50, 1_000)))
     decoded = codec.decode_acceptor(record(4, 2049, 2049, value), 1 << 20)
-    assert decoded == (4, 2049, 2049, value)
-    assert codec.decode_acceptor(record(1, -1), 1 << 20) == (1, -1, -1, None)
+    assert decoded == (4, 2049, 2049, value, 1, (0, 1, 2), False)
+    assert codec.decode_acceptor(record(1, -1), 1 << 20) == (1, -1, -1, None, 1, (0, 1, 2), False)
 
 
 @pytest.mark.parametrize("junk", [b"", b"\x00", b"\x92\x01\x02", b"not msgpack at all"])
@@ -151,3 +157,38 @@ def test_a_changed_acceptor_is_handed_to_the_shell_only_when_it_keeps_memory() -
     [(stream, kept)] = keeping.outbox.acceptors
     assert stream == "s"
     assert codec.decode_acceptor(kept, 1 << 20)[0] == keeping.streams["s"].acceptor.number
+    # with the stream's configuration as it stands (5.15): provisional, not yet kept
+    assert codec.decode_acceptor(kept, 1 << 20)[4:] == (0, (0, 1, 2), False)
+
+
+def test_a_recorded_configuration_outlives_the_topology() -> None:
+    """5.15: after a restart onto a topology that names other relays for a stream, the
+    relay runs it under the configuration its record keeps; a stream it does not open at
+    start opens under its record too, and the shell subscribes to it."""
+    grown = Topology({0: ("s", "u"), 1: ("s", "u"), 2: ("s", "u"), 3: ("s",)})
+    core = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
+    core.remember_acceptors({"s": record(3, -1), "t": record(2, -1, config=(1, (0, 2)))})
+    st = core.streams["s"]
+    assert (st.configuration, st.desired, st.q) == ((1, (0, 1, 2)), (0, 1, 2, 3), 2)
+    assert core.members("t") == (0, 2) and core.serves("t")  # not opened yet: by its record
+    assert core.recorded_streams() == ["t"]
+    assert "t" not in core.streams
+    assert core.stream("t").configuration == (1, (0, 2))  # opened on first use, as recorded
+    assert core.recorded_streams() == ["t"]
+    assert core.members("u") == (0, 1, 2)  # no record: the topology's
+    assert "u" in core.streams and core.streams["u"].config_version == 0
+
+
+def test_an_accepted_establishing_value_binds_its_relays_across_a_restart() -> None:
+    """5.15: a relay that accepted the value of a stream's first view (which establishes
+    its relays) accepts no value of other relays in that instance, whatever its topology
+    says after a restart: the value may have been decided with its acceptance."""
+    grown = Topology({0: ("s",), 1: ("s",), 2: ("s",), 3: ("s",)})
+    value = ViewValue(1, 5, 0, (Interval(0, 1, 5),), (), 1, (0, 1, 2))
+    core = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
+    core.remember_acceptors({"s": record(1, 1025, 1025, value, config=(0, (0, 1, 2)))})
+    assert core.streams["s"].configuration == (0, (0, 1, 2))
+    # A provisional record without an accepted value binds nothing: the topology's again.
+    other = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
+    other.remember_acceptors({"s": record(1, 1025, config=(0, (0, 1, 2)))})
+    assert other.streams["s"].configuration == (0, (0, 1, 2, 3))

@@ -12,7 +12,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from relay.core import codec
-from relay.core.codec import TYPE_CODES, decode, decode_acceptor, encode, encode_acceptor
+from relay.core.codec import (
+    TYPE_CODES,
+    AcceptorRecord,
+    decode,
+    decode_acceptor,
+    encode,
+    encode_acceptor,
+)
 from relay.core.messages import (
     Forward,
     ForwardReply,
@@ -79,8 +86,17 @@ entries = st.lists(st.tuples(u63, transactions), max_size=5).map(tuple)
 report_points = st.lists(st.tuples(u63, digests), max_size=5).map(tuple)
 acks = st.lists(st.tuples(relay_ids, u63), max_size=5).map(tuple)
 intervals = st.builds(Interval, relay_ids, u64, u63_or_none, u63_or_none)
+# a configuration's relays (5.15): ascending, each once
+members = st.sets(relay_ids, max_size=6).map(lambda ids: tuple(sorted(ids)))
 view_values = st.builds(
-    ViewValue, u63, u63_or_none, u63_or_none, st.lists(intervals, max_size=4).map(tuple), entries
+    ViewValue,
+    u63,
+    u63_or_none,
+    u63_or_none,
+    st.lists(intervals, max_size=4).map(tuple),
+    entries,
+    u63,
+    members,
 )
 stream_statuses = st.builds(
     StreamStatus,
@@ -96,6 +112,8 @@ stream_statuses = st.builds(
     st.booleans(),
     acks,
     st.booleans(),
+    u63,
+    members,
 )
 dedupe_keys = st.tuples(producer_ids, u64, u63, digests)
 
@@ -113,8 +131,11 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         digests,
         acks,
         u63_or_none,
+        u63,
     ),
-    JoinRequest: st.builds(JoinRequest, relay_ids, incarnations, u63, streams, u63, u63_or_none),
+    JoinRequest: st.builds(
+        JoinRequest, relay_ids, incarnations, u63, streams, u63, u63_or_none, u63, members
+    ),
     Heartbeat: st.builds(
         Heartbeat,
         relay_ids,
@@ -156,6 +177,8 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         st.none() | st.lists(dedupe_keys, max_size=4).map(tuple),
         report_points,
         st.none() | view_values,
+        u63,
+        members,
     ),
     RepairRequest: st.builds(
         RepairRequest,
@@ -183,6 +206,7 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         st.booleans(),
         entries,
         report_points,
+        u63,
     ),
     ViewRequest: st.builds(
         ViewRequest,
@@ -196,6 +220,8 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         u63,
         st.lists(relay_ids, max_size=4).map(tuple),
         st.none() | view_values,
+        u63,
+        members,
     ),
     ViewReply: st.builds(
         ViewReply,
@@ -214,6 +240,8 @@ messages: dict[type, st.SearchStrategy[Any]] = {
         u63_or_none,
         st.none() | view_values,
         entries,
+        u63,
+        members,
     ),
     ViewDecided: st.builds(
         ViewDecided, relay_ids, incarnations, u63, relay_ids, streams, view_values
@@ -338,59 +366,91 @@ def test_wire_layout() -> None:
         [b"p", 6, b"", b"v", 0],
     ]
     reports = Reports(1, 2, 3, "s", 4, ((5, D),), -1, D)
-    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [], -1]
-    reports = msgspec.structs.replace(reports, acks=((6, 7), (8, 9)), lead=10)
-    assert as_list(reports)[-2:] == [[[6, 7], [8, 9]], 10]
+    assert as_list(reports) == [2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [], -1, 0]
+    reports = msgspec.structs.replace(reports, acks=((6, 7), (8, 9)), lead=10, config=3)
+    assert as_list(reports)[-3:] == [[[6, 7], [8, 9]], 10, 3]
     hb = Heartbeat(1, 2, 3, (StreamStatus("s", 4, -1, D, True),))
     assert as_list(hb) == [
         4,
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [], [], -1, 0, False, [], False]],
+        [["s", 4, -1, D, True, [], [], -1, 0, False, [], False, 0, []]],
         0,
         [],
         0,
         False,
         False,
     ]
-    status = StreamStatus("s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True)
+    status = StreamStatus(
+        "s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True, 1, (0, 1, 2)
+    )
     hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True, True)
     assert as_list(hb) == [
         4,
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]], True]],
+        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]], True, 1, [0, 1, 2]]],
         10,
         [0, 2],
         500,
         True,
         True,
     ]
-    assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1]
+    assert as_list(JoinRequest(1, 2, 3, "s", 4, -1)) == [3, 1, 2, 3, "s", 4, -1, 0, []]
+    request = JoinRequest(1, 2, 3, "s", 4, -1, 1, (1, 2, 5))
+    assert as_list(request) == [3, 1, 2, 3, "s", 4, -1, 1, [1, 2, 5]]
     reply = ForwardReply(1, 2, 3, 4, 5, Outcome.REJECTED, -1, "late", (7, 8))
     assert as_list(reply) == [6, 1, 2, 3, 4, 5, "rejected", -1, "late", [7, 8]]
     join = JoinReply(1, 2, 3, 4, "s", False, 5, D, -1, None)
-    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [], None]
-    join = msgspec.structs.replace(join, dedupe=((b"p", 1, 2, D),), your_votes=((6, D),))
-    assert as_list(join)[-3:-1] == [[[b"p", 1, 2, D]], [[6, D]]]
+    assert as_list(join) == [7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [], None, 0, []]
+    join = msgspec.structs.replace(
+        join, dedupe=((b"p", 1, 2, D),), your_votes=((6, D),), config=2, members=(0, 4)
+    )
+    assert as_list(join)[-5:] == [[[b"p", 1, 2, D]], [[6, D]], None, 2, [0, 4]]
     rr = RepairReply(1, 2, 3, 4, "s", 5, RepairStatus.TOO_OLD, 6, 7, True, (), ())
-    assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], []]
-    value = ViewValue(5, 6, 7, (Interval(1, 2, 3), Interval(0, 1, 2, 6)), ((7, T),))
-    wire_value = [5, 6, 7, [[1, 2, 3, -1], [0, 1, 2, 6]], [[7, b"p", 1, None, b"v", 0]]]
-    request = ViewRequest(1, 2, 3, 4, "s", ViewPhase.ACCEPT, 5, 6, (0,), value)
-    assert as_list(request) == [11, 1, 2, 3, 4, "s", "accept", 5, 6, [0], wire_value]
+    assert as_list(rr) == [9, 1, 2, 3, 4, "s", 5, "too_old", 6, 7, True, [], [], 0]
+    intervals = (Interval(1, 2, 3), Interval(0, 1, 2, 6))
+    value = ViewValue(5, 6, 7, intervals, ((7, T),), 1, (0, 1, 2))
+    wire_value = [
+        5,
+        6,
+        7,
+        [[1, 2, 3, -1], [0, 1, 2, 6]],
+        [[7, b"p", 1, None, b"v", 0]],
+        1,
+        [0, 1, 2],
+    ]
+    view_request = ViewRequest(1, 2, 3, 4, "s", ViewPhase.ACCEPT, 5, 6, (0,), value, 1, (0, 1, 2))
+    assert as_list(view_request) == [
+        11, 1, 2, 3, 4, "s", "accept", 5, 6, [0], wire_value, 1, [0, 1, 2]
+    ]  # fmt: skip
     promise = ViewReply(1, 2, 3, 4, "s", ViewPhase.PROMISE, 5, 6, True, 7, 8, 9, 10, None, ())
-    assert as_list(promise) == [12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, []]
+    assert as_list(promise) == [
+        12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, [], 0, []
+    ]  # fmt: skip
     assert as_list(ViewDecided(1, 2, 3, 4, "s", value)) == [13, 1, 2, 3, 4, "s", wire_value]
 
 
 def test_acceptor_record_round_trip() -> None:
-    value = ViewValue(5, 6, 7, (Interval(1, 2, 3),), ((7, T),))
+    value = ViewValue(5, 6, 7, (Interval(1, 2, 3),), ((7, T),), 1, (0, 1, 2))
     for accepted in (None, value):
-        record = encode_acceptor(5, 1026, 1026 if accepted else -1, accepted)
-        assert decode_acceptor(record, MAX) == (5, 1026, 1026 if accepted else -1, accepted)
+        for config in ((0, (0, 1, 2)), (1, (0, 1, 2))):
+            for committed in (False, True):
+                record = AcceptorRecord(
+                    5, 1026, 1026 if accepted else -1, accepted, *config, committed=committed
+                )
+                assert decode_acceptor(encode_acceptor(record), MAX) == record
+    # A record an earlier release wrote (code 20, a view without its configuration) reads
+    # as one without a configuration, and with nothing committed.
+    legacy_value = [5, 6, 7, [[1, 2, 3, -1]], []]
+    legacy = msgspec.msgpack.encode([20, 5, 1026, 1026, legacy_value])
+    assert decode_acceptor(legacy, MAX) == AcceptorRecord(
+        5, 1026, 1026, ViewValue(5, 6, 7, (Interval(1, 2, 3),))
+    )
+    with pytest.raises(FieldError, match="members"):  # relays out of order
+        decode_acceptor(encode_acceptor(AcceptorRecord(1, -1, -1, None, 1, (2, 1))), MAX)
     with pytest.raises(FrameError):
         decode_acceptor(b"\x93\x01\x02\x03", MAX)  # a 3-array, not a record
     with pytest.raises(FrameError):
@@ -533,10 +593,10 @@ def test_fast_path_edges() -> None:
         frame_of(1, 1, 2, 3, "s", 4, [[0, b"p" * 65, *entry[2:]]]),
         frame_of(1, 1, 2, 3, "s", 4, [[*entry[:3], "key", *entry[4:]]]),
         frame_of(1, 1, 2, 3, "s", 4, [[*entry[:5], True]]),
-        frame_of(2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [[1023, U63]], -1),
-        frame_of(2, 1, 2, 3, "s", 4, [[5, D[:15]]], -1, D, [], -1),
-        frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1),
-        frame_of(2, 1024, 2, 3, "s", 4, [], -1, D, [], -1),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D]], -1, D, [[1023, U63]], -1, 0),
+        frame_of(2, 1, 2, 3, "s", 4, [[5, D[:15]]], -1, D, [], -1, 0),
+        frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1, 0),
+        frame_of(2, 1024, 2, 3, "s", 4, [], -1, D, [], -1, 0),
     ):
         assert_same_as_reference(frame)
 
@@ -639,7 +699,7 @@ def test_wrong_array_lengths() -> None:
     with pytest.raises(MalformedFrame):  # an entry not an array
         decode(frame_of(*items[:6], [5]), MAX)
     with pytest.raises(MalformedFrame, match=r"points\[0\]"):  # a report not a pair
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D, [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, D, 6]], -1, D, [], -1, 0), MAX)
     for status in (
         ["s", 4, -1, D],
         ["s", 4, -1, D, True],  # the layout before acks and inherited votes
@@ -647,6 +707,7 @@ def test_wrong_array_lengths() -> None:
         ["s", 4, -1, D, True, [], [], -1, 0],
         ["s", 4, -1, D, True, [], [], -1, 0, False],  # the layout before inherited acks
         ["s", 4, -1, D, True, [], [], -1, 0, False, []],  # before inherited_omitted
+        ["s", 4, -1, D, True, [], [], -1, 0, False, [], False],  # before configurations
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
             decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
@@ -661,16 +722,16 @@ def test_wrong_array_lengths() -> None:
 def test_reports_lead_out_of_range() -> None:
     for lead in (-2, U63 + 1, "x"):
         with pytest.raises(FieldError, match=r"Reports\.lead"):
-            decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D, [], lead), MAX)
+            decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D, [], lead, 0), MAX)
 
 
 def test_wrong_digest_length() -> None:
     with pytest.raises(FieldError, match="digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D, [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[5, b"\x00" * 15]], -1, D, [], -1, 0), MAX)
     with pytest.raises(FieldError, match="committed_digest"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00", [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D + b"\x00", [], -1, 0), MAX)
     with pytest.raises(FieldError):  # a digest must be bin, not str
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16, [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, "x" * 16, [], -1, 0), MAX)
 
 
 @pytest.mark.parametrize(
@@ -678,11 +739,11 @@ def test_wrong_digest_length() -> None:
 )
 def test_bad_stream_names(stream: Any) -> None:
     with pytest.raises(FieldError, match="stream"):
-        decode(frame_of(3, 1, 2, 3, stream, 4, -1), MAX)
+        decode(frame_of(3, 1, 2, 3, stream, 4, -1, 0, []), MAX)
 
 
 def test_stream_name_limit_is_in_utf8_bytes() -> None:
-    assert decode(frame_of(3, 1, 2, 3, "é" * 127, 4, -1), MAX) == JoinRequest(
+    assert decode(frame_of(3, 1, 2, 3, "é" * 127, 4, -1, 0, []), MAX) == JoinRequest(
         1, 2, 3, "é" * 127, 4, -1
     )
 
@@ -704,15 +765,15 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False]
+        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False, 0, []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
-        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False]
+        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False, 0, []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="hears"):
         decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False, False), MAX)
     with pytest.raises(FieldError, match="inherited_omitted"):
-        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1]
+        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1, 0, []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="settled"):
         decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1, False), MAX)
@@ -751,17 +812,17 @@ def test_repair_origin_is_minus_one_or_a_relay_id() -> None:
 
 
 def test_minus_one_only_where_documented() -> None:
-    assert decode(frame_of(3, 1, 2, 3, "s", 4, -1), MAX) == JoinRequest(1, 2, 3, "s", 4, -1)
+    assert decode(frame_of(3, 1, 2, 3, "s", 4, -1, 0, []), MAX) == JoinRequest(1, 2, 3, "s", 4, -1)
     with pytest.raises(FieldError, match="need_point"):
-        decode(frame_of(3, 1, 2, 3, "s", 4, -2), MAX)
+        decode(frame_of(3, 1, 2, 3, "s", 4, -2, 0, []), MAX)
     with pytest.raises(FieldError, match="floor"):
-        decode(frame_of(3, 1, 2, -1, "s", 4, 0), MAX)
+        decode(frame_of(3, 1, 2, -1, "s", 4, 0, 0, []), MAX)
     with pytest.raises(FieldError, match="incarnation"):
-        decode(frame_of(3, 1, -1, 3, "s", 4, 0), MAX)
+        decode(frame_of(3, 1, -1, 3, "s", 4, 0, 0, []), MAX)
     with pytest.raises(FieldError, match="link_seq"):
-        decode(frame_of(3, 1, 2, 3, "s", -1, 0), MAX)
+        decode(frame_of(3, 1, 2, 3, "s", -1, 0, 0, []), MAX)
     with pytest.raises(FieldError, match="point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [[-1, D]], -1, D, [], -1, 0), MAX)
     with pytest.raises(FieldError, match="seq"):
         decode(frame_of(1, 1, 2, 3, "s", 4, [[-1, b"p", 1, None, b"", 0]]), MAX)
     with pytest.raises(FieldError, match="kind"):
@@ -773,9 +834,9 @@ def test_minus_one_only_where_documented() -> None:
     with pytest.raises(FieldError, match="lo"):
         decode(frame_of(8, 1, 2, 3, 4, "s", 5, -1, 7, -1), MAX)
     with pytest.raises(FieldError, match="committed_point"):
-        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1), MAX)
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -2, D, [], -1, 0), MAX)
     with pytest.raises(FieldError, match="max_seen_reported"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, [], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -2, None, [], None, 0, []), MAX)
 
 
 def test_forward_reply_seq_may_be_minus_one() -> None:
@@ -787,7 +848,7 @@ def test_forward_reply_seq_may_be_minus_one() -> None:
 
 def test_sequence_fields_above_int63_are_refused() -> None:
     with pytest.raises(FieldError, match="floor"):
-        decode(frame_of(3, 1, 2, 2**63, "s", 4, -1), MAX)
+        decode(frame_of(3, 1, 2, 2**63, "s", 4, -1, 0, []), MAX)
     with pytest.raises(FieldError, match="seq"):
         decode(frame_of(1, 1, 2, 3, "s", 4, [[2**63, b"p", 1, None, b"", 0]]), MAX)
     # producer sequences use the full unsigned 64-bit range
@@ -818,7 +879,7 @@ def test_bad_transaction_fields(entry: list[Any], field: str) -> None:
         with pytest.raises(FieldError, match=field):
             decode(frame_of(5, 1, 2, 3, 4, "s", 5, entry[1:]), MAX)
         with pytest.raises(FieldError, match=field):
-            decode(frame_of(9, 1, 2, 3, 4, "s", 5, "ok", 0, 9, False, [entry], []), MAX)
+            decode(frame_of(9, 1, 2, 3, 4, "s", 5, "ok", 0, 9, False, [entry], [], 0), MAX)
 
 
 def test_bad_enum_values() -> None:
@@ -827,21 +888,28 @@ def test_bad_enum_values() -> None:
     with pytest.raises(FieldError, match="outcome"):
         decode(frame_of(6, 1, 2, 3, 4, 5, 1, 6, "", []), MAX)
     with pytest.raises(FieldError, match="status"):
-        decode(frame_of(9, 1, 2, 3, 4, "s", 5, "stale", 0, 9, False, [], []), MAX)
+        decode(frame_of(9, 1, 2, 3, 4, "s", 5, "stale", 0, 9, False, [], [], 0), MAX)
 
 
 def test_bad_dedupe_keys() -> None:
-    ok = decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, D]], [], None), MAX)
+    ok = decode(
+        frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, D]], [], None, 0, []), MAX
+    )
     assert isinstance(ok, JoinReply)
     assert ok.dedupe == ((b"p", 1, 2, D),)
     with pytest.raises(MalformedFrame, match=r"dedupe\[0\]"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], [], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2]], [], None, 0, []), MAX)
     with pytest.raises(FieldError, match="producer_id"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2, D]], [], None), MAX)
+        decode(
+            frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"", 1, 2, D]], [], None, 0, []), MAX
+        )
     with pytest.raises(FieldError, match="content"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, b"x"]], [], None), MAX)
+        decode(
+            frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, [[b"p", 1, 2, b"x"]], [], None, 0, []),
+            MAX,
+        )
     with pytest.raises(MalformedFrame, match="dedupe"):  # dedupe must be nil or an array
-        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", [], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", True, -1, D, -1, b"", [], None, 0, []), MAX)
 
 
 def test_reason_must_be_str() -> None:
@@ -873,14 +941,16 @@ def test_decoded_containers_are_tuples() -> None:
 
 
 def reports_frame(acks: Any) -> bytes:
-    return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks, -1)
+    return frame_of(2, 1, 2, 3, "s", 4, [[5, D]], 5, D, acks, -1, 0)
 
 
 def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any = -1) -> bytes:
     """A heartbeat with one stream status, with the given acks and inherited votes (view 0,
     not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
-    status = ["s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False]
+    status = [
+        "s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False, 0, []
+    ]  # fmt: skip
     return frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False)
 
 
@@ -969,13 +1039,13 @@ def test_bad_inherited_and_your_votes() -> None:
         decode(status_frame(inherited=([6, D, 7],)), MAX)
     with pytest.raises(MalformedFrame, match="inherited"):
         decode(status_frame(inherited=None), MAX)
-    votes = decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, D]], None), MAX)
+    votes = decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, D]], None, 0, []), MAX)
     assert isinstance(votes, JoinReply)
     assert votes.your_votes == ((6, D),)
     with pytest.raises(FieldError, match=r"your_votes\[0\]\.digest"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]], None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, [[6, b"x"]], None, 0, []), MAX)
     with pytest.raises(MalformedFrame, match="your_votes"):
-        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None, None), MAX)
+        decode(frame_of(7, 1, 2, 3, 4, "s", False, 5, D, -1, None, None, None, 0, []), MAX)
 
 
 # --- bundles: consecutive frames of one topic sent as one (docs/protocol.md section 3) ------
@@ -1033,3 +1103,16 @@ def test_any_bytes_after_the_bundle_prefix_raise_only_frame_errors(rest: bytes) 
     except FrameError:
         return
     assert frames and all(type(f) is bytes and f for f in frames)
+
+
+def test_configuration_relays_ascend_each_once() -> None:
+    # 5.15: a configuration's relays, as every message that states one carries them.
+    ok = decode(frame_of(3, 1, 2, 3, "s", 4, -1, 1, [0, 2, 5]), MAX)
+    assert isinstance(ok, JoinRequest) and (ok.config, ok.members) == (1, (0, 2, 5))
+    for members in ([2, 1], [1, 1], [0, 1024], "x", [True]):
+        with pytest.raises(FrameError, match=r"JoinRequest\.members"):
+            decode(frame_of(3, 1, 2, 3, "s", 4, -1, 1, members), MAX)
+    with pytest.raises(FieldError, match=r"JoinRequest\.config"):
+        decode(frame_of(3, 1, 2, 3, "s", 4, -1, -1, []), MAX)
+    with pytest.raises(FieldError, match=r"Reports\.config"):
+        decode(frame_of(2, 1, 2, 3, "s", 4, [], -1, D, [], -1, -1), MAX)

@@ -207,6 +207,7 @@ def reports_of(mesh: Mesh, sender: int, link_seq: int) -> Reports:
         points=(),
         committed_point=-1,
         committed_digest=bytes(16),
+        config=core.streams[STREAM].config_version,  # (5.15: else not taken at all)
     )
 
 

@@ -56,7 +56,7 @@ def test_a_wall_clock_stepped_back_still_gives_a_higher_incarnation(tmp_path: Pa
 def test_a_relay_that_ran_before_is_not_on_its_first_start(tmp_path: Path) -> None:
     """No file, but acceptor records or a spool say the relay ran: its earlier
     incarnations may have promised or voted, so it must not claim to have nothing to
-    forget (relay/core/join.py forgot_acceptor), even with a clock before the epoch."""
+    forget (relay/core/view.py forgot_acceptor), even with a clock before the epoch."""
     assert next_incarnation(tmp_path, 1, EPOCH_MS - 5, ran_before=True) == FIRST_INCARNATION + 1
     assert next_incarnation(tmp_path / "b", 1, NOW_MS, ran_before=True) == NOW_MS - EPOCH_MS
 

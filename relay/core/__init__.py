@@ -15,6 +15,7 @@ own business (one module per spec section):
     join.py        5.8 joining, restarts, inheritance, seeds
     fencing.py     5.9 fencing and redirects
     heartbeat.py   5.11 heartbeats
+    membership.py  5.15 configurations: whose votes a stream counts, whatever the files say
     quorum.py      quorum size and the vote tally (5.4, 5.7)
     timeline.py    one stream's buffer and digest chain; the dedupe window (5.6)
     config.py      topology and every bound (5.10); memory.py: what buffers cost
@@ -27,7 +28,7 @@ the client protocol shares).
 """
 
 from relay.core.config import CoreConfig, Limits, Topology
-from relay.core.machine import RelayCore
+from relay.core.machine import RelayCore, configuration_status
 from relay.core.messages import Outcome, ReadStatus, RejectReason, Transaction
 from relay.core.quorum import quorum
 from relay.core.seq import EPOCH_MS
@@ -64,6 +65,7 @@ __all__ = [
     "Sink",
     "Topology",
     "Transaction",
+    "configuration_status",
     "drain",
     "quorum",
     "recipients",

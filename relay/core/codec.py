@@ -6,7 +6,8 @@ Fields follow the message's field order. Nested values:
     Entry         -> [seq, producer_id, producer_seq, key, value, kind]   (flattened)
     Report        -> [point, digest]
     StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined,
-                      acks, inherited, votes_final_through, view, want_in]
+                      acks, inherited, votes_final_through, view, want_in,
+                      inherited_acks, inherited_omitted, config, members]
     DedupeKey     -> [producer_id, producer_seq, seq, content hash (16 bytes)]
     enums         -> their `.value` string;  `dedupe=None` -> nil
     view changes  -> relay/core/codec_views.py
@@ -35,7 +36,7 @@ producer sequences 0..2**64-1.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import msgpack
 import msgspec
@@ -83,6 +84,7 @@ from relay.errors import FieldError, FrameError, MalformedFrame, OversizedFrame,
 __all__ = [
     "RELAYED_OVERHEAD_BYTES",
     "TYPE_CODES",
+    "AcceptorRecord",
     "decode",
     "decode_bundle",
     "encode",
@@ -159,11 +161,22 @@ def _enc_reports(m: Reports) -> tuple[Any, ...]:
         m.committed_digest,
         m.acks,
         m.lead,
+        m.config,
     )
 
 
 def _enc_join_request(m: JoinRequest) -> tuple[Any, ...]:
-    return (3, m.sender, m.incarnation, m.floor, m.stream, m.link_seq, m.need_point)
+    return (
+        3,
+        m.sender,
+        m.incarnation,
+        m.floor,
+        m.stream,
+        m.link_seq,
+        m.need_point,
+        m.config,
+        m.members,
+    )
 
 
 def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
@@ -181,6 +194,8 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.want_in,
             s.inherited_acks,
             s.inherited_omitted,
+            s.config,
+            s.members,
         )
         for s in m.streams
     ]
@@ -234,6 +249,8 @@ def _enc_join_reply(m: JoinReply) -> tuple[Any, ...]:
         m.dedupe,
         m.your_votes,
         enc_value(m.view),
+        m.config,
+        m.members,
     )
 
 
@@ -267,6 +284,7 @@ def _enc_repair_reply(m: RepairReply) -> tuple[Any, ...]:
         m.more,
         enc_entries(m.entries),
         m.reports,
+        m.config,
     )
 
 
@@ -341,6 +359,7 @@ def _dec_reports(a: list[Any]) -> Reports:
         fields.digest(a[8], "Reports.committed_digest"),
         fields.acks(a[9], "Reports.acks"),
         fields.u63_or_none(a[10], "Reports.lead"),
+        fields.u63(a[11], "Reports.config"),
     )
 
 
@@ -352,6 +371,8 @@ def _dec_join_request(a: list[Any]) -> JoinRequest:
         _stream(a[4], "JoinRequest.stream"),
         fields.u63(a[5], "JoinRequest.link_seq"),
         fields.u63_or_none(a[6], "JoinRequest.need_point"),
+        fields.u63(a[7], "JoinRequest.config"),
+        fields.members(a[8], "JoinRequest.members"),
     )
 
 
@@ -371,7 +392,9 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             want_in,
             inherited_acks,
             inherited_omitted,
-        ) = _array(s, f"Heartbeat.streams[{i}]", 12)
+            config,
+            members,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 14)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -387,6 +410,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 fields.boolean(want_in, name + ".want_in"),
                 fields.acks(inherited_acks, name + ".inherited_acks"),
                 fields.boolean(inherited_omitted, name + ".inherited_omitted"),
+                fields.u63(config, name + ".config"),
+                fields.members(members, name + ".members"),
             )
         )
     return Heartbeat(
@@ -463,6 +488,8 @@ def _dec_join_reply(a: list[Any]) -> JoinReply:
         dedupe,
         fields.reports(a[11], "JoinReply.your_votes"),
         dec_value(a[12], "JoinReply.view"),
+        fields.u63(a[13], "JoinReply.config"),
+        fields.members(a[14], "JoinReply.members"),
     )
 
 
@@ -497,6 +524,7 @@ def _dec_repair_reply(a: list[Any]) -> RepairReply:
         fields.boolean(a[10], "RepairReply.more"),
         fields.entries(a[11], "RepairReply.entries"),
         fields.reports(a[12], "RepairReply.reports"),
+        fields.u63(a[13], "RepairReply.config"),
     )
 
 
@@ -539,37 +567,71 @@ assert set(_ENCODERS) == set(TYPE_CODES) == set(_DECODER_OF)
 assert len(set(TYPE_CODES.values())) == len(TYPE_CODES)
 
 
-ACCEPTOR_RECORD_CODE = 20  # not a message: a relay's acceptor memory on its own disk
+# Not messages: a relay's acceptor memory on its own disk. Code 21 also keeps the stream's
+# configuration and whether anything committed under it (5.15); a record of code 20 (an
+# earlier release's) has neither.
+ACCEPTOR_RECORD_CODE = 21
+LEGACY_ACCEPTOR_RECORD_CODE = 20
 
 
-def encode_acceptor(
-    number: int, promised: int, accepted_ballot: int, accepted: ViewValue | None
-) -> bytes:
-    """What a relay must remember of its part in view change `number` (5.12) to take part
-    in it again after a restart: one msgpack array."""
-    body = (ACCEPTOR_RECORD_CODE, number, promised, accepted_ballot, enc_value(accepted))
+class AcceptorRecord(NamedTuple):
+    number: int
+    promised: int
+    accepted_ballot: int
+    accepted: ViewValue | None
+    config: int = 0  # the configuration's version (0: provisional, or none recorded)
+    members: tuple[int, ...] = ()
+    committed: bool = False  # something committed above the genesis under it
+
+
+def encode_acceptor(record: AcceptorRecord) -> bytes:
+    """What a relay must remember of a stream to take part in its view change `number`
+    (5.12) after a restart, and the configuration it runs the stream under (5.15): one
+    msgpack array."""
+    body = (
+        ACCEPTOR_RECORD_CODE,
+        record.number,
+        record.promised,
+        record.accepted_ballot,
+        enc_value(record.accepted),
+        record.config,
+        record.members,
+        record.committed,
+    )
     return ENCODER.encode(body)
 
 
-def decode_acceptor(record: bytes, max_frame_bytes: int) -> tuple[int, int, int, ViewValue | None]:
-    """(number, promised, accepted ballot, accepted value) from `encode_acceptor`'s bytes;
-    raises only `FrameError` subclasses, for any input."""
-    out: tuple[int, int, int, ViewValue | None] = decode_with(
+def decode_acceptor(record: bytes, max_frame_bytes: int) -> AcceptorRecord:
+    """`encode_acceptor`'s record from its bytes (version 0, no relays and nothing
+    committed for a record of code 20); raises only `FrameError` subclasses, for any
+    input."""
+    out: AcceptorRecord = decode_with(
         record, max_frame_bytes, _ACCEPTOR_DECODERS, "acceptor record"
     )
     return out
 
 
-def _dec_acceptor(a: list[Any]) -> tuple[int, int, int, ViewValue | None]:
-    return (
+def _dec_acceptor(a: list[Any]) -> AcceptorRecord:
+    head = (
         fields.u63(a[1], "AcceptorRecord.number"),
         fields.u63_or_none(a[2], "AcceptorRecord.promised"),
         fields.u63_or_none(a[3], "AcceptorRecord.accepted_ballot"),
+    )
+    if a[0] == LEGACY_ACCEPTOR_RECORD_CODE:
+        return AcceptorRecord(*head, dec_value(a[4], "AcceptorRecord.accepted", legacy=True))
+    return AcceptorRecord(
+        *head,
         dec_value(a[4], "AcceptorRecord.accepted"),
+        fields.u63(a[5], "AcceptorRecord.config"),
+        fields.members(a[6], "AcceptorRecord.members"),
+        fields.boolean(a[7], "AcceptorRecord.committed"),
     )
 
 
-_ACCEPTOR_DECODERS = {ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 5, _dec_acceptor)}
+_ACCEPTOR_DECODERS = {
+    ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 8, _dec_acceptor),
+    LEGACY_ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 5, _dec_acceptor),
+}
 
 
 # --- the hot frames, decoded in C (decode_with) --------------------------------------------
@@ -603,6 +665,7 @@ _ReportsShape = tuple[
     fields.Digest,
     tuple[tuple[fields.RelayId, fields.U63], ...],
     fields.U63OrNone,
+    fields.U63,
 ]
 
 
@@ -613,7 +676,7 @@ def _build_tx_batch(a: Any) -> TxBatch:
 
 def _build_reports(a: Any) -> Reports:
     stream = _stream(a[4], "Reports.stream")
-    return Reports(a[1], a[2], a[3], stream, a[5], a[6], a[7], a[8], a[9], a[10])
+    return Reports(a[1], a[2], a[3], stream, a[5], a[6], a[7], a[8], a[9], a[10], a[11])
 
 
 _FAST_DECODERS: dict[int, FastDecoder[PeerMessage]] = {

@@ -2,7 +2,8 @@
 relay/core/codec.py: one msgpack array per message, its fields in their declared order.
 
     Interval     -> [member, incarnation, since, cut]
-    ViewValue    -> [number, start, lo, [Interval...], [Entry...]]   (None -> nil)
+    ViewValue    -> [number, start, lo, [Interval...], [Entry...], config, members]
+                    (None -> nil)
     ViewPhase    -> its `.value` string
 """
 
@@ -34,7 +35,7 @@ def enc_value(v: ViewValue | None) -> tuple[Any, ...] | None:
     if v is None:
         return None
     intervals = [(i.member, i.incarnation, i.since, i.cut) for i in v.intervals]
-    return (v.number, v.start, v.lo, intervals, enc_entries(v.entries))
+    return (v.number, v.start, v.lo, intervals, enc_entries(v.entries), v.config, v.members)
 
 
 def enc_view_request(m: ViewRequest) -> tuple[Any, ...]:
@@ -50,6 +51,8 @@ def enc_view_request(m: ViewRequest) -> tuple[Any, ...]:
         m.ballot,
         m.excluding,
         enc_value(m.value),
+        m.config,
+        m.members,
     )
 
 
@@ -71,6 +74,8 @@ def enc_view_reply(m: ViewReply) -> tuple[Any, ...]:
         m.accepted_ballot,
         enc_value(m.accepted),
         enc_entries(m.entries),
+        m.config,
+        m.members,
     )
 
 
@@ -78,10 +83,14 @@ def enc_view_decided(m: ViewDecided) -> tuple[Any, ...]:
     return (13, m.sender, m.incarnation, m.floor, m.target, m.stream, enc_value(m.value))
 
 
-def dec_value(v: Any, name: str) -> ViewValue | None:
+def dec_value(v: Any, name: str, *, legacy: bool = False) -> ViewValue | None:
+    """A view, or None. `legacy`: also the shape kept before configurations (5.15) were
+    part of a view (an acceptor record written by an earlier release), as of version 0."""
     if v is None:
         return None
-    number, start, lo, raw_intervals, raw_entries = _array(v, name, 5)
+    if legacy and type(v) is list and len(v) == 5:
+        v = [*v, 0, []]
+    number, start, lo, raw_intervals, raw_entries, config, members = _array(v, name, 7)
     intervals = []
     for i, raw in enumerate(_array(raw_intervals, name + ".intervals")):
         member, incarnation, since, cut = _array(raw, f"{name}.intervals[{i}]", 4)
@@ -100,6 +109,8 @@ def dec_value(v: Any, name: str) -> ViewValue | None:
         fields.u63_or_none(lo, name + ".lo"),
         tuple(intervals),
         fields.entries(raw_entries, name + ".entries"),
+        fields.u63(config, name + ".config"),
+        fields.members(members, name + ".members"),
     )
 
 
@@ -115,6 +126,8 @@ def dec_view_request(a: list[Any]) -> ViewRequest:
         fields.u63(a[8], "ViewRequest.ballot"),
         fields.relay_ids(a[9], "ViewRequest.excluding"),
         dec_value(a[10], "ViewRequest.value"),
+        fields.u63(a[11], "ViewRequest.config"),
+        fields.members(a[12], "ViewRequest.members"),
     )
 
 
@@ -135,6 +148,8 @@ def dec_view_reply(a: list[Any]) -> ViewReply:
         fields.u63_or_none(a[13], "ViewReply.accepted_ballot"),
         dec_value(a[14], "ViewReply.accepted"),
         fields.entries(a[15], "ViewReply.entries"),
+        fields.u63(a[16], "ViewReply.config"),
+        fields.members(a[17], "ViewReply.members"),
     )
 
 

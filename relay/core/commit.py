@@ -15,7 +15,7 @@ from relay.core.links import is_live, watermark
 from relay.core.messages import Ack, Report, Reports
 from relay.core.seq import end_of_ms, ms_of
 from relay.core.shell import Delivery
-from relay.core.state import NEVER, NOT_DUE, RelayState, StreamState
+from relay.core.state import NEVER, NOT_DUE, PROVISIONAL, RelayState, StreamState
 from relay.core.transit import reaches
 
 # Acks that moved above our committed point go out alone only if we did not commit past
@@ -127,6 +127,8 @@ def collect_reports(core: RelayState, st: StreamState, now_ms: int) -> None:
     tl = st.timeline
     if st.join is not None or st.repair is not None or st.reset is not None:
         return
+    if st.config_version == PROVISIONAL:
+        return  # no vote before a view established the configuration (5.15)
     if st.reports_paused or st.acceptor.promised >= 0:
         return  # a split seen (5.7), or frozen by a view change under way (5.12)
     if not spooling.may_report(core, st):
@@ -199,6 +201,7 @@ def publish_reports(core: RelayState, st: StreamState) -> None:
                 committed_digest=st.timeline.committed_digest,
                 acks=our_acks,
                 lead=coordinate.lead(core, st, core.now_ms),
+                config=st.config_version,
             ),
             stream=st.stream,
         )
@@ -292,3 +295,6 @@ def deliver(core: RelayState, st: StreamState, point: int, digest: bytes) -> Non
     coordinate.answer_committed(core, st, newly)
     coordinate.resolve_excluded(core, st, point)
     memory.evict(core, st)
+    if newly and not st.committed_before:
+        st.committed_before = True
+        core.remember(st)  # once: the stream has a history to lose (5.8, 5.15)

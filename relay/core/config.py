@@ -1,7 +1,10 @@
 """What the core needs to know about the mesh, and every bound it enforces.
 
-The topology (which relays exist, which streams each serves) is static. Stream
-subscriptions may be exact names or patterns (`orders.*`, fnmatch syntax).
+The topology (which relays exist, which streams each serves) is this relay's file, read
+at start; other relays may have read another one. Stream subscriptions may be exact names
+or patterns (`orders.*`, fnmatch syntax). Which relays a stream counts votes under is its
+configuration (relay/core/membership.py, docs/protocol.md 5.15): the topology's only until
+the stream is established.
 """
 
 from __future__ import annotations
@@ -118,7 +121,8 @@ class Topology:
         return tuple(sorted(self.subscriptions))
 
     def members(self, stream: str) -> tuple[int, ...]:
-        """R(S): the relays serving `stream`, ascending; empty if none does."""
+        """The relays this topology names for `stream`, ascending; empty if none does (a
+        stream's members are its configuration's, RelayCore.members)."""
         found = self._cache.get(stream)
         if found is None:
             found = tuple(

@@ -305,7 +305,7 @@ def forward(
     deadline_ms = now_ms + core.limits.produce_timeout_ms
     pending = PendingForward(waiter.request_id, stream, tx, target, deadline_ms)
     core.forwards[forward_id] = pending
-    _send_forward(core, forward_id, pending)
+    _send_forward(core, forward_id, pending, now_ms)
     return None
 
 
@@ -323,7 +323,9 @@ def _forward_target(
     return live[forward_id % len(live)] if live else -1
 
 
-def _send_forward(core: RelayState, forward_id: int, pending: PendingForward) -> None:
+def _send_forward(core: RelayState, forward_id: int, pending: PendingForward, now_ms: int) -> None:
+    pending.target_incarnation = core.peers[pending.target].incarnation
+    pending.sent_ms = now_ms
     core.send(
         Forward(
             sender=core.id,
@@ -339,21 +341,51 @@ def _send_forward(core: RelayState, forward_id: int, pending: PendingForward) ->
 
 def retarget_forwards(core: RelayState, now_ms: int) -> None:
     """Forwards whose target fell silent before it answered (it died, or was cut off from
-    us) go again, under the same id, to another live member (5.1): else their clients
-    would wait for the deadline, and then hear `unknown`. Called when a peer's liveness
-    changed (the tick's peer picture). Should the first target answer after all, the
-    later answer is unmatched; should both coordinate it, the dedupe window delivers one
-    copy (5.6)."""
+    us) or restarted (it forgot them) go again, under the same id, to another live member
+    (5.1): else their clients would wait for the deadline, and then hear `unknown`.
+    Called when a peer's liveness changed (the tick's peer picture). Should the first
+    target answer after all, its answer counts as the second's would; should both
+    coordinate it, the dedupe window delivers one copy (5.6)."""
     for forward_id, pending in core.forwards.items():
-        silent = pending.target
-        if silent < 0 or is_live(core, core.peers[silent], now_ms):
-            continue  # on its way, or nobody was left to ask: its deadline answers it
-        members = core.topology.members(pending.stream)
-        pending.target = _forward_target(core, members, forward_id, now_ms, avoid=silent)
-        if pending.target >= 0:
-            pending.retargeted = True
-            core.counters["forward_retargeted"] += 1
-            _send_forward(core, forward_id, pending)
+        gone = pending.target
+        if gone < 0:
+            continue  # nobody was left to ask: its deadline answers it
+        peer = core.peers[gone]
+        if is_live(core, peer, now_ms) and peer.incarnation == pending.target_incarnation:
+            continue  # on its way
+        _retarget(core, forward_id, pending, now_ms)
+
+
+def retry_unanswered_forwards(core: RelayState, now_ms: int) -> None:
+    """A forward its target has not answered within the target's suspect timeout goes
+    once to another member: a member may be live and say it hears us when our frames do
+    not reach it (its incoming links cut while the mesh was quiet, 5.11: it excuses a long
+    silence), and would never answer. Forwards are in the order they were first sent."""
+    wait_ms = core.limits.suspect_timeout_ms
+    for forward_id, pending in core.forwards.items():
+        if pending.retargeted or pending.target < 0:
+            continue
+        if now_ms - pending.sent_ms < wait_ms:
+            break  # (and every later one was sent later still)
+        core.counters["forward_unanswered"] += 1
+        _retarget(core, forward_id, pending, now_ms)
+
+
+def next_forward_retry_ms(core: RelayState) -> int | None:
+    """When `retry_unanswered_forwards` next has something to do (None: nothing)."""
+    for pending in core.forwards.values():
+        if not pending.retargeted and pending.target >= 0:
+            return pending.sent_ms + core.limits.suspect_timeout_ms
+    return None
+
+
+def _retarget(core: RelayState, forward_id: int, pending: PendingForward, now_ms: int) -> None:
+    members = core.members(pending.stream)
+    pending.target = _forward_target(core, members, forward_id, now_ms, avoid=pending.target)
+    if pending.target >= 0:
+        pending.retargeted = True
+        core.counters["forward_retargeted"] += 1
+        _send_forward(core, forward_id, pending, now_ms)
 
 
 def on_forward_reply(core: RelayState, msg: ForwardReply) -> None:

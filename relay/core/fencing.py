@@ -11,16 +11,19 @@ fence means for the produces being coordinated is the coordinator's rule
 
 from __future__ import annotations
 
-from relay.core import spooling
+from relay.core import membership, spooling
 from relay.core.links import clock_outlier, is_live
 from relay.core.messages import ViewPhase
-from relay.core.state import RelayState, StreamState, open_interval
+from relay.core.state import PROVISIONAL, RelayState, StreamState, open_interval
 
 # Why a relay does not coordinate a stream's produces (`reason`).
 QUORUM = "quorum"  # fewer than a quorum of members heard
 JOINING = "joining"  # no history of the stream yet
 NOT_ADMITTED = "not_admitted"  # the view does not admit this relay (yet, or any more)
 CLOCK = "clock"  # this relay's clock is too far from the majority's
+# relays state another configuration of the stream that holds it (5.15): provisional
+# ones that differ while it is established, or another established one
+CONFIG_MISMATCH = "config_mismatch"
 # Why a stream that is not fenced still cannot commit through this relay (`stall`).
 VIEW_CHANGE = "view_change"  # a view change we promised holds our reports (5.12)
 SPLIT = "split"  # reports held back while a split is rebuilt (5.7)
@@ -35,6 +38,8 @@ def heard(core: RelayState, st: StreamState, now_ms: int) -> int:
 
 def reason(core: RelayState, st: StreamState, now_ms: int) -> str:
     """Why this relay may not coordinate the stream's produces now; "" when it may."""
+    if membership.blocking(st):
+        return CONFIG_MISMATCH
     if st.fenced:
         return QUORUM
     if st.join is not None:
@@ -69,14 +74,18 @@ def redirect_for(core: RelayState, st: StreamState) -> tuple[int, ...]:
 
 def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[int, ...]]:
     """Why the stream cannot commit through this relay now ("" if nothing holds it), and
-    the relays it waits for (5.9): for `quorum` the members not heard; for `joining` the
-    members whose answer is missing or cannot serve as a base; for `not_admitted` the
-    admitted members, which must agree to a view change; for `clock` this relay; for
-    `view_change` the members whose answer our proposal lacks (a member still joining
-    after a restart does not promise), or the proposer we promised; for
+    the relays it waits for (5.9): for `config_mismatch` the relays that state another
+    configuration (5.15); for `quorum` the members not heard; for `joining` the members
+    whose answer is missing or cannot serve as a base; for `not_admitted` the admitted
+    members, which must agree to a view change (before the stream's first view, the
+    members not heard or not joined: that view needs every one, 5.15); for `clock` this
+    relay; for `view_change` the members whose answer our proposal lacks (a member still
+    joining after a restart does not promise), or the proposer we promised; for
     `store_backlog_full` the members whose spools are full, when a quorum lacks room; for
     `spool_full` this relay (it does not vote, but the others may commit without it)."""
     why = reason(core, st, now_ms)
+    if why == CONFIG_MISMATCH:
+        return why, membership.blocking(st)
     if why == QUORUM:
         return why, tuple(m for m in st.peers if not is_live(core, core.peers[m], now_ms))
     if why == JOINING:
@@ -89,6 +98,14 @@ def stall(core: RelayState, st: StreamState, now_ms: int) -> tuple[str, tuple[in
             ]
         return why, tuple(sorted(missing))
     if why == NOT_ADMITTED:
+        if st.config_version == PROVISIONAL:
+            # The first view establishes the configuration: every member decides it (5.15)
+            return why, tuple(
+                m
+                for m in st.peers
+                if not is_live(core, core.peers[m], now_ms)
+                or not core.peers[m].joined.get(st.stream)
+            )
         return why, tuple(i.member for i in st.view.intervals if i.cut < 0)
     if why == CLOCK:
         return why, (core.id,)

@@ -4,6 +4,7 @@ was expected and what came."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Any, NoReturn
 
 from msgspec import Meta
@@ -88,6 +89,15 @@ def relay_id(v: Any, name: str) -> int:
 
 def relay_ids(v: Any, name: str) -> tuple[int, ...]:
     return tuple(relay_id(r, f"{name}[{i}]") for i, r in enumerate(array(v, name)))
+
+
+def members(v: Any, name: str) -> tuple[int, ...]:
+    """A configuration's relays (docs/protocol.md 5.15): relay ids in ascending order, each
+    once (empty: none stated)."""
+    ids = relay_ids(v, name)
+    if any(a >= b for a, b in pairwise(ids)):
+        bad(name, "relay ids in ascending order, each once", v)
+    return ids
 
 
 def u63(v: Any, name: str) -> int:

@@ -28,7 +28,7 @@ their usual timeout from then on.
 
 from __future__ import annotations
 
-from relay.core import join, links, spooling, view
+from relay.core import join, links, membership, spooling, view
 from relay.core.commit import acks, heard_commit, on_acks, unsettled
 from relay.core.fencing import NOT_ADMITTED
 from relay.core.links import clock_outlier
@@ -186,6 +186,7 @@ def _commits_pending(st: StreamState) -> bool:
 def _stream_status(core: RelayState, st: StreamState, outlier: bool, now_ms: int) -> StreamStatus:
     """(`outlier`: whether our clock is an outlier, 5.2.)"""
     inherited = join.promise(st)  # may raise votes_final_through: keep it first
+    config, members = st.configuration
     omitted = False
     if inherited:
         if join.inherited_to_send(core, st, now_ms):
@@ -207,7 +208,20 @@ def _stream_status(core: RelayState, st: StreamState, outlier: bool, now_ms: int
         want_in=view.wants_in(core, st, now_ms, outlier=outlier),
         inherited_acks=tuple(sorted(st.inherited_counted.items())),
         inherited_omitted=omitted,
+        config=config,
+        members=members,
     )
+
+
+def _agrees(core: RelayState, st: StreamState, sender: int, status: StreamStatus) -> bool:
+    """Whether the rest of a status may be taken: the sender's configuration of the stream
+    (5.15), a member's or not, is compatible with ours, or taught us the one we now share
+    with it. The word of any relay is heard: a non-member's established configuration is
+    a history of the stream elsewhere."""
+    heard = membership.hear(core, st, sender, status.config, status.members)
+    if heard is membership.Heard.LEFT or heard is membership.Heard.DISAGREES:
+        return False
+    return status.stream in core.streams
 
 
 def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int) -> None:
@@ -220,9 +234,13 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
     for status in msg.streams:
         st = core.streams.get(status.stream)
         if st is None:
-            if not core.topology.serves(core.id, status.stream) or not core.can_open(status.stream):
+            if not core.serves(status.stream) or not core.can_open(status.stream):
                 continue
             st = core.stream(status.stream)
+        if st.dormant and peer.statuses.get(status.stream) == status:
+            pass  # (what it says of the configuration was heard before)
+        elif not _agrees(core, st, msg.sender, status):
+            continue
         if msg.sender not in st.members:
             continue
         if st.dormant and peer.statuses.get(status.stream) == status:

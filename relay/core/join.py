@@ -16,12 +16,11 @@ stream (relay/core/repair.py), as after any new commit.
 from __future__ import annotations
 
 from relay.core import digest as dg
-from relay.core import links, view
+from relay.core import links, membership, view
 from relay.core.commit import count_votes
 from relay.core.coordinate import resolve_excluded
-from relay.core.messages import JoinReply, JoinRequest, Report
+from relay.core.messages import DedupeKey, JoinReply, JoinRequest, Report
 from relay.core.state import (
-    FIRST_INCARNATION,
     GENESIS_POINT,
     NEVER,
     Acceptor,
@@ -29,7 +28,8 @@ from relay.core.state import (
     RelayState,
     StreamState,
 )
-from relay.core.timeline import DedupeWindow
+from relay.core.timeline import NO_DIGEST, DedupeWindow
+from relay.core.view import forgot_acceptor
 
 # A member we do not hear, which has not counted our inherited reports, gets them at least
 # this often (it may hear us).
@@ -41,7 +41,7 @@ def seed(core: RelayState, stream: str, point: int, digest: bytes) -> bool:
     RelayCore.seed). False if the stream is not served here or has begun joining."""
     if point <= GENESIS_POINT or len(digest) != dg.DIGEST_BYTES:
         raise ValueError(f"not a committed point: ({point}, {digest!r})")
-    if not core.topology.serves(core.id, stream) or not core.can_open(stream):
+    if not core.serves(stream) or not core.can_open(stream):
         return False
     st = core.stream(stream)
     join = st.join
@@ -59,6 +59,7 @@ def send_join_request(core: RelayState, st: StreamState, now_ms: int) -> None:
     assert join is not None
     join.sent_ms = now_ms
     st.link_seq_out += 1
+    config, members = st.configuration
     core.send(
         JoinRequest(
             sender=core.id,
@@ -67,13 +68,27 @@ def send_join_request(core: RelayState, st: StreamState, now_ms: int) -> None:
             stream=st.stream,
             link_seq=st.link_seq_out,
             need_point=join.need_point,
+            config=config,
+            members=members,
         ),
         stream=st.stream,
     )
 
 
 def on_join_request(core: RelayState, st: StreamState, msg: JoinRequest) -> None:
-    """Tell a joining member where the stream stands here."""
+    """Tell a joining member where the stream stands here. A relay under another
+    configuration (a member or not, 5.15) is told ours and nothing else: it learns an
+    established one, or sees the disagreement; its word teaches us an established one in
+    place of our provisional one."""
+    heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
+    if heard is membership.Heard.LEFT:
+        return  # (its configuration leaves us out: it asked the others, not us)
+    if heard is membership.Heard.DISAGREES or msg.sender not in st.members:
+        # An answer that vouches for nothing (it will not count it under its own): fresh,
+        # no committed point; our view, so that a relay that learns the configuration
+        # follows the stream from it.
+        _reply(core, st, msg.sender, fresh=True, point=-1, digest=NO_DIGEST, seen=-1)
+        return
     tl = st.timeline
     joined = st.join is None or not st.join.amnesiac
     keys = None
@@ -82,20 +97,40 @@ def on_join_request(core: RelayState, st: StreamState, msg: JoinRequest) -> None
     point, digest = tl.committed_point, tl.committed_digest
     if not joined and st.seed is not None:
         point, digest = st.seed  # a fresh member's committed point is its seed
+    seen = max(st.votes.max_seen, tl.reported)
+    votes = votes_of(st, msg.sender)
+    _reply(core, st, msg.sender, not joined, point, digest, seen, keys, votes)
+
+
+def _reply(
+    core: RelayState,
+    st: StreamState,
+    target: int,
+    fresh: bool,
+    point: int,
+    digest: bytes,
+    seen: int,
+    dedupe: tuple[DedupeKey, ...] | None = None,
+    votes: tuple[Report, ...] = (),
+) -> None:
+    """A JoinReply to `target`, with our view and configuration."""
+    config, members = st.configuration
     core.send(
         JoinReply(
             sender=core.id,
             incarnation=core.incarnation,
             floor=core.clock.floor,
-            target=msg.sender,
+            target=target,
             stream=st.stream,
-            fresh=not joined,
+            fresh=fresh,
             committed_point=point,
             committed_digest=digest,
-            max_seen_reported=max(st.votes.max_seen, tl.reported),
-            dedupe=keys,
-            your_votes=votes_of(st, msg.sender),
+            max_seen_reported=seen,
+            dedupe=dedupe,
+            your_votes=votes,
             view=st.view if st.view.number > 0 else None,
+            config=config,
+            members=members,
         )
     )
 
@@ -114,12 +149,30 @@ def votes_of(st: StreamState, member: int) -> tuple[Report, ...]:
 
 
 def on_join_reply(core: RelayState, st: StreamState, msg: JoinReply, now_ms: int) -> bool:
-    """A member's answer; True if the stream took a base."""
+    """A member's answer; True if the stream took a base. An answer under another
+    configuration (5.15) is not counted; an established one teaches us (we join again
+    under it, or leave the stream if it leaves us out)."""
     join = st.join
     if join is None:
         return False
-    if msg.view is not None and msg.view.number > st.view.number:
-        view.adopt(core, st, msg.view, now_ms)  # the members' view, to follow from the base
+    heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
+    if heard is membership.Heard.LEFT or heard is membership.Heard.DISAGREES:
+        return False
+    members_view = msg.view  # the members' view, to follow from the base
+    if (
+        members_view is not None
+        and members_view.number > st.view.number
+        and not view.adopt(core, st, members_view, now_ms, msg.sender)
+    ):
+        return False  # (a view of another configuration)
+    if heard is not membership.Heard.AGREES or msg.sender not in st.members:
+        # It answered a request under a configuration it did not share (an answer that
+        # vouches for nothing): we ask again under the one we learnt, at once.
+        if st.join is not None and heard is not membership.Heard.AGREES:
+            st.join.sent_ms = NEVER
+        return False
+    join = st.join
+    assert join is not None
     join.replies[msg.sender] = msg
     return on_join_round(core, st, now_ms)
 
@@ -186,16 +239,13 @@ def join_without_quorum(
         core.counters["joined_from_seed"] += 1
         point, digest = max(seeds)
         window = DedupeWindow(capacity)  # the store keeps no dedupe window
+    elif point == GENESIS_POINT and st.committed_before:
+        # Records committed under this configuration (our acceptor record says so), yet
+        # no member holds anything and no durable history does: what committed is gone.
+        # Say so, and refuse reads that would skip it (RelayCore.read).
+        core.counters["history_lost"] += 1
+        st.history_lost_below = core.clock.floor
     adopt_base(core, st, point, digest, window, max(highest, point), now_ms)
-
-
-def forgot_acceptor(core: RelayState, stream: str) -> bool:
-    """Whether this start may have lost what an earlier incarnation promised or accepted
-    in the stream's view changes: not on a first start (section 3: nothing to forget),
-    nor when the shell kept the acceptor memory and it could be read."""
-    if core.incarnation <= FIRST_INCARNATION:
-        return False
-    return core.acceptor_memory is None or stream in core.acceptor_forgotten
 
 
 def try_join_base(core: RelayState, st: StreamState, join: JoinState, now_ms: int) -> bool:
@@ -235,6 +285,9 @@ def adopt_base(
     core.counters["base_adopted"] += 1
     tl = st.timeline
     tl.adopt_base(point, digest, window)
+    if point > GENESIS_POINT and not st.committed_before:
+        st.committed_before = True  # (a history below the base: 5.8)
+        core.remember(st)
     core.outbox.rebases.append((st.stream, point))
     # Never report where members may have seen our earlier incarnations report
     # (collect_reports also keeps below the promise made while joining).

@@ -112,6 +112,8 @@ def new_incarnation(core: RelayState, sender: int, peer: PeerState, incarnation:
     peer.sync_links = not restarted
     for st in core.streams.values():
         st.requests.close(Purpose.GAP_FILL, peer=sender)  # its links are gone
+        # What it said of the stream's configuration (5.15) was its last incarnation's.
+        st.disagree.pop(sender, None)
         held = open_interval(st.view, sender)
         state = peer.links.get(st.stream)
         if restarted and held is not None and held.incarnation != incarnation:

@@ -40,6 +40,7 @@ from relay.core import (
     heartbeat,
     join,
     links,
+    membership,
     repair,
     reset,
     spooling,
@@ -72,6 +73,7 @@ from relay.core.shell import ProduceRequest, ReadResult, Ready
 from relay.core.state import (
     GENESIS_POINT,
     NEVER,
+    PROVISIONAL,
     Acceptor,
     PeerState,
     Purpose,
@@ -83,7 +85,7 @@ from relay.core.state import (
     target_of,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
-from relay.errors import FieldError, FrameError, OversizedFrame
+from relay.errors import FieldError, FrameError, NotAMember, OversizedFrame
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -103,26 +105,58 @@ class RelayCore(RelayState):
     def remember_acceptors(self, records: Mapping[str, bytes]) -> list[str]:
         """The shell keeps acceptor memory (Ready.acceptors) and gives back what it kept
         before this start. Call it once, before any input. From then on the relay takes
-        part in view changes at once after a restart. Returns the streams whose record
-        could not be read: those it treats as forgotten (it abstains from their next view
-        change, as a relay without acceptor memory does)."""
+        part in view changes at once after a restart, and runs each stream under the
+        configuration its record keeps (5.15), whatever the topology says now. Returns
+        the streams whose record could not be read: those it treats as forgotten (it
+        abstains from their next view change, as a relay without acceptor memory does)."""
         memory: dict[str, Acceptor] = {}
         broken: list[str] = []
-        for stream, record in records.items():
+        for stream, raw in records.items():
             try:
-                number, promised, ballot, value = codec.decode_acceptor(
-                    record, self.limits.max_frame_bytes
-                )
+                record = codec.decode_acceptor(raw, self.limits.max_frame_bytes)
             except FrameError:
                 broken.append(stream)
                 continue
-            memory[stream] = Acceptor(number, promised, accepted_ballot=ballot, accepted=value)
+            value = record.accepted
+            memory[stream] = Acceptor(
+                record.number,
+                record.promised,
+                accepted_ballot=record.accepted_ballot,
+                accepted=value,
+            )
+            version, members = record.config, record.members
+            if version == PROVISIONAL:
+                # 5.15: only a value we accepted that would establish its relays binds us
+                # (until the instance is decided we accept no value of other relays); a
+                # provisional configuration is otherwise the topology's
+                bound = value is not None and value.config > PROVISIONAL
+                members = value.members if value is not None and bound else ()
+            if members and self.id in members:  # (none in a record of an earlier release)
+                self.recorded[stream] = (version, members)
+            if record.committed:
+                self.recorded_committed.add(stream)
         self.acceptor_memory = memory
         self.acceptor_forgotten = set(broken)
         for stream, st in self.streams.items():
             if stream in memory:
                 st.acceptor = memory[stream]
+            recorded = self.recorded.pop(stream, None)
+            if recorded is not None:
+                st.config_recorded = True
+                membership.set_config(self, st, *recorded)
+            if stream in self.recorded_committed:
+                self.recorded_committed.discard(stream)
+                st.committed_before = True
         return broken
+
+    def recorded_streams(self) -> list[str]:
+        """The streams this relay serves by its acceptor records (5.15) and not by its
+        topology: the shell subscribes to them too."""
+        topology = self.topology
+        names = set(self.recorded) | {
+            name for name, st in self.streams.items() if st.config_recorded
+        }
+        return sorted(n for n in names if not topology.serves(self.id, n))
 
     # === inputs ==========================================================================
 
@@ -247,6 +281,8 @@ class RelayCore(RelayState):
                 self._tick_stream(st, now_ms)
         if liveness_changed and self.forwards:  # a forward's target may have fallen silent
             coordinate.retarget_forwards(self, now_ms)
+        if self.forwards:
+            coordinate.retry_unanswered_forwards(self, now_ms)
         coordinate.expire_forwards(self, now_ms)
         self.tick_interval_ms = heartbeat.interval_ms(self)
 
@@ -261,6 +297,9 @@ class RelayCore(RelayState):
         forward_due = earliest_deadline_ms(self.forwards)
         if forward_due is not None:
             due = min(due, forward_due)
+            forward_retry_ms = coordinate.next_forward_retry_ms(self)
+            if forward_retry_ms is not None:
+                due = min(due, forward_retry_ms)
         for st in self.streams.values():
             if st.dormant:
                 continue
@@ -291,7 +330,7 @@ class RelayCore(RelayState):
 
     def read(self, stream: str, after_seq: int, max_entries: int) -> ReadResult:
         """Committed entries of `stream` after `after_seq` (-1: from the oldest held)."""
-        members = self.topology.members(stream)
+        members = self.members(stream)
         if not members:
             return ReadResult(ReadStatus.UNKNOWN_STREAM)
         if self.id not in members:
@@ -308,7 +347,11 @@ class RelayCore(RelayState):
         if st.fenced:
             return ReadResult(ReadStatus.FENCED, redirect=redirect)
         tl = st.timeline
-        if after_seq >= 0 and after_seq < tl.base_point and tl.base_point != GENESIS_POINT:
+        if (after_seq >= 0 and after_seq < tl.base_point and tl.base_point != GENESIS_POINT) or (
+            # 5.8: a position in the history every member lost (not one of the records
+            # committed since, which it may name): what follows it is not what followed.
+            GENESIS_POINT < after_seq < st.history_lost_below and not tl.contains(after_seq)
+        ):
             return ReadResult(
                 ReadStatus.OUT_OF_RANGE, oldest=tl.base_point, committed=tl.committed_point
             )
@@ -451,8 +494,26 @@ class RelayCore(RelayState):
                     # Reports that contradict the same member's earlier one at a point: a
                     # member breaking rule 2 of section 6 (counted, never used).
                     "vote_conflicts": st.votes.conflicts,
+                    # 5.15: the configuration it counts votes under, the relays our
+                    # topology names for it, and the relays that state another one
+                    "config": configuration_status(st.configuration, st.desired, st.disagree),
+                    # How long something has waited to commit without the committed point
+                    # moving (0: nothing waits), and how long our digest has disagreed
+                    # with a commit the members announced (0: it agrees): a stream that
+                    # does not commit, or holds another history, is never healthy.
+                    "waiting_ms": self._since(max(st.waiting_since_ms, st.progress_ms))
+                    if st.waiting_since_ms != NEVER
+                    else 0,
+                    "diverged_ms": self._since(st.mismatch_since_ms),
+                    # 5.8: every member lost the stream's history (no seed kept it)
+                    "history_lost": st.history_lost_below >= 0,
                 }
                 for name, st in sorted(self.streams.items())
+            },
+            # 5.15: streams our topology serves whose configuration leaves us out
+            "not_member": {
+                name: configuration_status(config, self.topology.members(name), {})
+                for name, config in sorted(self.foreign.items())
             },
             "peers_heard": sorted(
                 r for r, p in self.peers.items() if links.is_live(self, p, self.now_ms)
@@ -463,6 +524,9 @@ class RelayCore(RelayState):
             "route_via": {str(peer): via for peer, via in sorted(self.route_via.items())},
             "counters": dict(self.counters),
         }
+
+    def _since(self, since_ms: int) -> int:
+        return 0 if since_ms == NEVER else self.now_ms - since_ms
 
     def _stall_status(self, st: StreamState) -> dict[str, object] | None:
         why, waiting = fencing.stall(self, st, self.now_ms)
@@ -499,14 +563,15 @@ class RelayCore(RelayState):
         if stream is not None and not isinstance(msg, Forward):
             members = self.members(stream)
             if self.id not in members:
-                raise FieldError(f"relay {self.id} does not serve stream {stream!r}")
-            # Replies are matched to our own requests; everything else, a view decided
-            # included, is taken only from the stream's members.
+                raise NotAMember(f"relay {self.id} does not serve stream {stream!r}")
+            # Replies are matched to our own requests, and anyone may ask where a stream
+            # stands (5.15: a relay whose topology names us learns our configuration);
+            # everything else, a view decided included, is taken only from the members.
             if (
-                not isinstance(msg, (ForwardReply, RepairReply, JoinReply))
+                not isinstance(msg, (ForwardReply, RepairReply, JoinReply, JoinRequest))
                 and msg.sender not in members
             ):
-                raise FieldError(f"relay {msg.sender} does not serve stream {stream!r}")
+                raise NotAMember(f"relay {msg.sender} does not serve stream {stream!r}")
         if isinstance(msg, TxBatch):
             # Once per transaction on every member: relay_of inline, and sizes looked at
             # only when the frame is large enough to hold a transaction too large.
@@ -532,8 +597,6 @@ class RelayCore(RelayState):
                 if seq <= previous or seq > msg.hi:
                     raise FieldError("repair entries out of order or outside their range")
                 previous = seq
-        elif isinstance(msg, Forward) and self.id not in self.members(msg.stream):
-            raise FieldError(f"forward of stream {msg.stream!r} to a relay that does not serve it")
 
     # === dispatch ========================================================================
 
@@ -548,6 +611,13 @@ class RelayCore(RelayState):
             st = self.stream(msg.stream)
             # Its lead is a floor on this link alone (5.2): we do not follow it.
             floor = max(msg.floor, msg.lead)
+            if msg.config != st.config_version:
+                # Votes under another configuration never count here (5.15): taken as
+                # lost, so the hole it leaves on the link is filled (with the reports, once
+                # we share the configuration: a member that adopted the view establishing
+                # it before us) and no report of the sender's looks known meanwhile.
+                self.counters["reports_other_config"] += 1
+                return
             if links.on_link_message(self, st, msg.sender, peer, msg.link_seq, floor, now_ms):
                 commit.on_reports(self, st, msg)
                 repair.advance(self, st, now_ms)
@@ -576,14 +646,18 @@ class RelayCore(RelayState):
             view.on_reply(self, self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewDecided):
             st = self.stream(msg.stream)
-            view.on_decided(self, st, msg, now_ms)
-            repair.advance(self, st, now_ms)
+            if view.on_decided(self, st, msg, now_ms):
+                repair.advance(self, st, now_ms)
 
     def _on_repair_reply(self, st: StreamState, msg: RepairReply, now_ms: int) -> None:
         """Hand a reply to the rule that asked for it (the table of requests says which)."""
         asked = st.requests.take(msg.request_id, msg.sender)
         if asked is None:
             self.counters["repair_reply_unmatched"] += 1
+        elif msg.config != st.config_version:
+            # What a relay under another configuration holds and reported is not ours to
+            # take (5.15); the request is asked again, of it or another member.
+            self.counters["repair_reply_other_config"] += 1
         elif asked.purpose is Purpose.GAP_FILL:
             # The entries fill the hole; the reports in the reply are the sender's votes.
             # (A gap fill is outstanding only while its link has a hole: see Requests.)
@@ -600,6 +674,11 @@ class RelayCore(RelayState):
 
     def _tick_stream(self, st: StreamState, now_ms: int) -> None:
         st.touched = False
+        if st.pending or st.timeline.last_seq() > st.timeline.committed_point:
+            if st.waiting_since_ms == NEVER:
+                st.waiting_since_ms = now_ms
+        else:
+            st.waiting_since_ms = NEVER
         if fencing.update_fence(self, st, now_ms) and st.join is None:
             coordinate.abandon_pending(self, st)
         was = st.stall_reason
@@ -632,3 +711,23 @@ class RelayCore(RelayState):
         view.tick(self, st, now_ms)
         links.retry_fills(self, st, now_ms)
         repair.advance(self, st, now_ms)
+
+
+def configuration_status(
+    config: tuple[int, tuple[int, ...]],
+    desired: tuple[int, ...],
+    disagree: Mapping[int, tuple[int, tuple[int, ...]]],
+) -> dict[str, object]:
+    """A stream's configuration (5.15) as the status gives it: its version and relays, the
+    relays this relay's topology names, and what each relay that states another one
+    stated."""
+    version, members = config
+    return {
+        "version": version,
+        "relays": list(members),
+        "topology": list(desired),
+        "disagree": {
+            str(peer): {"version": v, "relays": list(m)}
+            for peer, (v, m) in sorted(disagree.items())
+        },
+    }

@@ -102,6 +102,9 @@ class Reports(msgspec.Struct, frozen=True):
     # stream at or below it in this incarnation, and it published every one it did before
     # this message (-1: none). Unlike `floor`, receivers do not follow it.
     lead: int = -1
+    # The version of the configuration (5.15) the reports were made under: a receiver
+    # counts them only under the same one.
+    config: int = 0
 
 
 class JoinRequest(msgspec.Struct, frozen=True):
@@ -115,6 +118,11 @@ class JoinRequest(msgspec.Struct, frozen=True):
     stream: str
     link_seq: int
     need_point: int
+    # The requester's configuration of the stream (5.15): version (0: provisional, its
+    # topology's) and relays. Members answer only a request under a configuration they
+    # can agree with; anyone answers with its own, so the requester can learn it.
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class StreamStatus(msgspec.Struct, frozen=True):
@@ -140,6 +148,10 @@ class StreamStatus(msgspec.Struct, frozen=True):
     # The sender left its inherited reports out (every member counted them already): a
     # receiver that has not counted them must ignore votes_final_through (5.8)
     inherited_omitted: bool = False
+    # The sender's configuration of the stream (5.15): version and relays. A receiver
+    # takes the rest of the status only under a configuration it agrees with.
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
@@ -198,6 +210,10 @@ class JoinReply(msgspec.Struct, frozen=True):
     dedupe: tuple[DedupeKey, ...] | None  # the dedupe window as of committed_point, if asked
     your_votes: tuple[Report, ...] = ()  # reports of the requester's earlier incarnations seen
     view: ViewValue | None = None  # the sender's view of the stream (5.12)
+    # The sender's configuration of the stream (5.15): the answer counts only under the
+    # same one; an established one (version >= 1) teaches a provisional requester.
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class RepairRequest(msgspec.Struct, frozen=True):
@@ -233,6 +249,7 @@ class RepairReply(msgspec.Struct, frozen=True):
     more: bool
     entries: tuple[Entry, ...]
     reports: tuple[Report, ...]  # the responder's own reports in (lo, hi]
+    config: int = 0  # the configuration version its reports and entries are of (5.15)
 
 
 class Interval(msgspec.Struct, frozen=True):
@@ -249,13 +266,17 @@ class Interval(msgspec.Struct, frozen=True):
 class ViewValue(msgspec.Struct, frozen=True):
     """A stream's view as a view change decided it (5.12): every member's admissions,
     from `start` on; and `entries`, every transaction with lo < seq <= cut of the members
-    whose interval this change cut, so that every member holds exactly those."""
+    whose interval this change cut, so that every member holds exactly those. `config`
+    and `members`: the configuration it was decided under (5.15), which the first view
+    establishes as version 1."""
 
     number: int
     start: int
     lo: int
     intervals: tuple[Interval, ...]
     entries: tuple[Entry, ...] = ()
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class ViewPhase(enum.Enum):
@@ -280,6 +301,9 @@ class ViewRequest(msgspec.Struct, frozen=True):
     ballot: int
     excluding: tuple[int, ...] = ()
     value: ViewValue | None = None
+    # The proposer's configuration (5.15): an acceptor under another one refuses.
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class ViewReply(msgspec.Struct, frozen=True):
@@ -303,6 +327,9 @@ class ViewReply(msgspec.Struct, frozen=True):
     accepted_ballot: int = -1
     accepted: ViewValue | None = None
     entries: tuple[Entry, ...] = ()
+    # The acceptor's configuration (5.15): a proposer counts the answer only under its own.
+    config: int = 0
+    members: tuple[int, ...] = ()
 
 
 class ViewDecided(msgspec.Struct, frozen=True):

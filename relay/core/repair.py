@@ -186,5 +186,6 @@ def on_repair_request(core: RelayState, st: StreamState, msg: RepairRequest) -> 
             more=more,
             entries=tuple(chunk),
             reports=reports,
+            config=st.config_version,
         )
     )

@@ -53,6 +53,10 @@ FIRST_INCARNATION = 1
 REQUEST_ID_BITS = 20  # request ids are (incarnation << bits) + n: unique across restarts
 
 ProducerKey = tuple[bytes, int]  # (producer id, producer seq)
+# 5.15 a stream's configuration: (version, relays ascending). Version 0 is provisional:
+# the relays this relay's topology names, before any view established them.
+Configuration = tuple[int, tuple[int, ...]]
+PROVISIONAL = 0
 
 # A request resent for want of an answer waits twice as long as before each time, up to
 # this many doublings of its first interval: when thousands of streams open at once,
@@ -188,6 +192,10 @@ class PendingForward:
     tx: Transaction
     target: int
     deadline_ms: int  # when its client is told `unknown` if no answer came
+    # the target's incarnation and when it was sent there: a target that restarted forgot
+    # it, and one that does not answer within its suspect timeout may not hear us (5.1)
+    target_incarnation: int = -1
+    sent_ms: int = 0
     # sent again to another member: the one that fell silent may hold a copy (5.1)
     retargeted: bool = False
 
@@ -418,13 +426,31 @@ class StreamState:
     """Everything one relay knows about one stream it serves (section 4)."""
 
     def __init__(
-        self, stream: str, members: tuple[int, ...], me: int, cfg: CoreConfig, budget: MemoryBudget
+        self,
+        stream: str,
+        config: Configuration,
+        me: int,
+        cfg: CoreConfig,
+        budget: MemoryBudget,
     ) -> None:
         limits = cfg.limits
         self.stream = stream
-        self.members = members
-        self.peers = tuple(m for m in members if m != me)
-        self.q = quorum(len(members))
+        # 5.15 the configuration the stream counts votes under: its version (0:
+        # provisional, this relay's topology's, until a view establishes it) and relays;
+        # members, peers and q follow it (membership.set_config changes them together)
+        self.config_version, self.members = config
+        self.peers = tuple(m for m in self.members if m != me)
+        self.q = quorum(len(self.members))
+        # the relays this relay's topology names for the stream (what the operator wants)
+        self.desired = cfg.topology.members(stream)
+        # peer -> the other configuration it last stated for the stream (5.15: its
+        # messages under it are not taken), cleared when it states ours again
+        self.disagree: dict[int, Configuration] = {}
+        self.config_recorded = False  # the configuration is in our acceptor record
+        # Something committed above the genesis under it, here or in an earlier
+        # incarnation (our record says so): a join that finds no history anywhere knows
+        # history was lost (5.8), rather than a stream that never had any.
+        self.committed_before = False
         self.timeline = Timeline(
             stream, limits.dedupe_window_entries, limits.late_max_entries, budget
         )
@@ -438,7 +464,7 @@ class StreamState:
         self.lead = -1  # the highest lead we announced on the stream (5.2; -1: none)
         self.pending = PendingProduces()
         # 5.3-5.4 reporting and counting votes
-        self.votes = VoteTally(members, limits.max_pending_vote_points)
+        self.votes = VoteTally(self.members, limits.max_pending_vote_points)
         self.out_reports: list[Report] = []
         self.report_log: deque[Report] = deque(maxlen=limits.report_log_entries)
         # The last seq of every TxBatch published or received, not yet reported past: the
@@ -454,6 +480,9 @@ class StreamState:
         # out since it moved (5.4): at once, or later when every member commits it anyway.
         self.announce_by_ms = NEVER
         self.progress_ms = NEVER  # last time the committed point moved
+        # since when something waits to commit (an entry held above the committed point, or
+        # a pending produce), as of the last tick: the status says how long it waited
+        self.waiting_since_ms = NEVER
         # Votes of member m are all known at points <= known_through[m] (its report
         # stream arrived with nothing missing); a restart of m leaves its earlier
         # incarnation's later votes unknowable (votes_unknowable_above).
@@ -513,6 +542,15 @@ class StreamState:
         # The last committed (point, digest) known from durable history (the store, a
         # spool) when this relay started without any (see RelayCore.seed).
         self.seed: tuple[int, bytes] | None = None
+        # 5.8: every member of the established configuration came back without the
+        # stream's history and no seed held it: it began again at the genesis, and
+        # positions below this floor (ours then) name records that are gone. -1: no loss.
+        self.history_lost_below = -1
+
+    @property
+    def configuration(self) -> Configuration:
+        """(version, relays): the configuration the stream counts votes under (5.15)."""
+        return (self.config_version, self.members)
 
     def mark_run_end(self, seq: int) -> None:
         """`seq` ended a TxBatch: a point the stream's members will all report (5.3)."""
@@ -615,6 +653,12 @@ class RelayState:
         self.spool_added_mark = 0
         self.spool_counted_ms = NEVER  # when what we owe was last counted exactly
         self.spool_held_back: set[str] = set()  # streams with records left for more room
+        # 5.15 configurations: those of the acceptor records of streams not opened yet (a
+        # stream opens under its record's), and of the streams this relay's topology
+        # serves but whose established configuration leaves it out (it does not serve them)
+        self.recorded: dict[str, Configuration] = {}
+        self.recorded_committed: set[str] = set()  # of those, the ones that committed
+        self.foreign: dict[str, Configuration] = {}
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,
@@ -666,8 +710,16 @@ class RelayState:
         if self.acceptor_memory is None:
             return
         acc = st.acceptor
-        record = codec.encode_acceptor(acc.number, acc.promised, acc.accepted_ballot, acc.accepted)
-        self.outbox.acceptors.append((st.stream, record))
+        record = codec.AcceptorRecord(
+            acc.number,
+            acc.promised,
+            acc.accepted_ballot,
+            acc.accepted,
+            *st.configuration,
+            committed=st.committed_before,
+        )
+        st.config_recorded = True
+        self.outbox.acceptors.append((st.stream, codec.encode_acceptor(record)))
 
     def request_id(self) -> int:
         self.last_request_id += 1
@@ -708,21 +760,34 @@ class RelayState:
         if st is not None:
             self.wake(st)
         else:
-            members = self.topology.members(stream)
+            recorded = self.recorded.pop(stream, None)
+            config = recorded or (PROVISIONAL, self.topology.members(stream))
             st = self.streams[stream] = StreamState(
-                stream, members, self.id, self.config, self.memory
+                stream, config, self.id, self.config, self.memory
             )
             self.note_busy(self.now_ms)  # it has to join
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]
+            st.config_recorded = recorded is not None
+            if stream in self.recorded_committed:
+                self.recorded_committed.discard(stream)
+                st.committed_before = True
         return st
 
     def members(self, stream: str) -> tuple[int, ...]:
-        """R(S), as `Topology.members`; from the stream's state once it is open (the
-        topology is static), which spares the per-message path a call into the
-        configuration's interpreted module."""
+        """R(S): the relays of the stream's configuration (5.15), from its state once it
+        is open (which spares the per-message path a call into the topology's interpreted
+        module); for a stream not open, the configuration learnt or recorded, else the
+        topology's."""
         st = self.streams.get(stream)
-        return st.members if st is not None else self.topology.members(stream)
+        if st is not None:
+            return st.members
+        known = self.foreign.get(stream) or self.recorded.get(stream)
+        return known[1] if known is not None else self.topology.members(stream)
+
+    def serves(self, stream: str) -> bool:
+        """Whether this relay is one of the stream's members (5.15)."""
+        return self.id in self.members(stream)
 
     def can_open(self, stream: str) -> bool:
         """Bound the number of streams a relay tracks (patterns admit any name)."""
@@ -732,8 +797,13 @@ class RelayState:
         st.dormant = False
         st.touched = True
 
+    def invalidate_names(self) -> None:
+        """A stream was closed (membership.leave): the sorted names are made again."""
+        self._names = []
+
     def stream_names_sorted(self) -> list[str]:
-        """The streams this relay tracks, by name (streams are opened, never closed)."""
+        """The streams this relay tracks, by name (opened, and closed only when their
+        configuration leaves this relay out: `invalidate_names`)."""
         if len(self._names) != len(self.streams):
             self._names = sorted(self.streams)
         return self._names

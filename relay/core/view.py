@@ -37,7 +37,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from relay.core import coordinate, links
+import msgspec
+
+from relay.core import coordinate, links, membership
 from relay.core.fencing import heard
 from relay.core.links import clock_outlier, is_live, lag_ms
 from relay.core.messages import (
@@ -54,7 +56,9 @@ from relay.core.messages import (
 )
 from relay.core.seq import relay_of
 from relay.core.state import (
+    FIRST_INCARNATION,
     NEVER,
+    PROVISIONAL,
     Acceptor,
     Admission,
     Proposal,
@@ -114,7 +118,23 @@ def wants_in(core: RelayState, st: StreamState, now_ms: int, outlier: bool | Non
 # --- the acceptor -----------------------------------------------------------------------------
 
 
+def forgot_acceptor(core: RelayState, stream: str) -> bool:
+    """Whether this start may have lost what an earlier incarnation promised or accepted
+    in the stream's view changes: not on a first start (section 3: nothing to forget),
+    nor when the shell kept the acceptor memory and it could be read."""
+    if core.incarnation <= FIRST_INCARNATION:
+        return False
+    return core.acceptor_memory is None or stream in core.acceptor_forgotten
+
+
 def on_request(core: RelayState, st: StreamState, msg: ViewRequest, now_ms: int) -> None:
+    heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
+    if heard is membership.Heard.LEFT:
+        return
+    if heard is not membership.Heard.AGREES and heard is not membership.Heard.LEARNT:
+        # Proposed under another configuration (5.15): its quorum is not ours to join.
+        core.counters["view_refused_config"] += 1
+        return
     if msg.view <= st.view.number:
         push_view(core, st, msg.sender, now_ms, force=True)  # decided already
         return
@@ -155,7 +175,12 @@ def answer(
         # us (else we would not get its PREPARE), so it judged on stale word of whom we
         # hear. The cut never needs our promise: the members staying are a quorum.
         and not (promise and core.id in excluding and admitted(core, st))
+        # 5.15: a relay that may have forgotten accepting a first view of other relays
+        # (restarted without acceptor memory) takes no part in establishing a stream
+        and not (st.config_version == PROVISIONAL and forgot_acceptor(core, st.stream))
         and (ballot > acc.promised if promise else ballot >= acc.promised)
+        # 5.15: a value of other relays (or a version behind ours) is not ours to accept
+        and (promise or (value is not None and _of_our_configuration(st, value)))
     )
     if not ok:
         core.counters["view_refused"] += 1
@@ -194,6 +219,10 @@ def answer(
     return _reply(core, st, target, out_phase, number, ballot, ok=True)
 
 
+def _of_our_configuration(st: StreamState, value: ViewValue) -> bool:
+    return value.members == st.members and value.config >= st.config_version
+
+
 def _reply(
     core: RelayState,
     st: StreamState,
@@ -208,6 +237,7 @@ def _reply(
     entries: tuple[Entry, ...] = (),
 ) -> ViewReply:
     acc = st.acceptor
+    config, members = st.configuration
     return ViewReply(
         sender=core.id,
         incarnation=core.incarnation,
@@ -224,6 +254,8 @@ def _reply(
         accepted_ballot=acc.accepted_ballot if acc.number == number else -1,
         accepted=acc.accepted if acc.number == number else None,
         entries=entries,
+        config=config,
+        members=members,
     )
 
 
@@ -374,9 +406,10 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
 
 
 def _could_decide(core: RelayState, st: StreamState, excluding: list[int], now_ms: int) -> bool:
-    """Whether a quorum of members could promise a proposal cutting `excluding`: we and
-    the live members that have joined, less any it would cut that the view admits as they
-    are now (they refuse their own cut, 5.12 step 2; a restarted one does not)."""
+    """Whether enough members (`membership.to_decide`) could answer a proposal cutting
+    `excluding`: we and the live members that have joined, less any it would cut that the
+    view admits as they are now (they refuse their own cut, 5.12 step 2; a restarted one
+    does not)."""
     able = 1
     for m in st.peers:
         peer = core.peers[m]
@@ -386,7 +419,9 @@ def _could_decide(core: RelayState, st: StreamState, excluding: list[int], now_m
         if m in excluding and held is not None and held.incarnation == peer.incarnation:
             continue
         able += 1
-    return able >= st.q
+    # (the first view, which establishes the configuration, is decided by every member:
+    # while one is not able to, a proposal would only stall in its accept phase, 5.15)
+    return able >= membership.to_decide(st)
 
 
 def _proposer_gone(core: RelayState, acc: Acceptor, now_ms: int) -> bool:
@@ -419,6 +454,7 @@ def propose(
 
 def _send_requests(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
     prop.sent_ms = now_ms
+    config, members = st.configuration
     done = prop.promises if prop.phase is ViewPhase.PREPARE else prop.accepted_by
     for m in st.peers:
         if m in done:
@@ -435,6 +471,8 @@ def _send_requests(core: RelayState, st: StreamState, prop: Proposal, now_ms: in
                 ballot=prop.ballot,
                 excluding=prop.excluding,
                 value=prop.value if prop.phase is ViewPhase.ACCEPT else None,
+                config=config,
+                members=members,
             )
         )
 
@@ -443,6 +481,11 @@ def on_reply(core: RelayState, st: StreamState, msg: ViewReply, now_ms: int) -> 
     prop = st.proposal
     if prop is None or msg.view != prop.number or msg.ballot != prop.ballot:
         core.counters["view_reply_unmatched"] += 1
+        return
+    if not membership.compatible(st, msg.config, msg.members):
+        # An acceptor under another configuration (5.15): its promise is not one of ours.
+        membership.hear(core, st, msg.sender, msg.config, msg.members)
+        core.counters["view_reply_other_config"] += 1
         return
     if not msg.ok:
         if msg.promised > prop.ballot:
@@ -467,7 +510,7 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
         if mine.ok:
             prop.accepted_by.add(core.id)
         _send_requests(core, st, prop, now_ms)
-    if prop.phase is ViewPhase.ACCEPT and len(prop.accepted_by) >= st.q:
+    if prop.phase is ViewPhase.ACCEPT and len(prop.accepted_by) >= membership.to_decide(st):
         value = prop.value
         assert value is not None
         core.counters["view_decided"] += 1
@@ -478,11 +521,17 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
 
 
 def _value(st: StreamState, prop: Proposal) -> ViewValue:
-    """The value to accept: one accepted before in this instance, else a new one."""
+    """The value to accept: one accepted before in this instance, else a new one. Either
+    carries our configuration (5.15), established (version 1) by the first view."""
+    config = max(st.config_version, 1)
     earlier = [p for p in prop.promises.values() if p.accepted is not None]
     if earlier:
         best = max(earlier, key=lambda p: p.accepted_ballot)
         assert best.accepted is not None
+        if best.accepted.config == 0:
+            # Accepted before views carried their configuration (an earlier release's
+            # acceptor record): it was decided among the same relays as ours.
+            return msgspec.structs.replace(best.accepted, config=config, members=st.members)
         return best.accepted
     start = max(p.reported for p in prop.promises.values())
     # Decided history only grows: through the last view's lo every promiser of that view
@@ -507,16 +556,17 @@ def _value(st: StreamState, prop: Proposal) -> ViewValue:
             if seq > lo and admits_seq(cut, relay_of(seq), seq):
                 union.setdefault(seq, (seq, tx))
     entries = tuple(union[seq] for seq in sorted(union))
-    return ViewValue(prop.number, start, lo, tuple(intervals), entries)
+    return ViewValue(prop.number, start, lo, tuple(intervals), entries, config, st.members)
 
 
 # --- learning -------------------------------------------------------------------------------
 
 
-def on_decided(core: RelayState, st: StreamState, msg: ViewDecided, now_ms: int) -> None:
+def on_decided(core: RelayState, st: StreamState, msg: ViewDecided, now_ms: int) -> bool:
+    """False if the stream is no longer ours to go on with (see `adopt`)."""
     if msg.value.number <= st.view.number:
-        return
-    adopt(core, st, msg.value, now_ms)
+        return True
+    return adopt(core, st, msg.value, now_ms, msg.sender) or msg.stream in core.streams
 
 
 def push_view(
@@ -546,8 +596,18 @@ def _send_decided(core: RelayState, st: StreamState, peer: int, value: ViewValue
     )
 
 
-def adopt(core: RelayState, st: StreamState, value: ViewValue, now_ms: int) -> None:
-    """Take a decided view: drop what it no longer counts, add what it carries."""
+def adopt(
+    core: RelayState, st: StreamState, value: ViewValue, now_ms: int, source: int = -1
+) -> bool:
+    """Take a decided view (from `source`, -1: our own decision): drop what it no longer
+    counts, add what it carries. A view of another configuration (5.15) teaches a
+    provisional relay the established one, which it then follows; False if it did not
+    take the view: one of another established configuration, or one that leaves it out
+    of the stream."""
+    if (value.config, value.members) != (st.config_version, st.members):
+        heard = membership.hear(core, st, source, value.config, value.members)
+        if heard is membership.Heard.LEFT or heard is membership.Heard.DISAGREES:
+            return False
     core.counters["view_adopted"] += 1
     before = set(st.view.intervals)
     st.view = value
@@ -591,6 +651,7 @@ def adopt(core: RelayState, st: StreamState, value: ViewValue, now_ms: int) -> N
             # Newly admitted: what it coordinated since is fetched from it, in case it
             # arrived before we adopted the view (and was not taken in then).
             links.refill(core, st, interval.member, interval.since, now_ms)
+    return True
 
 
 def _drop_from(reports: deque[Report], point: int) -> None:

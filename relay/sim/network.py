@@ -11,9 +11,39 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+from relay.core.config import CoreConfig
+from relay.core.machine import RelayCore
 from relay.sim.faults import FaultConfig
+
+
+class Subscriber(Protocol):
+    """A simulated relay as routing sees it: its configuration and its core (if up)."""
+
+    @property
+    def config(self) -> CoreConfig: ...
+
+    @property
+    def core(self) -> RelayCore | None: ...
+
+
+def subscribers(nodes: Mapping[int, Subscriber], src: int, stream: str) -> list[int]:
+    """The relays a stream's frames from `src` reach, as the node's subscriptions do
+    (relay/node.py): those whose own topology serves the stream, or whose running core
+    does (by its configuration: an acceptor record, docs/protocol.md 5.15), and that
+    subscribe to `src` at all (their topology lists it)."""
+    out = []
+    for d, node in nodes.items():
+        if d == src or src not in node.config.topology.subscriptions:
+            continue
+        core = node.core
+        if node.config.topology.serves(d, stream) or (core is not None and core.serves(stream)):
+            out.append(d)
+    return out
+
 
 # Queued on a link when its sender crashes: the receiver's shell sees the connection close
 # after everything sent before it (TCP delivers the FIN after the data). A real frame is

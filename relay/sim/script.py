@@ -12,8 +12,10 @@ delivered at t + 1. One millisecond of `tick` does, in order: deliver every due 
 (links in (src, dst) order, FIFO within a link), tick every running relay, then drain each
 relay's `ready()` (route frames, collect producer replies and deliveries).
 
-Routing of an `Outgoing`: `stream` set -> every other member of the stream, `target` set
--> that relay, neither -> every other relay.
+Routing of an `Outgoing` (only to relays whose topology lists the sender): `stream` set ->
+every other relay that serves the stream by its own topology or by its configuration (as
+the node's subscriptions do: relay/sim/network.py `subscribers`), `target` set -> that
+relay, neither -> every other relay.
 
 Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
 
@@ -37,7 +39,11 @@ Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
     isolate R                    cut every link from and to R
     heal                         every link back to normal: uncut, released, no drops
     pause R | resume R           no ticks and no deliveries to R while paused
-    crash R | restart R          restart = a new RelayCore with incarnation + 1; frames
+    crash R | restart R [wiped] [topology SPEC ...]
+                                 restart = a new RelayCore with incarnation + 1 and the
+                                 acceptor records its disk kept (`wiped`: its disk
+                                 emptied: nothing remembered), reading the topology
+                                 SPEC (as `topology`) from then on if given; frames
                                  queued towards a crashed relay are lost; its peers see
                                  the connection close after what it sent before
                                  (`peer_lost`), unless the link is cut
@@ -101,7 +107,7 @@ from relay.core.messages import (
 from relay.core.seq import counter_of, ms_of, relay_of, wall_ms
 from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain, recipients
 from relay.sim import invariants
-from relay.sim.network import CLOSED
+from relay.sim.network import CLOSED, subscribers
 
 START_UNIX_MS = 1_800_000_000_000
 STABILIZE_MAX_MS = 5_000
@@ -154,6 +160,7 @@ class Node:
     incarnation: int = 1
     offset_ms: int = 0
     paused: bool = False
+    disk: dict[str, bytes] = field(default_factory=dict)  # its acceptor records
 
 
 @dataclass
@@ -185,6 +192,39 @@ def _link_arg(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def _topology(args: list[str]) -> Topology:
+    """`RELAY:PATTERN[,PATTERN] ...`, as the `topology` command takes it."""
+    subs: dict[int, tuple[str, ...]] = {}
+    for arg in args:
+        rid, sep, patterns = arg.partition(":")
+        if not sep:
+            raise ScriptError(f"expected RELAY:PATTERN[,PATTERN], got {arg!r}")
+        subs[_int(rid, "relay")] = tuple(p for p in patterns.split(",") if p)
+    return Topology(subs)
+
+
+def _configuration(config: dict[str, object], *, always: bool = False) -> str:
+    """A stream's configuration (5.15) for `show`, when there is something to say: not
+    established yet, not what the relay's topology says, or other relays disagree."""
+    relays, topology, disagree = config["relays"], config["topology"], config["disagree"]
+    assert isinstance(disagree, dict)
+    if not always and config["version"] != 0 and relays == topology and not disagree:
+        return ""
+
+    def ids(value: object) -> str:
+        assert isinstance(value, list)
+        return " ".join(map(str, value))
+
+    out = f" config={config['version']}[{ids(relays)}]"
+    if topology != relays:
+        out += f" topology=[{ids(topology)}]"
+    if disagree:
+        out += " disagree=" + ",".join(
+            f"{peer}:{c['version']}[{ids(c['relays'])}]" for peer, c in disagree.items()
+        )
+    return out
+
+
 def _int(text: str, what: str) -> int:
     try:
         return int(text)
@@ -201,7 +241,7 @@ class _MeshSink:
         self.rid = rid
 
     def persist(self, records: list[tuple[str, bytes]]) -> None:
-        """Scripted relays keep no acceptor memory (a restart abstains), so none comes."""
+        self.mesh.nodes[self.rid].disk.update(records)
 
     def publish(self, out: Outgoing) -> None:
         self.mesh._route(self.rid, out)
@@ -251,9 +291,12 @@ class Mesh:
     def clock(self, r: int) -> int:
         return START_UNIX_MS + self.now + self.nodes[r].offset_ms
 
-    def _start(self, r: int) -> None:
+    def _start(self, r: int, *, wiped: bool = False) -> None:
         node = self.nodes[r]
         node.core = RelayCore(node.config, node.incarnation, self.clock(r))
+        if wiped:
+            node.disk.clear()  # an empty data directory: nothing to remember
+        node.core.remember_acceptors(node.disk)
 
     def crash(self, r: int) -> None:
         node = self.nodes[r]
@@ -268,12 +311,16 @@ class Mesh:
             elif src == r and not link.cut and self.nodes[dst].core is not None:
                 link.queue.append((self.now, CLOSED))  # its peers see the connection close
 
-    def restart(self, r: int) -> None:
+    def restart(self, r: int, topology: Topology | None = None, *, wiped: bool = False) -> None:
         node = self.nodes[r]
         if node.core is not None:
             raise ScriptError(f"relay {r} is running; crash it first")
+        if topology is not None:
+            if not set(topology.relay_ids) <= set(self.ids) or r not in topology.relay_ids:
+                raise ScriptError(f"a topology of relay {r} among {list(self.ids)} expected")
+            node.config = CoreConfig(r, topology, self.limits)
         node.incarnation += 1
-        self._start(r)
+        self._start(r, wiped=wiped)
 
     def running(self, r: int) -> RelayCore:
         core = self.nodes[r].core
@@ -287,7 +334,14 @@ class Mesh:
         msg = codec.decode(out.frame, self.limits.max_frame_bytes)
         self._observe(msg)
         background = isinstance(msg, BACKGROUND)
-        for d in recipients(out, self.topology, src):
+        targets = (
+            subscribers(self.nodes, src, out.stream)
+            if out.stream is not None
+            else recipients(out, self.topology, src)
+        )
+        for d in targets:
+            if src not in self.nodes[d].config.topology.subscriptions:
+                continue  # a relay subscribes only to the relays its topology lists
             link = self.links[(src, d)]
             if link.cut or self.nodes[d].core is None:
                 link.lost += 1
@@ -510,13 +564,7 @@ class Interpreter:
     def cmd_topology(self, args: list[str]) -> list[str]:
         if self.mesh is not None:
             raise ScriptError("`topology` may appear only once")
-        subs: dict[int, tuple[str, ...]] = {}
-        for arg in args:
-            rid, sep, patterns = arg.partition(":")
-            if not sep:
-                raise ScriptError(f"expected RELAY:PATTERN[,PATTERN], got {arg!r}")
-            subs[_int(rid, "relay")] = tuple(p for p in patterns.split(",") if p)
-        self.mesh = Mesh(Topology(subs), self.limits)
+        self.mesh = Mesh(_topology(args), self.limits)
         return []
 
     # --- time ------------------------------------------------------------------------------
@@ -737,8 +785,17 @@ class Interpreter:
         return []
 
     def cmd_restart(self, args: list[str]) -> list[str]:
-        self.nargs(args, 1)
-        self.m.restart(self.relay(args[0]))
+        self.nargs(args, 1, 64)
+        rest = args[1:]
+        wiped = bool(rest) and rest[0] == "wiped"
+        if wiped:
+            rest = rest[1:]
+        topology = None
+        if rest:
+            if rest[0] != "topology" or len(rest) < 2:
+                raise ScriptError("expected `restart R [wiped] [topology SPEC ...]`")
+            topology = _topology(rest[1:])
+        self.m.restart(self.relay(args[0]), topology, wiped=wiped)
         return []
 
     def cmd_skew(self, args: list[str]) -> list[str]:
@@ -792,7 +849,13 @@ class Interpreter:
                         line += f" {extra}={st[extra]}"
                 if st["repairing"]:
                     line += " repairing"
-                out.append(line)
+                if st["history_lost"]:
+                    line += " history_lost"
+                out.append(line + _configuration(st["config"]))
+            not_member = status["not_member"]
+            assert isinstance(not_member, dict)
+            for stream, config in not_member.items():
+                out.append(f"  {stream}: not a member{_configuration(config, always=True)}")
         return out
 
     def cmd_clocks(self, args: list[str]) -> list[str]:
