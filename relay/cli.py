@@ -432,6 +432,14 @@ def _log_options(function: Callable[..., Any]) -> Callable[..., Any]:
     metavar="SECONDS",
     help="Stop after this long.",
 )
+@click.option(
+    "--topologies",
+    type=click.Choice(("same", "stale")),
+    default="same",
+    show_default=True,
+    help="stale: relay 2's topology file adds it to stream s, which relays 0 and 1 serve "
+    "alone (5.15; give it --max-ticks 12).",
+)
 def explore(
     max_states: int,
     transactions: int,
@@ -446,6 +454,7 @@ def explore(
     strategy: str,
     seed: int,
     time_budget_s: float | None,
+    topologies: str,
 ) -> None:
     """Bounded exhaustive safety check of 3 relays and up to 3 transactions.
 
@@ -470,6 +479,7 @@ def explore(
         seed=seed,
         time_budget_s=time_budget_s,
         progress=lambda line: click.echo(line, err=True),
+        topologies=topologies,
     )
     click.echo(result.summary())
     click.echo(f"{int(result.ok)} passed, {int(not result.ok)} failed")

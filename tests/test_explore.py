@@ -7,11 +7,15 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
-from relay.core import commit
+from relay.core import commit, membership, view
 from relay.core.machine import RelayCore
-from relay.core.messages import PeerMessage
-from relay.core.state import PeerState
+from relay.core.messages import PeerMessage, ViewPhase
+from relay.core.state import GENESIS_POINT, PROVISIONAL, PeerState, StreamState
 from relay.sim.explore import ExploreResult, run_explore
+
+# Stale topologies: the stream opens on its first produce; these ticks leave time for its
+# join, its first view and the later produces (spread over the ticks) to commit.
+STALE_MAX_TICKS = 12
 
 
 def _assert_sound(result: ExploreResult, min_states: int) -> None:
@@ -88,11 +92,138 @@ def test_planted_bug_is_caught_with_a_trace() -> None:
     assert "VIOLATION" in str(violation)
 
 
+# --- relays on topologies that disagree (5.15) --------------------------------------------
+
+
+def test_stale_topologies_find_no_violation() -> None:
+    # Relay 2's file adds it to stream s, which relays 0 and 1 serve alone: they establish
+    # it, relay 2 learns that it is left out and forwards its produces to them.
+    result = run_explore(max_states=8_000, topologies="stale", max_ticks=STALE_MAX_TICKS)
+    _assert_sound(result, 8_000)
+    assert result.coverage.get("relay 0 holds 's' established", 0) > 0
+    assert result.coverage.get("relay 2 left 's' (its configuration leaves it out)", 0) > 0
+    assert result.coverage.get("a produce forwarded", 0) > 0
+    # Walks sample the opening: joins under configurations that disagree, drops, repairs.
+    walks = run_explore(
+        max_states=8_000, strategy="walk", seed=1, topologies="stale", max_ticks=STALE_MAX_TICKS
+    )
+    assert walks.ok, "\n".join(str(v) for v in walks.violations)
+    assert walks.coverage.get("relay 2 holds 's' provisionally", 0) > 0
+    assert walks.coverage.get("relay 2 left 's' (its configuration leaves it out)", 0) > 0
+    assert walks.counters.get("config_mismatch", 0) > 0
+    assert walks.coverage.get("producer told committed", 0) > 0
+
+
+class InclusiveCore(RelayCore):
+    """Planted bug (5.15): relays 0 and 1 count relay 2 among the relays of a stream their
+    own topology does not give it (they take relay 2's word for it), and decide the first
+    view by a quorum of them, not by every one: relays 0-2 are established without relay
+    2's acceptance, which the topologies cannot establish."""
+
+    def stream(self, stream: str) -> StreamState:
+        opened = stream not in self.streams
+        st = super().stream(stream)
+        if opened and self.id != 2 and st.config_version == PROVISIONAL:
+            membership.set_config(self, st, PROVISIONAL, (0, 1, 2))
+        return st
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        super()._dispatch(msg, peer, now_ms)
+        for st in list(self.streams.values()):
+            prop = st.proposal
+            if (
+                prop is not None
+                and prop.phase is ViewPhase.ACCEPT
+                and st.config_version == PROVISIONAL
+                and len(prop.accepted_by) >= st.q
+            ):
+                prop.accepted_by.update(st.members)  # as if every relay had accepted
+                view._advance(self, st, prop, now_ms)
+
+
+class ProvisionalAgainCore(RelayCore):
+    """Planted bug (5.15): relay 1 goes back to a provisional configuration once it has
+    committed something (as a relay that did not keep its configuration would)."""
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        super()._dispatch(msg, peer, now_ms)
+        for st in self.streams.values():
+            if self.id == 1 and st.timeline.committed_point > GENESIS_POINT:
+                st.config_version = PROVISIONAL
+
+
+class StaysCore(RelayCore):
+    """Planted bug (5.15): a relay that an established configuration leaves out goes on
+    serving the stream under it."""
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        held = dict(self.streams)
+        super()._dispatch(msg, peer, now_ms)
+        for name, st in held.items():
+            if name not in self.streams and self.foreign.pop(name, None) is not None:
+                self.streams[name] = st
+                self.invalidate_names()
+
+
+class LoneCommitCore(RelayCore):
+    """Planted bug: once a stream is established, relay 0 counts its own reports at once,
+    unacknowledged, and one vote as a quorum."""
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        super()._dispatch(msg, peer, now_ms)
+        self._alone()
+
+    def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
+        super().tick(now_ms, mono_ms)
+        self._alone()
+
+    def _alone(self) -> None:
+        for st in self.streams.values():
+            if self.id == 0 and st.config_version > PROVISIONAL and st.own_unacked:
+                st.q = st.votes.q = 1
+                st.own_acked_through = max(st.own_acked_through, st.own_unacked[-1][0])
+                commit.count_acked_own(self, st)
+
+
+@pytest.mark.parametrize(
+    ("core_class", "found"),
+    [
+        (InclusiveCore, "configuration (1, (0, 1, 2)) established, but only (1, (0, 1)) can be"),
+        (ProvisionalAgainCore, "under configuration (0, (0, 1)), not (1, (0, 1))"),
+        (StaysCore, "relay 2: holds configuration (1, (0, 1)), which leaves it out"),
+        (LoneCommitCore, "has a digest no quorum reported"),
+    ],
+)
+def test_planted_configuration_bugs_are_caught(core_class: type[RelayCore], found: str) -> None:
+    result = run_explore(
+        max_states=20_000,
+        core_class=core_class,
+        shrink=False,
+        topologies="stale",
+        max_ticks=STALE_MAX_TICKS,
+    )
+    assert not result.ok
+    assert found in result.violations[0].message, result.violations[0].message
+
+
 def test_cli_prints_the_verdict() -> None:
     result = CliRunner().invoke(main, ["explore", "--max-states", "300"])
     assert result.exit_code == 0, result.output
     assert "distinct states:" in result.output
     assert result.output.rstrip().endswith("1 passed, 0 failed")
+    stale = CliRunner().invoke(main, ["explore", "--max-states", "300", "--topologies", "stale"])
+    assert stale.exit_code == 0, stale.output
+    assert "topologies=stale" in stale.output
+
+
+@pytest.mark.slow
+def test_large_stale_exploration_finds_no_violation() -> None:
+    # About half a minute: walks reach a forwarded produce coordinated, and commits.
+    result = run_explore(
+        max_states=60_000, strategy="walk", seed=1, topologies="stale", max_ticks=STALE_MAX_TICKS
+    )
+    _assert_sound(result, 60_000)
+    assert result.coverage.get("a member coordinated a forwarded produce", 0) > 0
 
 
 @pytest.mark.slow

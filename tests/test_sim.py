@@ -24,8 +24,17 @@ from relay.sim import FAULT_KINDS, FaultConfig
 from relay.sim.checkers import check_all
 from relay.sim.network import NetParams, Network
 from relay.sim.runner import relays_for, run_cli, run_many, run_seed
-from relay.sim.single import SINGLE_FAULTS
-from relay.sim.world import World
+from relay.sim.single import RESTART_FAULTS, SINGLE_FAULTS
+from relay.sim.topologies import (
+    GROUPS,
+    GROW_BY,
+    alternate_topology,
+    build_topology,
+    groups_of,
+    grown_topology,
+    topology_of,
+)
+from relay.sim.world import World, configuration_of
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = os.cpu_count() or 1
@@ -217,6 +226,35 @@ def test_relays_for_seed_is_stable_and_in_range() -> None:
     assert relays_for(5, 4) == 4
 
 
+def test_alternate_and_grown_topologies() -> None:
+    """An alternate topology moves some groups by one relay each (never below two), a
+    grown one adds GROW_BY relays to one group (or every relay it lacks); both list every
+    relay, and every relay still serves `all`."""
+    moved = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        n = rng.randint(3, 7)
+        topology = build_topology(rng, n)
+        groups = groups_of(topology)
+        alternate = alternate_topology(rng, topology)
+        assert alternate != topology
+        assert alternate.relay_ids == topology.relay_ids
+        assert all("all" in p for p in alternate.subscriptions.values())
+        for g, relays in groups_of(alternate).items():
+            assert len(relays ^ groups[g]) <= 2 and len(relays) >= 2, (seed, g)
+            assert abs(len(relays) - len(groups[g])) <= 1
+            moved += relays != groups[g]
+        grown = groups_of(grown_topology(rng, topology))
+        changed = [g for g in GROUPS if grown[g] != groups[g]]
+        if all(len(groups[g]) == n for g in GROUPS):
+            assert changed == []  # nothing left to grow
+        else:
+            (g,) = changed
+            assert grown[g] > groups[g]
+            assert len(grown[g]) == min(n, len(groups[g]) + GROW_BY)
+    assert moved > 200  # groups did move
+
+
 # --- the real core ------------------------------------------------------------------------
 
 
@@ -231,6 +269,95 @@ def test_seeds_all_faults(seed_window: tuple[int, int]) -> None:
         print(_report(results))
     assert not failed, _report(results)
     assert {r.relays for r in results} >= ({3, 4, 5, 6, 7} if count >= 50 else set())
+
+
+@pytest.mark.parametrize("kind", ["retopology", "stale"])
+def test_seeds_with_other_topologies(kind: str, seed_window: tuple[int, int]) -> None:
+    """5.15: relays restarted onto other topology files (retopology), or one relay with
+    another file from the start (stale), under each fault kind alone: safety always, and
+    liveness for every stream the files do not block (relay/sim/checkers.py)."""
+    first, count = seed_window
+    seeds = range(first, first + max(8, count // 10))
+    results = list(run_many(seeds, 0, kind, jobs=JOBS))
+    assert all(r.ok for r in results), _report(results)
+    if kind == "retopology":
+        assert sum(r.stats["retopologies"] for r in results) >= len(results)
+
+
+@pytest.mark.parametrize("kind", RESTART_FAULTS)
+def test_restarts_onto_other_topologies_go_unnoticed(kind: str) -> None:
+    """The roll and stale single faults (relay/sim/single.py): each restart onto another
+    topology is held to the single-fault bound from the moment it happens."""
+    results = list(run_many(range(500, 506), 0, jobs=JOBS, single=(kind,)))
+    assert all(r.ok for r in results), _report(results)
+
+
+@pytest.mark.parametrize(
+    ("seed", "kind"),
+    [
+        # a relay outside a stream forwarded its produces to relays its own topology names
+        # for it; one that the stream's configuration leaves out dropped the Forward (its
+        # producer heard `unknown` after produce_timeout_ms) instead of answering `fenced`
+        # with the configuration's relays (5.15)
+        (14, "roll"),
+        (34, "roll"),
+        (268, "roll"),
+        (37, "stale"),
+        # the target of a forward restarted at once (roll): retargeting looked only for a
+        # target fallen silent, and the restarted one had forgotten the forward (5.1)
+        (793, "roll"),
+        (958, "roll"),
+        (1018, "roll"),
+        (1393, "roll"),
+        # the target's incoming links were cut while the mesh was quiet: it said it heard
+        # the forwarder and never got the forward (5.1: retried once after a timeout)
+        (919, "oneway-in"),
+    ],
+)
+def test_seeds_that_once_failed_forwarding(seed: int, kind: str) -> None:
+    result = run_seed(seed, 0, single=kind)
+    assert result.ok, _report([result])
+
+
+def test_restart_onto_another_topology_keeps_recorded_streams() -> None:
+    """A relay restarted onto a topology that no longer names it for a group of streams
+    keeps serving them under the configuration its acceptor records keep (5.15): it
+    subscribes to them (RelayCore.recorded_streams), joins them again and delivers what
+    commits; with its disk wiped it would not serve them."""
+    for wiped in (False, True):
+        world = short_world(13, 5, "none")
+        group = groups_of(world.topology)
+        relay = min(group["a.*"])
+        elsewhere = topology_of(list(world.ids), {**group, "a.*": group["a.*"] - {relay}})
+        for r in world.ids:
+            world._start(r)
+        bound = world.safety_end + world.heal_bound_ms
+        for now in range(world.end):
+            world.now = now
+            if now == 300:
+                world._crash(relay)
+                world._retopologize(relay, elsewhere)
+                if wiped:
+                    world.nodes[relay].disk.clear()
+                world._restart(relay)
+            world._step(now, bound)
+        world.now = world.end
+        world._sample()
+        history = world._finish()
+        core = world.nodes[relay].core
+        assert core is not None and not core.topology.serves(relay, "a.one")
+        if wiped:
+            assert not core.serves("a.one")
+            continue
+        assert check_all(history, world.phase_info()) == []
+        for stream in ("a.one", "a.two"):
+            assert core.serves(stream), stream
+            assert stream in core.recorded_streams()
+            version, relays = configuration_of(core, stream)
+            assert version > 0 and relays == tuple(sorted(group["a.*"]))
+            assert core.joined(stream) and not core.fenced(stream)
+        # it delivered what committed after its restart
+        assert history.log_for(relay, 2, "a.one") or history.log_for(relay, 2, "a.two")
 
 
 def test_seeds_with_heartbeats_giving_statuses_in_turn() -> None:

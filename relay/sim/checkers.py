@@ -1,7 +1,14 @@
 """Checkers: pure functions over a `History`, each returning violations (empty = ok).
 
-They map the history onto the shared invariants (relay/sim/invariants.py); the last two
+They map the history onto the shared invariants (relay/sim/invariants.py); the last ones
 are the simulator's own: they need the whole run (its phases and final states).
+
+Configurations (docs/protocol.md 5.15): relays may run different topology files, so a
+stream's members are those of the configuration its relays established (`established`),
+which every relay that knows one must share (`one_configuration`). A stream never
+established because a relay its seed's topology names runs another file that names other
+relays for it (`blocked_by_files`) may never commit: it is checked for that instead of
+for liveness (`blocked_streams`).
 
 Safety checkers hold at every moment; `acknowledged_delivered` and `liveness` assume the run
 ended with a fault-free liveness phase and a quiet period (see `PhaseInfo`).
@@ -12,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import pairwise
 
+from relay.core.fencing import CONFIG_MISMATCH
 from relay.core.messages import Transaction
 from relay.sim import invariants
 from relay.sim.history import COMMITTED, REJECTED, History, PhaseInfo
@@ -120,6 +128,119 @@ def committed_seq_matches(history: History) -> list[str]:
     return out
 
 
+def _configurations(history: History) -> dict[str, dict[tuple[int, tuple[int, ...]], list[int]]]:
+    """stream -> established configuration (version, relays) -> the relays that ended with
+    it (5.15; a relay it leaves out included)."""
+    found: dict[str, dict[tuple[int, tuple[int, ...]], list[int]]] = {}
+    for relay in sorted(history.relay_finals):
+        for stream, config in sorted(history.relay_finals[relay].config.items()):
+            if config[0] > 0:  # (version 0: provisional, not established)
+                found.setdefault(stream, {}).setdefault(config, []).append(relay)
+    return found
+
+
+def established(history: History) -> dict[str, tuple[int, ...]]:
+    """The relays of each stream's established configuration, as the relays ended with it
+    (the first by version, should they disagree: `one_configuration` says so)."""
+    return {stream: min(configs)[1] for stream, configs in _configurations(history).items()}
+
+
+def members_of(history: History, stream: str, known: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The stream's members: its established configuration's (`known`: `established`),
+    else the relays the seed's topology names (nothing established it: liveness says so)."""
+    return known.get(stream) or history.members.get(stream, ())
+
+
+def one_configuration(history: History) -> list[str]:
+    """Every relay that ended with an established configuration of a stream ended with the
+    same one (5.15: two established configurations may hold two histories)."""
+    out: list[str] = []
+    for stream, configs in sorted(_configurations(history).items()):
+        if len(configs) > 1:
+            out.append(
+                f"config fork: {stream} ended established as "
+                + "; ".join(
+                    f"version {v} {list(relays)} at relays {holders}"
+                    for (v, relays), holders in sorted(configs.items())
+                )
+            )
+    return out
+
+
+def blocked_by_files(history: History) -> dict[str, str]:
+    """Streams no relay established, with why: a relay the seed's topology names for the
+    stream ended with a topology file that names other relays for it (5.15: the stream
+    cannot be established while its relays disagree about its relays)."""
+    known = established(history)
+    out: dict[str, str] = {}
+    for stream, named in sorted(history.members.items()):
+        if stream in known:
+            continue
+        for relay in named:
+            rf = history.relay_finals.get(relay)
+            if rf is None or stream not in rf.topology:
+                continue
+            if rf.topology[stream] != named:
+                out[stream] = (
+                    f"relay {relay}'s file names {list(rf.topology[stream])}, the seed's "
+                    f"topology {list(named)}"
+                )
+                break
+    return out
+
+
+def blocked_streams(history: History) -> list[str]:
+    """A stream `blocked_by_files` never told a producer `committed` nor delivered
+    anything, and every relay up at the end that serves it by its own configuration
+    says why (5.15): its stall is `config_mismatch` naming the relays of its
+    configuration that state another one, or, when none does, some other reason naming
+    the relays of its configuration whose file leaves them out (they never hear the
+    stream: it waits for them as for relays that are down)."""
+    out: list[str] = []
+    finals = history.relay_finals
+
+    def serves(relay: int, stream: str) -> tuple[int, ...]:
+        """The relays the relay runs the stream under, if it serves it; else ()."""
+        rf = finals.get(relay)
+        relays = rf.config.get(stream, (0, ()))[1] if rf is not None else ()
+        return relays if relay in relays else ()
+
+    for stream, why in blocked_by_files(history).items():
+        told = sorted(
+            invariants.describe(a.tx)
+            for a in history.attempts
+            if a.stream == stream and a.outcome == COMMITTED
+        )
+        if told:
+            out.append(
+                f"blocked committed: {stream} ({why}) answered committed for {told[0]} "
+                f"and {len(told) - 1} more"
+            )
+        for label, logged, log in _relay_logs(history):
+            if logged == stream and log:
+                out.append(f"blocked committed: {stream} ({why}) delivered at {label}")
+                break
+        for relay in sorted(finals):
+            relays = serves(relay, stream)
+            if not finals[relay].up or not relays:
+                continue
+            stating = {m for m in relays if m != relay and serves(m, stream) not in ((), relays)}
+            silent = {m for m in relays if m != relay and not serves(m, stream)}
+            reason, waiting = finals[relay].stall.get(stream, ("", ()))
+            if stating:
+                ok = reason == CONFIG_MISMATCH and stating <= set(waiting)
+                expected = f"{CONFIG_MISMATCH} for {sorted(stating)}"
+            else:
+                ok = reason != "" and bool(silent) and silent <= set(waiting)
+                expected = f"waiting for {sorted(silent)}, which do not serve it"
+            if not ok:
+                out.append(
+                    f"blocked unnoticed: relay {relay} ends with {stream} stalled "
+                    f"{reason or 'for nothing'} for {list(waiting)}, not {expected} ({why})"
+                )
+    return out
+
+
 def acknowledged_delivered(history: History) -> list[str]:
     """Every COMMITTED answer is in the canonical timeline and in the final log of every up,
     joined member whose current incarnation's log starts at or below it (a relay starting
@@ -127,6 +248,7 @@ def acknowledged_delivered(history: History) -> list[str]:
     canon, _ = canonical(history)
     out: list[str] = []
     seqsets: dict[tuple[int, int, str], set[int]] = {}
+    known = established(history)
     for key in sorted(history.finals):
         final = history.finals[key]
         if final.outcome != COMMITTED:
@@ -137,7 +259,7 @@ def acknowledged_delivered(history: History) -> list[str]:
                 f"lost: {name} committed at {final.stream} seq {final.seq} "
                 "is in no relay's timeline"
             )
-        for relay in history.members.get(final.stream, ()):
+        for relay in members_of(history, final.stream, known):
             rf = history.relay_finals.get(relay)
             if rf is None or not rf.up or not rf.joined.get(final.stream, False):
                 continue
@@ -156,9 +278,20 @@ def acknowledged_delivered(history: History) -> list[str]:
 
 
 def liveness(history: History, phase: PhaseInfo) -> list[str]:
+    """After the heal, every produce commits, every member of every stream is joined and
+    unfenced within the heal bound and stays so, and the members end at one committed
+    point. The members are those of the stream's established configuration (5.15); a
+    stream `blocked_by_files` is left to `blocked_streams`."""
     out: list[str] = []
+    known = established(history)
+    blocked = blocked_by_files(history)
+    for stream in sorted(history.members):
+        if stream not in known and stream not in blocked:
+            out.append(f"unestablished: no relay ended with a configuration of {stream}")
     for key in sorted(history.finals):
         final = history.finals[key]
+        if final.stream in blocked:
+            continue
         settling = final.issued_ms < phase.safety_end_ms + phase.settle_ms
         if settling and final.outcome == REJECTED:
             continue  # a definite answer; see PhaseInfo.settle_ms
@@ -174,6 +307,8 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
     late_bad: dict[tuple[int, str], int] = {}
     for s in history.fence_samples:
         ks = (s.relay, s.stream)
+        if s.stream in blocked or s.relay not in members_of(history, s.stream, known):
+            continue  # (a relay that ran it under a configuration that left it out)
         if s.t <= bound:
             state[ks] = (s.t, s.fenced, s.joined)
         elif (s.fenced or not s.joined) and ks not in late_bad:
@@ -194,8 +329,10 @@ def liveness(history: History, phase: PhaseInfo) -> list[str]:
             "after healing"
         )
     for stream in sorted(history.members):
+        if stream in blocked:
+            continue
         points: dict[int, int] = {}
-        for relay in history.members[stream]:
+        for relay in members_of(history, stream, known):
             rf = history.relay_finals.get(relay)
             if rf is None or not rf.up:
                 out.append(f"down: relay {relay} is not up at the end")
@@ -234,6 +371,7 @@ SAFETY_CHECKERS = (
     committed_seq_matches,
     client_conclusions,
     spooled_acknowledged,
+    one_configuration,
 )
 
 
@@ -244,4 +382,5 @@ def check_all(history: History, phase: PhaseInfo) -> list[str]:
     if phase.check_liveness:
         out.extend(acknowledged_delivered(history))
         out.extend(liveness(history, phase))
+        out.extend(blocked_streams(history))
     return out

@@ -21,6 +21,10 @@ FAULT_KINDS: tuple[str, ...] = (
     "clock_skew",  # a constant per-relay clock offset
     "clock_step",  # a relay's clock jumps back or forward
     "spool_full",  # some relays' spools fill up until the store takes them (5.14)
+    # 5.15 configurations: a relay crashes and restarts onto another topology file
+    # (relay/sim/topologies.py), which may later move it back or elsewhere
+    "retopology",
+    "stale",  # one relay runs from the start with another topology file than the others
 )
 
 # Bounds. Offsets stay well below the core's max_clock_ahead_ms (5000): any two relays'
@@ -28,6 +32,11 @@ FAULT_KINDS: tuple[str, ...] = (
 MAX_SKEW_MS = 2_000
 MAX_STEP_MS = 1_500
 MAX_TOTAL_OFFSET_MS = 2_400
+# retopology: how long the relay is down before it restarts onto its new topology
+RETOPOLOGY_DOWN_MS = (20, 600)
+# retopology: the chance that a restart goes back to the seed's own topology (when the
+# relay is not on it), rather than onto another alternate
+RETOPOLOGY_BACK_CHANCE = 0.3
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class FaultConfig:
     clock_skew: bool = False
     clock_step: bool = False
     spool_full: bool = False
+    retopology: bool = False
+    stale: bool = False
 
     @classmethod
     def all(cls) -> FaultConfig:

@@ -78,6 +78,13 @@ class RelayFinal:
     joined: dict[str, bool] = field(default_factory=dict)  # member streams only
     fenced: dict[str, bool] = field(default_factory=dict)
     committed_point: dict[str, int] = field(default_factory=dict)
+    # why nothing commits through it ("": nothing holds it) and the relays it waits for
+    stall: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    # 5.15, every stream of the run: the configuration (version, relays) the relay runs it
+    # under (version 0: provisional, not established; relays without this one: it learnt
+    # one that leaves it out), and the relays its own topology file names for it
+    config: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    topology: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,7 +109,9 @@ class PhaseInfo:
 
 @dataclass
 class History:
-    members: dict[str, tuple[int, ...]] = field(default_factory=dict)  # stream -> relays
+    # stream -> relays: the seed's topology's (most relays' file; 5.15: the configuration
+    # the run establishes, unless a relay with another file blocked it)
+    members: dict[str, tuple[int, ...]] = field(default_factory=dict)
     produced: dict[OpKey, tuple[str, Transaction]] = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
     finals: dict[OpKey, Final] = field(default_factory=dict)

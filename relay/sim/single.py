@@ -21,6 +21,11 @@ stays to the end of the run (nothing heals), and the producers keep writing.
     clock-forward        one relay's wall clock steps forward by minutes
     restart-clock-back   one relay restarts (empty) with its wall clock minutes behind
     spool-full           one relay's spool fills up and the store never takes it (5.14)
+    roll                 every relay in turn restarts (keeping its disk) onto a topology
+                         that grows one group of streams, each once the one before
+                         joined every stream it serves again (5.15: a rolling
+                         reconfiguration; the streams keep their established relays)
+    stale                one relay restarts onto another topology (5.15)
 
 The checker: for every stream, the relays that are up, not stepped, hold their memory, have
 room in their spools and form a strongly connected group (over the links that still work)
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relay.core.fencing import CONFIG_MISMATCH
 from relay.sim.history import COMMITTED, FENCED, History
 
 SINGLE_FAULTS: tuple[str, ...] = (
@@ -52,13 +58,29 @@ SINGLE_FAULTS: tuple[str, ...] = (
     "clock-forward",
     "restart-clock-back",
     "spool-full",
+    "roll",
+    "stale",
 )
+# Faults made of restarts onto another topology (5.15): each restart is checked as a
+# single fault of its own (see `single_fault_liveness`)
+RESTART_FAULTS = ("roll", "stale")
 CLOCK_STEP_MS = 120_000  # "minutes": far beyond max_clock_ahead_ms
 CRASH_AFTER_CUT_MS = (20, 1_500)  # cut-then-crash: how long the cut relay coordinates on
 # Commits resume within suspect_timeout_ms plus a few round trips of the fault (retries
 # of joins, repairs and syncs happen every repair_retry_ms).
 RESUME_BOUND_MS = 600
 ANSWER_BOUND_MS = 400  # a produce to the majority is answered committed within this
+# roll: the next relay restarts this long after the one before, at the earliest (so
+# that commits are checked between restarts), and once that one rejoined; a restarted
+# relay must have joined every stream it serves again within REJOIN_BOUND_MS
+ROLL_STEP_MS = RESUME_BOUND_MS + ANSWER_BOUND_MS
+REJOIN_BOUND_MS = RESUME_BOUND_MS
+
+
+def fault_ms(kind: str, relay_count: int, base_ms: int) -> int:
+    """How long a single-fault run of `kind` runs after its fault: `base_ms`, and for a
+    roll as long again as it takes to restart every relay in turn."""
+    return base_ms + (relay_count * ROLL_STEP_MS if kind == "roll" else 0)
 
 
 def parse_single(text: str) -> tuple[str, ...]:
@@ -86,6 +108,14 @@ class SingleFaultInfo:
     issue_end_ms: int  # producers stop issuing here
     # stream -> the relays of its connected majority (empty: it has none, nothing to check)
     majorities: dict[str, frozenset[int]] = field(default_factory=dict)
+    # RESTART_FAULTS: (relay, restarted at ms, rejoined at ms or -1: never), in order, and
+    # the relays the run ended before restarting
+    restarts: list[tuple[int, int, int]] = field(default_factory=list)
+    not_restarted: tuple[int, ...] = ()
+    # RESTART_FAULTS: stream -> the relays of its established configuration when the
+    # fault struck (none: not established) and when the run ended
+    configs_before: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    configs_after: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def strongly_connected(nodes: set[int], works: set[tuple[int, int]]) -> list[set[int]]:
@@ -116,9 +146,12 @@ def _reach(start: int, nodes: set[int], works: set[tuple[int, int]], *, reverse:
 
 
 def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
-    """Produces sent to a stream's connected majority commit promptly after the fault."""
+    """Produces sent to a stream's connected majority commit promptly after the fault
+    (RESTART_FAULTS: `restart_faults` as well)."""
     out: list[str] = []
-    start = info.fault_at_ms + RESUME_BOUND_MS
+    restarting = info.kind in RESTART_FAULTS
+    # (the others must not notice a restart onto another topology: checked at once)
+    start = info.fault_at_ms + (0 if restarting else RESUME_BOUND_MS)
     late: dict[str, int] = {}
     first: dict[str, str] = {}
     committed_ms: dict[tuple[bytes, int], int] = {}
@@ -126,16 +159,23 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
         if a.outcome == COMMITTED:
             key = (a.pid, a.pseq)
             committed_ms[key] = min(committed_ms.get(key, a.answer_ms), a.answer_ms)
+    # A produce caught by its relay's restart (sent at most ANSWER_BOUND_MS before it, or
+    # before the relay joined every stream it serves again) is as one it redirected.
+    rejoining: dict[int, list[tuple[int, int]]] = {}
+    for relay, at, rejoined in info.restarts:
+        until = rejoined if rejoined >= 0 else info.issue_end_ms
+        rejoining.setdefault(relay, []).append((at - ANSWER_BOUND_MS, until))
     for a in history.attempts:
         majority = info.majorities.get(a.stream)
         if not majority or a.relay not in majority or not start <= a.sent_ms < info.issue_end_ms:
             continue
-        if a.outcome == COMMITTED:
-            ok = a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS
-        else:
-            done = committed_ms.get((a.pid, a.pseq), -1)
-            ok = a.outcome == FENCED and 0 <= done - a.sent_ms <= ANSWER_BOUND_MS
-        if ok:
+        if a.outcome == COMMITTED and a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS:
+            continue
+        redirected = a.outcome == FENCED or any(
+            lo <= a.sent_ms < hi for lo, hi in rejoining.get(a.relay, ())
+        )
+        done = committed_ms.get((a.pid, a.pseq), -1)
+        if redirected and 0 <= done - a.sent_ms <= ANSWER_BOUND_MS:
             continue
         late[a.stream] = late.get(a.stream, 0) + 1
         if a.stream not in first:
@@ -152,5 +192,57 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
             f"stall: {info.kind} at {info.fault_at_ms} ms: {late[stream]} produce(s) to the "
             f"connected majority {sorted(info.majorities[stream])} of {stream} not committed "
             f"within {ANSWER_BOUND_MS} ms (first: {first[stream]})"
+        )
+    if restarting:
+        out.extend(restart_faults(history, info))
+    return out
+
+
+def restart_faults(history: History, info: SingleFaultInfo) -> list[str]:
+    """RESTART_FAULTS (5.15): the mesh was warm (every stream established) when the fault
+    struck; every relay of the roll restarted, each joined every stream it serves again
+    within REJOIN_BOUND_MS; every stream ends with the relays it was established with,
+    each of them serving it (joined, unfenced: it kept the configuration it recorded,
+    whatever its topology says), and no relay ends with a stream held for another
+    configuration (`config_mismatch`)."""
+    out: list[str] = []
+    for stream in sorted(info.configs_after.keys() | info.configs_before.keys()):
+        before = info.configs_before.get(stream, ())
+        after = info.configs_after.get(stream, ())
+        if not before:
+            out.append(f"cold: {info.kind}: {stream} was not established when the fault struck")
+        elif after != before:
+            out.append(
+                f"reconfigured: {info.kind}: {stream} was established with relays "
+                f"{list(before)}, ends with {list(after)}"
+            )
+        for relay in before:
+            rf = history.relay_finals.get(relay)
+            if rf is None or not rf.up:
+                continue
+            config = rf.config.get(stream, (0, ()))
+            if config[1] != before or not rf.joined.get(stream) or rf.fenced.get(stream):
+                out.append(
+                    f"dropped: {info.kind}: relay {relay} ends with {stream} under "
+                    f"{config}, joined={rf.joined.get(stream, False)}, fenced="
+                    f"{rf.fenced.get(stream, False)}; it was established with {list(before)}"
+                )
+    for relay in sorted(history.relay_finals):
+        for stream, (reason, waiting) in sorted(history.relay_finals[relay].stall.items()):
+            if reason == CONFIG_MISMATCH:
+                out.append(
+                    f"noticed: {info.kind}: relay {relay} ends with {stream} held for "
+                    f"{CONFIG_MISMATCH} by {list(waiting)}"
+                )
+    for relay, at, rejoined in info.restarts:
+        if rejoined < 0 or rejoined - at > REJOIN_BOUND_MS:
+            took = "never" if rejoined < 0 else f"after {rejoined - at} ms"
+            out.append(
+                f"not rejoined: {info.kind}: relay {relay} restarted at {at} ms joined every "
+                f"stream it serves {took}, not within {REJOIN_BOUND_MS} ms"
+            )
+    if info.not_restarted:
+        out.append(
+            f"not rolled: {info.kind}: relays {list(info.not_restarted)} were never restarted"
         )
     return out

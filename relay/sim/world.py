@@ -13,6 +13,12 @@ client service expire and flush. Client links are FIFO, take CLIENT_LINK_MS each
 lose nothing; a relay that crashes closes them (after what it sent), one that is paused
 queues what arrives.
 
+Each relay reads its own topology file (`Node.config`): the seed's (relay/sim/topologies.py),
+or another one the retopology and stale faults give it (5.15). A stream's frames reach, as
+the node's subscriptions do, every other relay whose own file serves the stream or whose
+running core does (by the configuration its acceptor records keep); any frame reaches only
+relays whose file lists its sender. The clients read the seed's topology.
+
 Phases: safety (faults on), then heal (partitions and pauses end, crashed relays restart,
 clocks stop stepping but keep their skew), liveness (no faults, producers continue), quiet
 (producers stop issuing; their in-flight retries end halfway through), then the checkers.
@@ -41,19 +47,29 @@ from relay.core.shell import (
     drain,
     recipients,
 )
+from relay.core.state import PROVISIONAL, Configuration
 from relay.engines import Relays
 from relay.service import ClientService
 from relay.sim.clients import Consumer, Producer, endpoint_of
-from relay.sim.faults import MAX_SKEW_MS, MAX_STEP_MS, MAX_TOTAL_OFFSET_MS, FaultConfig
+from relay.sim.faults import (
+    MAX_SKEW_MS,
+    MAX_STEP_MS,
+    MAX_TOTAL_OFFSET_MS,
+    RETOPOLOGY_BACK_CHANCE,
+    RETOPOLOGY_DOWN_MS,
+    FaultConfig,
+)
 from relay.sim.history import FenceSample, History, PhaseInfo, RelayFinal
-from relay.sim.network import CLOSED, NetParams, Network
+from relay.sim.network import CLOSED, NetParams, Network, subscribers
 from relay.sim.single import (
     CLOCK_STEP_MS,
     CRASH_AFTER_CUT_MS,
+    ROLL_STEP_MS,
     SingleFaultInfo,
     strongly_connected,
 )
 from relay.sim.spools import SimSpool
+from relay.sim.topologies import alternate_topology, build_topology, describe, grown_topology
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
@@ -99,7 +115,9 @@ class Node:
     disk: dict[str, bytes] = field(default_factory=dict)
     skew: int = 0
     step: int = 0
-    streams: tuple[str, ...] = ()  # the simulation's streams this relay serves
+    # the simulation's streams this relay serves: by its running core's configurations
+    # (5.15: its acceptor records, else its topology), as of its last start or sample
+    streams: tuple[str, ...] = ()
     # Input reached the core this millisecond: its ready() is drained now, and it is ticked
     # within FED_TICK_MS (at fed_tick_due), or by its deadline, as the node does.
     fed: bool = False
@@ -108,24 +126,15 @@ class Node:
     spool_anomaly: bool = False  # a broken spool promise was reported already
 
 
-def build_topology(rng: random.Random, relay_count: int) -> Topology:
-    """Stream `all` on every relay; `a.*`, `b.*`, `c.*` on seeded subsets (3, 5, 3-4)."""
-    ids = list(range(relay_count))
-
-    def subset(k: int) -> set[int]:
-        return set(rng.sample(ids, min(k, relay_count)))
-
-    a = subset(3)
-    b = subset(5 if relay_count >= 5 else 3)
-    c = subset(rng.choice((3, 4)))
-    subs: dict[int, tuple[str, ...]] = {}
-    for r in ids:
-        patterns = ["all"]
-        for name, group in (("a.*", a), ("b.*", b), ("c.*", c)):
-            if r in group:
-                patterns.append(name)
-        subs[r] = tuple(patterns)
-    return Topology(subs)
+def configuration_of(core: RelayCore, stream: str) -> Configuration:
+    """The configuration (version, relays) the relay runs the stream under, or would if it
+    opened it now (5.15): its own, one learnt that leaves it out, its acceptor record's,
+    else provisional: its topology's."""
+    st = core.streams.get(stream)
+    if st is not None:
+        return st.configuration
+    known = core.foreign.get(stream) or core.recorded.get(stream)
+    return known if known is not None else (PROVISIONAL, core.topology.members(stream))
 
 
 def _ignore(*_: object) -> None:
@@ -147,8 +156,15 @@ class _WorldSink:
         world = self.world
         src = self.node.rid
         nodes = world.nodes
-        for d in recipients(out, world.topology, src):
-            world.network.send(world.now, src, d, out.frame, nodes[d].epoch)
+        targets = (
+            subscribers(nodes, src, out.stream)
+            if out.stream is not None
+            else recipients(out, world.topology, src)
+        )
+        for d in targets:
+            node = nodes[d]
+            if src in node.config.topology.subscriptions:  # it subscribes to the relays it lists
+                world.network.send(world.now, src, d, out.frame, node.epoch)
 
     def answer(self, replies: list[ProduceReply]) -> None:
         service = self.node.service
@@ -210,6 +226,13 @@ class World:
         self.single_victims: tuple[int, ...] = ()
         self.stepped: set[int] = set()  # relays whose clock a single fault stepped
         self.emptied: set[int] = set()  # relays a single fault restarted without memory
+        # The roll and stale single faults (5.15): the relays still to restart onto
+        # `roll_topology`, one at a time, and the restarts done: [relay, at ms, ms it had
+        # joined every stream it serves again (-1: not yet)]
+        self.roll: list[int] = []
+        self.roll_topology: Topology | None = None
+        self.rolled: list[list[int]] = []
+        self.configs_before: dict[str, tuple[int, ...]] = {}  # when a roll or stale began
         self.core_factory: CoreFactory = core_factory or RelayCore
         self.now = 0
         self.history = History()
@@ -222,9 +245,13 @@ class World:
         client_rng = random.Random(master.getrandbits(64))
         self.base_ms = BASE_UNIX_MS + master.randint(0, 86_400_000)
         self.lull_rng = random.Random(master.getrandbits(64))
-        self.spool_rng = random.Random(master.getrandbits(64))  # drawn last: others unchanged
+        self.spool_rng = random.Random(master.getrandbits(64))  # drawn late: others unchanged
+        self.config_rng = random.Random(master.getrandbits(64))  # 5.15 faults: drawn last
         self.spool_stuck: set[int] = set()  # relays whose spool a single fault filled
 
+        # The seed's topology: every relay's file, the clients' too, but for the relays the
+        # retopology and stale faults (and the roll and stale single faults) give another
+        # (Node.config), which may disagree about a stream's relays (5.15)
         self.topology = build_topology(topo_rng, relay_count)
         self.ids = self.topology.relay_ids
         self.limits = limits or Limits()
@@ -248,7 +275,11 @@ class World:
             "partitions": 0,
             "oneways": 0,
             "clock_steps": 0,
+            "retopologies": 0,
         }
+        if self.faults.stale:  # one relay was deployed with another file from the start
+            stale = self.config_rng.choice(self.ids)
+            self._retopologize(stale, alternate_topology(self.config_rng, self.topology))
 
         # Client links: (due ms, n, kind, client, relay, epoch, frame); FIFO per link. The
         # epoch is the relay's (REQUEST, RESPONSE), or its crashed incarnation (DISCONNECT).
@@ -377,6 +408,12 @@ class World:
                 extra = srng.randint(*SPOOL_FULL_EXTRA_BYTES)
                 self._at(start, "spool_full", victims, extra)
                 self._at(end, "spool_free", victims)
+        if f.retopology:
+            crng = self.config_rng
+            for _ in range(crng.randint(1, per_kind)):
+                start = crng.randint(0, span - 20)
+                end = min(start + crng.randint(*RETOPOLOGY_DOWN_MS), span - 1)
+                self._at(start, "retopology", end)
 
     def _plan_lull(self) -> None:
         rng = self.lull_rng
@@ -447,16 +484,12 @@ class World:
             if self.nodes[r].epoch == epoch:
                 self._resume(r)
         elif kind == "crash":
-            candidates = [r for r in self.ids if self.nodes[r].core is not None]
-            if not candidates:
-                return
-            r = rng.choice(candidates)
-            if not self.may_crash(r):
-                self.stats["crash_refused"] += 1
-                self.events.append(f"{now} crash {r} refused")
-                return
-            self._crash(r)
-            self._at(args[0], "restart", r, self.nodes[r].epoch)
+            crashed = self._crash_victim(rng, kind)
+            if crashed is not None:
+                self._crash(crashed)
+                self._at(args[0], "restart", crashed, self.nodes[crashed].epoch)
+        elif kind == "retopology":
+            self._apply_retopology(args[0])
         elif kind == "restart":
             r, epoch = args
             node = self.nodes[r]
@@ -480,6 +513,43 @@ class World:
             node.step = total - node.skew
             self.stats["clock_steps"] += 1
             self.events.append(f"{now} clock_step {r} {delta} -> offset {total}")
+
+    def _apply_retopology(self, restart_at: int) -> None:
+        """Crash a running relay (as the crash fault does, within the tolerated fault
+        model) and restart it at `restart_at` onto another topology: back to the seed's if
+        it runs another, else (or by chance) a fresh alternate (5.15)."""
+        rng = self.config_rng
+        r = self._crash_victim(rng, "retopology")
+        if r is None:
+            return
+        node = self.nodes[r]
+        if node.config.topology != self.topology and rng.random() < RETOPOLOGY_BACK_CHANCE:
+            topology = self.topology
+        else:
+            topology = alternate_topology(rng, self.topology)
+        self._crash(r)
+        self._retopologize(r, topology)
+        self.stats["retopologies"] += 1
+        self._at(restart_at, "restart", r, node.epoch)
+
+    def _crash_victim(self, rng: random.Random, kind: str) -> int | None:
+        """A running relay, drawn from `rng`, that `kind` may crash: None if none runs, or
+        the tolerated fault model does not let it crash (`may_crash`: refused, counted)."""
+        candidates = [r for r in self.ids if self.nodes[r].core is not None]
+        if not candidates:
+            return None
+        r = rng.choice(candidates)
+        if not self.may_crash(r):
+            self.stats["crash_refused"] += 1
+            self.events.append(f"{self.now} {kind} {r} refused")
+            return None
+        return r
+
+    def _retopologize(self, r: int, topology: Topology) -> None:
+        """Relay `r` reads `topology` from its next start on (it is down, or not started)."""
+        node = self.nodes[r]
+        node.config = CoreConfig(r, topology, self.limits)
+        self.events.append(f"{self.now} topology {r} {describe(topology)}")
 
     def _apply_single(self, kind: str) -> None:
         """Strike the single fault of a single-fault run (see relay/sim/single.py)."""
@@ -525,6 +595,17 @@ class World:
         elif kind == "spool-full":
             node.spool.shrink(node.core, 0)
             self.spool_stuck.add(victim)
+        elif kind in ("roll", "stale"):
+            crng = self.config_rng
+            if kind == "roll":  # every relay in turn, onto a topology that grows a group
+                self.roll_topology = grown_topology(crng, self.topology)
+                self.roll = crng.sample(self.ids, len(self.ids))
+            else:  # one relay, onto another topology
+                self.roll_topology = alternate_topology(crng, self.topology)
+                self.roll = [victim]
+            self.single_victims = tuple(self.roll)
+            self.configs_before = {stream: self.established(stream) for stream in STREAMS}
+            self._roll_next()
         elif kind == "restart-clock-back":
             node.step -= CLOCK_STEP_MS
             self.stepped.add(victim)
@@ -536,6 +617,29 @@ class World:
         if links:
             self.network.cut(links)
         self.events.append(f"{self.now} single {kind} {self.single_victims} links {links}")
+
+    def _roll_next(self) -> None:
+        assert self.roll_topology is not None
+        r = self.roll.pop(0)
+        self._crash(r)
+        self._retopologize(r, self.roll_topology)
+        self._restart(r)
+        self.rolled.append([r, self.now, -1])
+
+    def _roll_on(self, now: int) -> None:
+        """Restart the next relay of a roll once the last one joined every stream it
+        serves again, and ROLL_STEP_MS after that one restarted."""
+        last = self.rolled[-1]
+        r, at, rejoined = last
+        if rejoined < 0:
+            node = self.nodes[r]
+            core = node.core
+            if core is None or not all(core.joined(s) for s in self._serving(node)):
+                return
+            last[2] = rejoined = now
+            self.events.append(f"{now} rejoined {r}/{node.incarnation} after {now - at} ms")
+        if self.roll and now >= max(rejoined, at + ROLL_STEP_MS):
+            self._roll_next()
 
     def single_info(self) -> SingleFaultInfo:
         """The connected majority of every stream at the end of a single-fault run."""
@@ -552,17 +656,45 @@ class World:
         works = {(a, b) for a in able for b in able if a != b and not self.network.is_cut(a, b)}
         groups = strongly_connected(able, works)
         info = SingleFaultInfo(self.single, self.safety_end, self.liveness_end)
-        for stream, members in self.members.items():
+        info.restarts = [(r, at, rejoined) for r, at, rejoined in self.rolled]
+        info.not_restarted = tuple(self.roll)
+        if self.rolled:
+            info.configs_before = dict(self.configs_before)
+            info.configs_after = {stream: self.established(stream) for stream in STREAMS}
+        for stream in STREAMS:
+            # the stream's established configuration (5.15): its topology's, unless a
+            # relay that began it read another file
+            members = self.established(stream) or self.members[stream]
             for group in groups:
                 if len(group & set(members)) >= quorum(len(members)):
                     info.majorities[stream] = frozenset(group)
         return info
 
+    def established(self, stream: str) -> tuple[int, ...]:
+        """The relays of the stream's established configuration as the running relays know
+        it (5.15; empty while none knows one)."""
+        for node in self.nodes.values():
+            if node.core is not None:
+                version, members = configuration_of(node.core, stream)
+                if version > PROVISIONAL:
+                    return members
+        return ()
+
+    def _serving(self, node: Node) -> tuple[str, ...]:
+        """The simulation's streams the relay serves now: by its core's configurations,
+        or as it last ran when it is down."""
+        core = node.core
+        if core is None:
+            return node.streams
+        return tuple(s for s in STREAMS if core.serves(s))
+
     def may_crash(self, r: int) -> bool:
         """The tolerated fault model: after crashing `r`, every stream it serves keeps a
         quorum of members that are up and joined."""
+        core = self.nodes[r].core
         for stream in self.nodes[r].streams:
-            members = self.members[stream]
+            # the relays of the configuration it runs the stream under (5.15)
+            members = self.members[stream] if core is None else core.members(stream)
             holding = 0
             for m in members:
                 core = self.nodes[m].core
@@ -605,12 +737,13 @@ class World:
         node = self.nodes[r]
         core = node.core = self.core_factory(node.config, node.incarnation, self.clock(r))
         core.remember_acceptors(node.disk)
+        node.streams = self._serving(node)
         node.spool.restarted()
         node.spool.tell(core)
         node.service = ClientService(
             core,
             self.limits,
-            members=self.topology.members,
+            members=node.config.topology.members,  # as the node: its own file's rule
             send=lambda envelope, frame: self._respond(r, envelope, frame),
             counters=node.counters,
             status=core.status,
@@ -673,6 +806,7 @@ class World:
         for r in self.ids:
             node = self.nodes[r]
             core = node.core
+            node.streams = self._serving(node)
             for stream in node.streams:
                 if core is None:
                     state = (node.incarnation, True, False)
@@ -754,6 +888,8 @@ class World:
                 assert node.service is not None
                 node.service.expire(now)
                 node.service.flush()
+        if self.rolled:
+            self._roll_on(now)
         if now % FENCE_SAMPLE_EVERY_MS == 0 or now == bound:
             self._sample()
 
@@ -770,10 +906,15 @@ class World:
             )
             if core is not None:
                 h.anomalies.extend(f"relay {r}: {e}" for e in memory.accounting_errors(core))
+                node.streams = self._serving(node)
                 for stream in node.streams:
                     rf.joined[stream] = core.joined(stream)
                     rf.fenced[stream] = core.fenced(stream)
                     rf.committed_point[stream] = core.committed_point(stream)
+                    rf.stall[stream] = core.stall(stream)
+                for stream in STREAMS:
+                    rf.config[stream] = configuration_of(core, stream)
+                    rf.topology[stream] = node.config.topology.members(stream)
             h.relay_finals[r] = rf
             h.spooled[r] = node.spool.seqs
         return h

@@ -8,7 +8,7 @@ from collections import deque
 from relay.core import codec
 from relay.core.machine import RelayCore
 from relay.core.messages import Heartbeat, JoinRequest, Reports, TxBatch
-from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain, recipients
+from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain
 from relay.core.state import GENESIS_POINT, target_of
 from relay.sim.explore.checks import chain_at, check_transition, inspect_core
 from relay.sim.explore.model import (
@@ -31,7 +31,7 @@ PREFIX_MAX_STEPS = 100  # clock steps the start state may take to join and settl
 def enabled(w: World, n_tx: int, a: Bounds) -> list[Action]:
     acts: list[Action] = []
     k = sum(1 for x in w.produced if x is not None)
-    if k < n_tx:
+    if k < n_tx and min(w.ticks) >= k * a.produce_gap_ticks:
         acts += [("produce", k, r) for r in RELAYS]
     live = [i for i, q in enumerate(w.links) if q]
     acts += [("deliver", i) for i in live]
@@ -74,7 +74,9 @@ class _Observer:
         self.floor_sent = w.floor_sent[rid]
         self.final_sent = w.final_sent[rid]
         self.rebases = 0
-        self.timeline = core.streams[STREAM].timeline
+        st = core.streams.get(STREAM)
+        self.timeline = st.timeline if st is not None else None  # None: not held (5.15)
+        self.serving = [c.info.serves for c in w.cores]
 
     def persist(self, records: list[tuple[str, bytes]]) -> None:
         """The explorer's relays keep no acceptor memory, so none comes."""
@@ -90,7 +92,7 @@ class _Observer:
             p.append(f"relay {rid} sent a frame with sender {msg.sender}")
         target = target_of(msg)
         if isinstance(msg, TxBatch | Reports | JoinRequest):
-            if o.stream != STREAM or o.target is not None:
+            if o.stream != msg.stream or o.target is not None:
                 p.append(f"relay {rid}: {type(msg).__name__} not routed to the stream")
         elif target is not None:
             if o.target != target or target == rid or o.stream is not None:
@@ -104,7 +106,9 @@ class _Observer:
                         f"relay {rid} issued {seq} at or below its announced floor "
                         f"{self.floor_sent}"
                     )
-        if isinstance(msg, Reports):
+        if isinstance(msg, Reports) and msg.stream == STREAM and tl is None:
+            p.append(f"relay {rid} sent Reports of a stream it does not hold")
+        elif isinstance(msg, Reports) and msg.stream == STREAM and tl is not None:
             for point, d in msg.points:
                 if point <= self.last_report:
                     p.append(f"relay {rid} reported {point} after {self.last_report}")
@@ -130,7 +134,7 @@ class _Observer:
                 f"relay {rid}: floor went back from {self.floor_sent} to {msg.floor} on the wire"
             )
         self.floor_sent = max(self.floor_sent, msg.floor)
-        for dst in recipients(o, self.ctx.topology, rid):
+        for dst in self.ctx.receivers(o, rid, self.serving):
             i = LINK_INDEX[(rid, dst)]
             self.links[i] = (*self.links[i], o.frame)
 
@@ -174,6 +178,7 @@ def _settle(
     info = info._replace(counters=info.counters | w.cores[rid].info.counters)
     p += more
     p += check_transition(rid, w.cores[rid].info, info)
+    forwarded = _forwarded_copies(w, core)
     snap = ctx.freeze(core, info)
     cores = list(w.cores)
     cores[rid] = snap
@@ -193,9 +198,28 @@ def _settle(
             floor_sent=tuple(fs),
             final_sent=tuple(fin),
             rebases=w.rebases + seen.rebases,
+            forwarded=forwarded,
         ),
         p,
     )
+
+
+def _forwarded_copies(w: World, core: RelayCore) -> tuple[tuple[int, int], ...]:
+    """`w.forwarded` with the copies `core` issued for forwarded produces: its pending
+    produces that a forwarding relay waits for under one of the forward ids noted at the
+    produce (a forward sent again to another member keeps its id)."""
+    st = core.streams.get(STREAM)
+    if not w.forwards or st is None:
+        return w.forwarded
+    by_id = {(origin, fid): k for k, origin, fid in w.forwards}
+    found = set(w.forwarded)
+    for seq, pending in st.pending.by_seq.items():
+        for waiter in pending.waiters:
+            if waiter.origin is not None:
+                k = by_id.get((waiter.origin, waiter.request_id))
+                if k is not None:
+                    found.add((k, seq))
+    return tuple(sorted(found))
 
 
 def apply(ctx: Context, w: World, act: Action, a: Bounds) -> tuple[World, list[str]]:
@@ -237,14 +261,19 @@ def apply(ctx: Context, w: World, act: Action, a: Bounds) -> tuple[World, list[s
         request_id = REQUEST_BASE + k
         request = ProduceRequest(request_id, STREAM, TXS[k])
         core.produce(request, w.now[rid] + w.skew[rid], w.now[rid])
-        st = core.streams[STREAM]
+        st = core.streams.get(STREAM)  # None: the relay does not serve it (it forwards)
         copy = -1
-        for seq, pending in st.pending.by_seq.items():
+        for seq, pending in st.pending.by_seq.items() if st is not None else ():
             if any(x.request_id == request_id and x.origin is None for x in pending.waiters):
                 copy = seq
         produced = list(w.produced)
         produced[k] = (rid, copy)
-        w = w._replace(produced=tuple(produced))
+        forwards = tuple(
+            (k, rid, fid)
+            for fid, fwd in core.forwards.items()
+            if fwd.request_id == request_id and fwd.stream == STREAM
+        )
+        w = w._replace(produced=tuple(produced), forwards=w.forwards + forwards)
         return _settle(ctx, w, rid, core, links, replies)
     raise ValueError(f"unknown action {act!r}")
 
@@ -252,10 +281,13 @@ def apply(ctx: Context, w: World, act: Action, a: Bounds) -> tuple[World, list[s
 class _Prefix:
     """The start state's sink: every frame delivered at once, nothing else expected."""
 
-    def __init__(self, ctx: Context, rid: int, queue: deque[tuple[int, bytes]]) -> None:
+    def __init__(
+        self, ctx: Context, rid: int, queue: deque[tuple[int, bytes]], cores: list[RelayCore]
+    ) -> None:
         self.ctx = ctx
         self.rid = rid
         self.queue = queue
+        self.cores = cores
         self.floor_sent = -1
         self.last_report = -1
         self.final_sent = -1
@@ -271,7 +303,8 @@ class _Prefix:
         if isinstance(msg, Heartbeat):
             for status in msg.streams:
                 self.final_sent = max(self.final_sent, status.votes_final_through)
-        for d in recipients(o, self.ctx.topology, self.rid):
+        serving = [c.serves(STREAM) for c in self.cores]
+        for d in self.ctx.receivers(o, self.rid, serving):
             self.queue.append((d, o.frame))
 
     def answer(self, replies: list[ProduceReply]) -> None:
@@ -284,12 +317,26 @@ class _Prefix:
         raise RuntimeError("the start state's prefix produced a delivery")
 
 
+def _settled(ctx: Context, cores: list[RelayCore]) -> bool:
+    """Whether the start state's prefix is done: with one topology, all three joined the
+    stream, are unfenced and committed nothing; with topologies that disagree, every stream
+    any relay opened at start is joined and unfenced, and none has opened the stream
+    (a pattern's: its first use, the join and its first view are explored)."""
+    if ctx.mode == "same":
+        return all(c.joined(STREAM) and not c.fenced(STREAM) for c in cores) and all(
+            c.committed_point(STREAM) == GENESIS_POINT for c in cores
+        )
+    return all(STREAM not in c.streams for c in cores) and all(
+        c.joined(name) and not c.fenced(name) for c in cores for name in c.streams
+    )
+
+
 def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
-    """Tick everyone with immediate delivery until all joined, unfenced and quiet."""
+    """Tick everyone with immediate delivery until settled (`_settled`) and quiet."""
     now = START_UNIX_MS
     cores = [ctx.core_class(ctx.configs[r], 1, now) for r in RELAYS]
     queue: deque[tuple[int, bytes]] = deque()
-    sinks = [_Prefix(ctx, r, queue) for r in RELAYS]
+    sinks = [_Prefix(ctx, r, queue, cores) for r in RELAYS]
     for _ in range(PREFIX_MAX_STEPS):
         for r in RELAYS:
             cores[r].tick(now)
@@ -298,13 +345,11 @@ def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
             d, frame = queue.popleft()
             cores[d].receive(frame, now)
             drain(cores[d], sinks[d])
-        if all(c.joined(STREAM) and not c.fenced(STREAM) for c in cores) and all(
-            c.committed_point(STREAM) == GENESIS_POINT for c in cores
-        ):
+        if _settled(ctx, cores):
             break
         now += tick_ms
     else:
-        raise RuntimeError(f"the relays did not join the stream within {PREFIX_MAX_STEPS} steps")
+        raise RuntimeError(f"the relays did not settle within {PREFIX_MAX_STEPS} steps")
     snaps = []
     for r in RELAYS:
         info, problems = inspect_core(cores[r], r)

@@ -1,22 +1,25 @@
 """What the explorer checks in every state it reaches: the shared invariants
 (relay/sim/invariants.py) over the relays' committed prefixes, consumer logs and producer
-answers; that commits are real and never conflict; and each core's internal consistency.
+answers; that commits are real and never conflict; that only the one configuration that
+can be established is (5.15); and each core's internal consistency. A relay that does not
+hold the stream (not opened yet, or left) contributes no committed prefix and no reports.
 See the package docstring for the list."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 
 from relay.core import digest as dg
 from relay.core.machine import RelayCore
 from relay.core.messages import Entry, Outcome, Transaction
+from relay.core.quorum import quorum
 from relay.core.seq import relay_of
-from relay.core.state import GENESIS_POINT
+from relay.core.state import GENESIS_POINT, Configuration
 from relay.core.timeline import Timeline
 from relay.sim import invariants
-from relay.sim.explore.model import RELAYS, STREAM, TXS, CoreInfo, Q, World
+from relay.sim.explore.model import ABSENT, RELAYS, SETUPS, STREAM, TXS, CoreInfo, World
 
 
 def digest_at(info: CoreInfo, point: int) -> bytes | None:
@@ -27,54 +30,106 @@ def digest_at(info: CoreInfo, point: int) -> bytes | None:
     return info.committed[i - 1][2] if i else info.base_digest
 
 
-def check_world(w: World, prefix_of: Mapping[bytes, tuple[Entry, ...]] | None = None) -> list[str]:
-    """Cross-relay and client checks of one state."""
+def holders(infos: Sequence[CoreInfo]) -> list[int]:
+    """The relays that hold the stream (opened it, and did not leave it)."""
+    return [r for r in RELAYS if infos[r].config is not None]
+
+
+def copies(w: World) -> dict[int, list[int]]:
+    """tx -> the seqs of the copies issued for it: by the relay it was produced at, and by
+    the members a relay that does not serve the stream forwarded it to."""
+    out: dict[int, list[int]] = {}
+    for k, prod in enumerate(w.produced):
+        if prod is not None and prod[1] >= 0:
+            out.setdefault(k, []).append(prod[1])
+    for k, seq in w.forwarded:
+        out.setdefault(k, []).append(seq)
+    return out
+
+
+def check_world(
+    w: World,
+    prefix_of: Mapping[bytes, tuple[Entry, ...]] | None = None,
+    established: Configuration = SETUPS["same"].established,
+) -> list[str]:
+    """Cross-relay and client checks of one state; `established`: the only configuration
+    of the stream that can be established (its relays vote, by its quorum)."""
     p: list[str] = []
     infos = [c.info for c in w.cores]
-    # G1 on the committed prefixes (skipped duplicates included) and on consumer logs.
-    internal = {r: [(s, t) for s, t, _, _ in infos[r].committed] for r in RELAYS}
-    cps = {r: infos[r].committed_point for r in RELAYS}
-    bases = {r: infos[r].base_point for r in RELAYS}
+    have = holders(infos)
+    # G1 on the committed prefixes (skipped duplicates included) and on consumer logs; a
+    # relay without the stream has no committed prefix, and its consumers' log is held to
+    # the others' up to its last entry.
+    internal = {r: [(s, t) for s, t, _, _ in infos[r].committed] for r in have}
+    cps = {r: infos[r].committed_point for r in have}
+    bases = {r: infos[r].base_point for r in have}
     p += invariants.agree_over(internal, cps, bases, label="committed")
     p += invariants.agree_over(dict(enumerate(w.delivered)), cps, bases, label="consumer")
-    for r in RELAYS:
+    for r in have:
         fresh = tuple((s, t) for s, t, _, skipped in infos[r].committed if not skipped)
         since = tuple(e for e in w.delivered[r] if e[0] > infos[r].base_point)
         if fresh != since:
             p.append(f"relay {r}: consumers received {since} but committed {fresh}")
+    for r in RELAYS:
         p += invariants.in_order(f"relay {r}'s consumers", STREAM, w.delivered[r], "received")
     # Nothing invented: every (seq, tx) anywhere is a copy some relay issued.
     issued: dict[int, Transaction] = {}
-    for k, prod in enumerate(w.produced):
-        if prod is not None and prod[1] >= 0:
-            issued.setdefault(prod[1], TXS[k])
-    for r in RELAYS:
+    for k, seqs in sorted(copies(w).items()):
+        for seq in seqs:
+            issued.setdefault(seq, TXS[k])
+    for r in have:
         for s, t in infos[r].held:
             if issued.get(s) != t:
                 p.append(f"invented: relay {r} holds ({s}, {invariants.describe(t)}), never issued")
-    _check_commits(infos, prefix_of, p)
+    _check_configs(infos, established, p)
+    _check_commits(infos, prefix_of, established, p)
     _check_answers(w, infos, issued, p)
     return p
+
+
+def _check_configs(infos: list[CoreInfo], established: Configuration, p: list[str]) -> None:
+    """5.15: no relay holds an established configuration of the stream other than the one
+    the topologies can establish (so once anything committed, every relay under an
+    established configuration holds that one), and none that leaves it out holds the
+    stream under it (it stops serving the stream); a relay has reported or committed past
+    genesis only under it (a provisional relay reports nothing)."""
+    for r in holders(infos):
+        info = infos[r]
+        assert info.config is not None
+        version, members = info.config
+        if version > 0 and info.config != established:
+            p.append(
+                f"relay {r}: configuration {info.config} established, but only {established} can be"
+            )
+        elif version > 0 and r not in members:
+            p.append(f"relay {r}: holds configuration {info.config}, which leaves it out")
+        elif info.config != established and (info.committed_point > GENESIS_POINT or info.reports):
+            what = "committed" if info.committed_point > GENESIS_POINT else "reported"
+            p.append(f"relay {r}: {what} under configuration {info.config}, not {established}")
 
 
 def _check_commits(
     infos: list[CoreInfo],
     prefix_of: Mapping[bytes, tuple[Entry, ...]] | None,
+    established: Configuration,
     p: list[str],
 ) -> None:
-    """Commits are real (a quorum reported them) and never conflict."""
+    """Commits are real (a quorum of the established configuration's relays reported them)
+    and never conflict."""
     voters: dict[int, dict[bytes, set[int]]] = {}
-    for r in RELAYS:
+    relays = established[1]
+    q = quorum(len(relays))
+    for r in relays:
         for point, d in infos[r].reports:  # every report of every relay is in its log
             voters.setdefault(point, {}).setdefault(d, set()).add(r)
     quorate: dict[int, bytes] = {}
     for point, by_digest in voters.items():
-        won = [d for d, who in by_digest.items() if len(who) >= Q]
+        won = [d for d, who in by_digest.items() if len(who) >= q]
         if len(won) > 1:
             p.append(f"point {point}: {len(won)} different digests each reported by a quorum")
         if won:
             quorate[point] = won[0]
-    for r in RELAYS:
+    for r in holders(infos):
         info = infos[r]
         for what, (point, d) in (
             ("committed", (info.committed_point, info.committed_digest)),
@@ -110,16 +165,17 @@ def _check_answers(
     """G3: one answer per request; committed answers name the copy every relay committed
     past them delivered there; a rejected copy is in no committed prefix."""
     committed_seqs: dict[invariants.Key, list[int]] = {}
+    have = holders(infos)
+    issued_for = copies(w)
     for k, answers in enumerate(w.replies):
         if len(answers) > 1:
             p.append(f"tx {k}: answered {len(answers)} times: {answers}")
         tx = TXS[k]
         key = invariants.key_of(tx)
-        prod = w.produced[k]
         for outcome, seq in answers:
             if outcome == Outcome.COMMITTED.value:
                 committed_seqs.setdefault(key, []).append(seq)
-                for r in RELAYS:
+                for r in have:
                     if infos[r].committed_point >= seq >= infos[r].base_point:
                         got = dict(w.delivered[r]).get(seq)
                         if got is None or invariants.key_of(got) != key:
@@ -128,10 +184,11 @@ def _check_answers(
                                 f"through {infos[r].committed_point}, delivered "
                                 f"{invariants.describe(got) if got else 'nothing'} there"
                             )
-            elif outcome == Outcome.REJECTED.value and prod is not None and prod[1] >= 0:
-                for r in RELAYS:
-                    if any(s == prod[1] for s, _, _, _ in infos[r].committed):
-                        p.append(f"tx {k}: told rejected but relay {r} committed seq {prod[1]}")
+            elif outcome == Outcome.REJECTED.value:
+                for r in have:
+                    for copy in issued_for.get(k, ()):
+                        if any(s == copy for s, _, _, _ in infos[r].committed):
+                            p.append(f"tx {k}: told rejected but relay {r} committed seq {copy}")
     for key, seqs in committed_seqs.items():
         tx = next(t for t in TXS if invariants.key_of(t) == key)
         name = invariants.describe(tx)
@@ -160,9 +217,15 @@ def chain_at(tl: Timeline, point: int) -> bytes | None:
 
 
 def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
-    """One relay's internal invariants, and the info the other checks need."""
+    """One relay's internal invariants, and the info the other checks need (`ABSENT`'s,
+    with its floor, if it does not hold the stream)."""
     p: list[str] = []
-    st = core.streams[STREAM]
+    st = core.streams.get(STREAM)
+    counters = frozenset(k for k, v in core.counters.items() if v > 0)
+    if st is None:
+        return ABSENT._replace(
+            floor=core.clock.floor, counters=counters, serves=core.serves(STREAM)
+        ), p
     tl = st.timeline
     h = tl.head
     if not (len(tl.seqs) == len(tl.txs) == len(tl.hashes) == len(tl.skip)):
@@ -230,14 +293,22 @@ def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
         held=held,
         reports=tuple(st.report_log),
         fenced=st.fenced,
-        counters=frozenset(k for k, v in core.counters.items() if v > 0),
+        counters=counters,
         view=(st.view.number, st.view.start),
+        config=st.configuration,
+        serves=core.serves(STREAM),
     )
     return info, p
 
 
 def check_transition(rid: int, old: CoreInfo, new: CoreInfo) -> list[str]:
+    """What may not go back across one step of the relay (its floor; and, while it holds
+    the stream before and after, its committed point and prefix, its report log)."""
     p: list[str] = []
+    if old.config is None or new.config is None:
+        if new.floor < old.floor:
+            p.append(f"relay {rid}: floor went back from {old.floor} to {new.floor}")
+        return p
     for name in ("committed_point", "reported", "floor"):
         if getattr(new, name) < getattr(old, name):
             p.append(

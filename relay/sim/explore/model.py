@@ -1,5 +1,6 @@
-"""The explored world: three relays serving one stream, their links, clocks and clients, as
-an immutable value; how cores are copied in and out of it; and its fingerprint."""
+"""The explored world: three relays and the topologies they read (`SETUPS`), their links,
+clocks and clients, as an immutable value; how cores are copied in and out of it; where a
+frame goes (`Context.receivers`); and its fingerprint."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 import io
 import pickle
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -15,18 +16,41 @@ from relay.core import digest as dg
 from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.machine import RelayCore
 from relay.core.messages import Entry, Report, Transaction
-from relay.core.quorum import quorum
-from relay.core.state import GENESIS_POINT
+from relay.core.shell import Outgoing, recipients
+from relay.core.state import GENESIS_POINT, Configuration
 from relay.core.timeline import Timeline
 
 STREAM = "s"
 RELAYS = (0, 1, 2)
 TOPOLOGY_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {r: (STREAM,) for r in RELAYS}
+# "stale": relays 0 and 1 read a file in which only they serve "s" (a pattern's stream,
+# opened on first use); relay 2 reads one in which all three do (its own stream "t", named,
+# is opened at start).
+OTHER_STREAM = "t"
+STALE_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {0: ("s*",), 1: ("s*",), 2: (OTHER_STREAM,)}
+FULL_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {0: ("s*",), 1: ("s*",), 2: ("s*", OTHER_STREAM)}
 LINKS: tuple[tuple[int, int], ...] = tuple((a, b) for a in RELAYS for b in RELAYS if a != b)
 LINK_INDEX = {link: i for i, link in enumerate(LINKS)}
 START_UNIX_MS = 1_750_000_000_000
 REQUEST_BASE = 100  # request id of transaction k is REQUEST_BASE + k
-Q = quorum(len(RELAYS))
+
+
+class Setup(NamedTuple):
+    """What the relays read and what may come of it: each relay's topology file, and the
+    only configuration of STREAM (5.15) that can be established."""
+
+    subscriptions: tuple[dict[int, tuple[str, ...]], ...]  # per relay: its topology's
+    established: Configuration
+
+
+SETUPS: dict[str, Setup] = {
+    # One shared topology; the start state has established the configuration already.
+    "same": Setup((TOPOLOGY_SUBSCRIPTIONS,) * len(RELAYS), (1, RELAYS)),
+    # Relay 2's file disagrees: the first view, decided by every relay of its proposer's
+    # configuration, can only establish relays 0 and 1.
+    "stale": Setup((STALE_SUBSCRIPTIONS, STALE_SUBSCRIPTIONS, FULL_SUBSCRIPTIONS), (1, (0, 1))),
+}
+TOPOLOGIES = tuple(SETUPS)
 
 # TXS[2] retries TXS[0] (same producer id and producer seq, same payload): dedupe.
 TXS: tuple[Transaction, ...] = (
@@ -59,6 +83,9 @@ class Bounds:
     max_dups: int
     max_clock_steps: int = 0
     clock_step_ms: int = 25
+    # transaction k > 0 is produced only once every relay ticked k * produce_gap_ticks
+    # times (0: at any time)
+    produce_gap_ticks: int = 0
 
 
 class CoreInfo(NamedTuple):
@@ -77,6 +104,28 @@ class CoreInfo(NamedTuple):
     fenced: bool
     counters: frozenset[str]
     view: tuple[int, int] = (0, -1)  # the view's number and start (5.12)
+    # the stream's configuration (5.15); None: the relay does not hold the stream (not
+    # opened yet, or it left: its configuration leaves it out), and the fields above are
+    # those of `ABSENT`
+    config: Configuration | None = None
+    serves: bool = True  # RelayCore.serves(STREAM): frames of the stream reach it
+
+
+# What a relay that does not hold the stream contributes: no committed prefix, no reports.
+ABSENT = CoreInfo(
+    committed_point=-1,
+    committed_digest=b"",
+    reported=-1,
+    floor=-1,
+    base_point=-1,
+    base_digest=b"",
+    known_commit=(-1, b""),
+    committed=(),
+    held=(),
+    reports=(),
+    fenced=False,
+    counters=frozenset(),
+)
 
 
 class CoreSnap(NamedTuple):
@@ -103,6 +152,11 @@ class World(NamedTuple):
     final_sent: tuple[int, ...] = (-1, -1, -1)
     skew: tuple[int, ...] = (0, 0, 0)  # per relay: wall clock minus monotonic clock (ms)
     steps: int = 0  # wall clock steps taken
+    # produces a relay forwarded (5.1: it does not serve the stream), as
+    # (tx, forwarding relay, forward id), and the copies members issued for them, as
+    # (tx, seq)
+    forwards: tuple[tuple[int, int, int], ...] = ()
+    forwarded: tuple[tuple[int, int], ...] = ()
 
 
 def world_fingerprint(w: World) -> bytes:
@@ -121,6 +175,8 @@ def world_fingerprint(w: World) -> bytes:
         w.final_sent,
         w.skew,
         w.steps,
+        w.forwards,
+        w.forwarded,
     )
     hsh = hashlib.blake2b(digest_size=16)
     for c in w.cores:
@@ -130,17 +186,30 @@ def world_fingerprint(w: World) -> bytes:
 
 
 class Context:
-    """What every state shares: the configuration, the core class, and the prefix behind
-    each reported digest."""
+    """What every state shares: each relay's configuration (its own topology, `SETUPS`),
+    the core class, and the prefix behind each reported digest."""
 
-    def __init__(self, limits: Limits, core_class: type[RelayCore] = RelayCore) -> None:
+    def __init__(
+        self, limits: Limits, core_class: type[RelayCore] = RelayCore, topologies: str = "same"
+    ) -> None:
+        if topologies not in SETUPS:
+            raise ValueError(f"unknown topologies {topologies!r}: one of {TOPOLOGIES}")
+        setup = SETUPS[topologies]
         self.core_class = core_class
-        self.topology = Topology(dict(TOPOLOGY_SUBSCRIPTIONS))
-        self.configs = [CoreConfig(r, self.topology, limits) for r in RELAYS]
+        self.mode = topologies
+        made: dict[int, Topology] = {}  # relays reading one file share one Topology
+        for subs in setup.subscriptions:
+            if id(subs) not in made:
+                made[id(subs)] = Topology(dict(subs))
+        self.topologies = tuple(made[id(subs)] for subs in setup.subscriptions)
+        self.configs = [CoreConfig(r, self.topologies[r], limits) for r in RELAYS]
         self.limits = limits
+        # The only configuration of STREAM that can be established; the commit checks
+        # count votes of its relays, by its quorum.
+        self.established = setup.established
         # The configuration every state shares is pickled as a reference into _SHARED
         # (chosen by type, in the pickler's C code: no call per other object pickled).
-        for shared in (self.topology, limits, *self.configs):
+        for shared in (*made.values(), limits, *self.configs):
             _SHARED[id(shared)] = shared
         self._detach: dict[type, Callable[[Any], Any]] = {
             kind: _by_reference for kind in (CoreConfig, Limits, Topology)
@@ -156,6 +225,24 @@ class Context:
         h = tl.head
         entries = tuple((s, t) for s, t in zip(tl.seqs[h:], tl.txs[h:], strict=True) if s <= point)
         self.prefix_of[digest] = entries
+
+    def receivers(self, out: Outgoing, src: int, serving: Sequence[bool]) -> list[int]:
+        """Where `src`'s frame goes, as the node's topics take it (relay/sim/script.py,
+        `Mesh.subscribers`): a stream's frame to every other relay whose own topology serves
+        the stream or whose configuration does (`serving[d]`: RelayCore.serves(STREAM)); a
+        targeted or mesh-wide one as `recipients` says by the sender's topology; and only to
+        a relay whose topology lists `src`."""
+        if out.stream is None:
+            targets: Sequence[int] = recipients(out, self.topologies[src], src)
+        else:
+            stream = out.stream
+            targets = [
+                d
+                for d in RELAYS
+                if d != src
+                and (self.topologies[d].serves(d, stream) or (stream == STREAM and serving[d]))
+            ]
+        return [d for d in targets if src in self.topologies[d].subscriptions]
 
     def thaw(self, snap: CoreSnap, rid: int) -> RelayCore:
         core: RelayCore = pickle.loads(snap.blob)

@@ -19,10 +19,13 @@ from relay.sim.explore.actions import apply, enabled, initial
 from relay.sim.explore.checks import check_world
 from relay.sim.explore.model import (
     EXPLORE_LIMITS,
+    STREAM,
+    TOPOLOGIES,
     TXS,
     Action,
     Bounds,
     Context,
+    CoreInfo,
     World,
     world_fingerprint,
 )
@@ -96,14 +99,35 @@ class ExploreResult:
         return "\n".join(lines)
 
 
+def _configuration_coverage(w: World, infos: list[CoreInfo], ev: set[str]) -> None:
+    """Events of establishing the stream's configuration (5.15) and of serving it from a
+    relay it leaves out."""
+    for r, info in enumerate(infos):
+        if info.config is None:
+            ev.add(f"relay {r} does not hold {STREAM!r}")
+            if not info.serves:
+                ev.add(f"relay {r} left {STREAM!r} (its configuration leaves it out)")
+        elif info.config[0] == 0:
+            ev.add(f"relay {r} holds {STREAM!r} provisionally")
+        else:
+            ev.add(f"relay {r} holds {STREAM!r} established")
+    if w.forwards:
+        ev.add("a produce forwarded")
+    if w.forwarded:
+        ev.add("a member coordinated a forwarded produce")
+
+
 class _Node(NamedTuple):
     world: World
     depth: int
     trace: tuple[Any, ...] | None  # (action, parent trace): a persistent list
 
 
-def _coverage(w: World, cov: Counter[str], counters: Counter[str]) -> None:
+def _coverage(w: World, cov: Counter[str], counters: Counter[str], shared: bool = True) -> None:
+    """Count the events that hold in `w`; `shared`: one topology (the events of
+    configurations, 5.15, are counted only when the relays' topologies disagree)."""
     infos = [c.info for c in w.cores]
+    have = [i for i in infos if i.config is not None]
     ev: set[str] = set()
     n_delivered = max(len(d) for d in w.delivered)
     if n_delivered:
@@ -112,12 +136,14 @@ def _coverage(w: World, cov: Counter[str], counters: Counter[str]) -> None:
         ev.add("two txs delivered at one relay")
     if any(any(skipped for *_, skipped in i.committed) for i in infos):
         ev.add("duplicate skipped in a committed prefix")
-    if any(i.fenced for i in infos):
+    if any(i.fenced for i in have):
         ev.add("a relay fenced")
-    if any(i.known_commit[0] > i.committed_point for i in infos):
+    if any(i.known_commit[0] > i.committed_point for i in have):
         ev.add("a relay knows a commit it has not delivered")
-    if len({i.committed_point for i in infos}) > 1:
+    if len({i.committed_point for i in have}) > 1:
         ev.add("relays at different committed points")
+    if not shared:
+        _configuration_coverage(w, infos, ev)
     for answers in w.replies:
         for outcome, _ in answers:
             ev.add(f"producer told {outcome}")
@@ -153,6 +179,7 @@ def run_explore(
     progress: Callable[[str], None] | None = None,
     core_class: type[RelayCore] = RelayCore,
     shrink: bool = True,
+    topologies: str = "same",
 ) -> ExploreResult:
     """Explore every interleaving within the bounds (or until `max_states` distinct states
     or `time_budget_s`), checking safety in every state. See the module docstring."""
@@ -160,11 +187,26 @@ def run_explore(
         raise ValueError(f"transactions must be in 0..{len(TXS)}")
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}")
+    if topologies not in TOPOLOGIES:
+        raise ValueError(f"unknown topologies {topologies!r}")
     started = time.monotonic()
+    shared = topologies == "same"
+    # With topologies that disagree the stream opens on its first produce, which is
+    # answered `fenced` (its first view is not decided yet): the later produces come
+    # spread over the ticks, as a client's retries come after a backoff, so that some
+    # reach the stream once established (at any time, all were spent before).
+    produce_gap_ticks = 0 if shared else max_ticks // max(transactions, 1)
     args = Bounds(
-        max_ticks, tick_ms, max_skew_ticks, max_drops, max_dups, max_clock_steps, clock_step_ms
+        max_ticks,
+        tick_ms,
+        max_skew_ticks,
+        max_drops,
+        max_dups,
+        max_clock_steps,
+        clock_step_ms,
+        produce_gap_ticks,
     )
-    ctx = Context(limits or EXPLORE_LIMITS, core_class)
+    ctx = Context(limits or EXPLORE_LIMITS, core_class, topologies)
     result = ExploreResult(
         params={
             "max_states": max_states,
@@ -182,6 +224,9 @@ def run_explore(
             ),
             "strategy": strategy,
             **({"seed": seed} if strategy in ("random", "walk") else {}),
+            **(
+                {} if shared else {"topologies": topologies, "produce_gap_ticks": produce_gap_ticks}
+            ),
         }
     )
     rng = random.Random(seed)
@@ -189,7 +234,7 @@ def run_explore(
     cov: Counter[str] = Counter()
     counters: Counter[str] = Counter()
     seen = {world_fingerprint(start)}
-    _coverage(start, cov, counters)
+    _coverage(start, cov, counters, shared)
     reasons: set[str] = set()
     next_progress = started + PROGRESS_EVERY_S
     walks = 0
@@ -218,8 +263,8 @@ def run_explore(
         new = fp not in seen
         if new:
             seen.add(fp)
-            problems += check_world(child, ctx.prefix_of)
-            _coverage(child, cov, counters)
+            problems += check_world(child, ctx.prefix_of, ctx.established)
+            _coverage(child, cov, counters, shared)
         if problems:
             fail("; ".join(dict.fromkeys(problems)), trace)
             if stop_on_violation:

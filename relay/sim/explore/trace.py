@@ -9,19 +9,35 @@ from typing import Any
 
 from relay.core import codec
 from relay.core.messages import (
+    Forward,
+    ForwardReply,
     Heartbeat,
     JoinReply,
     JoinRequest,
+    Relayed,
     RepairReply,
     RepairRequest,
     Reports,
     Transaction,
     TxBatch,
+    ViewDecided,
+    ViewReply,
+    ViewRequest,
 )
 from relay.core.seq import MAX_RELAY_ID, counter_of, ms_of, relay_of, wall_ms
 from relay.sim.explore.actions import apply, enabled
 from relay.sim.explore.checks import check_world
-from relay.sim.explore.model import LINKS, RELAYS, TXS, Action, Bounds, Context, World
+from relay.sim.explore.model import (
+    LINKS,
+    RELAYS,
+    STREAM,
+    TXS,
+    Action,
+    Bounds,
+    Context,
+    CoreInfo,
+    World,
+)
 from relay.sim.invariants import describe
 
 SHRINK_BUDGET_S = 30.0  # how long shortening a violation's trace may take
@@ -72,10 +88,34 @@ class Fmt:
                 f"more={m.more} [{ents}]"
             )
         elif isinstance(m, JoinRequest | JoinReply):
-            body = ""
+            body = f"{m.stream} under {m.config}/{m.members}"
+        elif isinstance(m, ViewRequest | ViewReply):
+            value = m.value if isinstance(m, ViewRequest) else m.accepted
+            verdict = "" if isinstance(m, ViewRequest) else (" ok" if m.ok else " refused")
+            body = (
+                f"{m.phase.value}{verdict} view={m.view} ballot={m.ballot} "
+                f"under {m.config}/{m.members}"
+                + (f" value of {value.config}/{value.members}" if value is not None else "")
+            )
+        elif isinstance(m, ViewDecided):
+            body = f"view={m.value.number} of {m.value.config}/{m.value.members}"
+        elif isinstance(m, Forward):
+            body = f"req={m.request_id} {show_tx(m.tx)} to {m.target}"
+        elif isinstance(m, Relayed):
+            body = f"to {m.to}: [{self.frame(m.frame)}]"
+        elif isinstance(m, ForwardReply):
+            body = f"req={m.request_id} {m.outcome.value}({self.seq(m.seq)}) to {m.target}"
         else:
             body = ""
         return f"{name}{body and ' ' + body} floor={self.seq(m.floor)}"
+
+
+def _config_note(r: int, old: CoreInfo, new: CoreInfo) -> str:
+    """How relay r's hold of the stream changed (5.15)."""
+    if new.config is None:
+        return f"relay {r} left {STREAM!r}"
+    how = "opened" if old.config is None else "now holds"
+    return f"relay {r} {how} {STREAM!r} under configuration {new.config}"
 
 
 def describe_trace(ctx: Context, start: World, actions: Sequence[Action], a: Bounds) -> list[str]:
@@ -108,6 +148,10 @@ def describe_trace(ctx: Context, start: World, actions: Sequence[Action], a: Bou
                 notes.append(f"tx {k} told {outcome}({fmt.seq(seq)})")
         for r in RELAYS:
             o, n = before.cores[r].info, w.cores[r].info
+            if n.config != o.config:
+                notes.append(_config_note(r, o, n))
+            if n.config is None or o.config is None:
+                continue
             if n.committed_point != o.committed_point:
                 notes.append(f"relay {r} committed through {fmt.seq(n.committed_point)}")
             if n.fenced != o.fenced:
@@ -133,7 +177,7 @@ def replay(
             w, problems = apply(ctx, w, act, a)
         except Exception as e:
             return [f"a core raised {type(e).__name__}: {e}"]
-        problems += check_world(w, ctx.prefix_of)
+        problems += check_world(w, ctx.prefix_of, ctx.established)
         if problems:
             return problems
     return []
