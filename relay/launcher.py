@@ -727,3 +727,15 @@ def write_loopback_topology(
     path = directory / "topology.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
+
+
+def resubscribe(path: Path, subscriptions: Mapping[int, Sequence[str]]) -> None:
+    """Give the relays of a topology file (one `write_loopback_topology` wrote) other
+    subscriptions (relay id -> its streams; the others keep theirs), as an operator edits
+    the file before restarting relays onto it. For tests."""
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for relay in doc["relays"]:
+        relay["streams"] = list(subscriptions.get(relay["id"], relay["streams"]))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")

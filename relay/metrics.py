@@ -66,6 +66,7 @@ def families(status: Mapping[str, Any]) -> Iterator[Metric]:
     info.add_metric([str(status["relay"]), str(status["incarnation"]), str(node["version"])], 1)
     yield info
     yield from _stream_families(status["streams"], int(node["wall_ms"]))
+    yield from _configuration_families(status["streams"], status["not_member"])
     yield from _relay_families(status, node)
     yield from _metadata_families(status["metadata"])
     yield from _spool_families(status.get("spool"), bool(status["spool_full"]))
@@ -157,6 +158,72 @@ def _stream_families(streams: Mapping[str, Any], wall_ms: int) -> Iterator[Metri
             stalled.add_metric([name, str(stall["reason"])], int(stall["for_ms"]) / 1000)
     yield from (committed, served, committed_ts, age, lag_s, lag_entries, held, held_bytes)
     yield from (joined, fenced, repairing, stalled)
+
+
+def _configuration_families(
+    streams: Mapping[str, Any], not_member: Mapping[str, Any]
+) -> Iterator[Metric]:
+    """Per stream its configuration (docs/protocol.md 5.15) and what keeps it from being
+    healthy beyond a fence or a stall: relay/streamhealth.py says which fail readiness."""
+    version = _gauge(
+        "relay_stream_config_version",
+        "The version of the configuration the stream runs under (0: provisional, not "
+        "established yet).",
+        ("stream",),
+    )
+    relays = _gauge(
+        "relay_stream_config_relays",
+        "How many relays the stream's configuration names (the stream's quorum counts them).",
+        ("stream",),
+    )
+    disagree = _gauge(
+        "relay_stream_config_disagree",
+        "How many peers last stated another configuration of the stream than this relay's.",
+        ("stream",),
+    )
+    differs = _gauge(
+        "relay_stream_topology_differs",
+        "1 while the topology file names other relays for the stream than the configuration "
+        "it runs under (it keeps the configuration).",
+        ("stream",),
+    )
+    lost = _gauge(
+        "relay_stream_history_lost",
+        "1 once every relay of the stream came back without its history (no spool or store "
+        "held it): it began again at the genesis.",
+        ("stream",),
+    )
+    waiting = _gauge(
+        "relay_stream_waiting_seconds",
+        "How long something has waited to commit while the committed seq did not move "
+        "(0: nothing waits).",
+        ("stream",),
+    )
+    diverged = _gauge(
+        "relay_stream_diverged_seconds",
+        "How long this relay's digest has disagreed with a commit the stream's relays "
+        "announced (0: it agrees).",
+        ("stream",),
+    )
+    for name, st in streams.items():
+        labels = [name]
+        config = st["config"]
+        version.add_metric(labels, int(config["version"]))
+        relays.add_metric(labels, len(config["relays"]))
+        disagree.add_metric(labels, len(config["disagree"]))
+        differs.add_metric(labels, 1 if config["relays"] != config["topology"] else 0)
+        lost.add_metric(labels, 1 if st["history_lost"] else 0)
+        waiting.add_metric(labels, int(st["waiting_ms"]) / 1000)
+        diverged.add_metric(labels, int(st["diverged_ms"]) / 1000)
+    outside = _gauge(
+        "relay_stream_not_member",
+        "1 for a stream the topology file names this relay for whose configuration leaves "
+        "it out: it does not serve it (reads are redirected, produces forwarded).",
+        ("stream",),
+    )
+    for name in sorted(not_member):
+        outside.add_metric([name], 1)
+    yield from (version, relays, disagree, differs, lost, waiting, diverged, outside)
 
 
 def _relay_families(status: Mapping[str, Any], node: Mapping[str, Any]) -> Iterator[Metric]:

@@ -18,7 +18,11 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
   topology's relays can subscribe.
 * One SUB per peer, connected to its `mesh_endpoint`, subscribed to `S|<name>|` for each
   exact stream name this relay serves, `S|<literal prefix>` for each pattern (`orders.*` ->
-  `S|orders.`; the core drops frames of streams it does not serve), `D|<own id>|`, `H|`.
+  `S|orders.`; the core drops frames of streams it does not serve), `S|<name>|` for each
+  stream it serves by its acceptor record and not by its topology (a stream's
+  configuration outlives a change of the topology file, docs/protocol.md 5.15:
+  `RelayCore.recorded_streams`, known once the acceptor memory is loaded, before the
+  sockets open), `D|<own id>|`, `H|`.
   A frame read from peer j's SUB must name j as its sender, or the core drops it
   (`peer_sender_mismatch`): with CurveZMQ the link is j's key, so no other process can
   speak for j.
@@ -95,6 +99,7 @@ from relay.core import (
     ProduceReply,
     RelayCore,
     codec,
+    configuration_status,
     drain,
 )
 from relay.core.codec import peer_frame_limit
@@ -124,6 +129,13 @@ from relay.sockets import (
     mesh_subscriber,
 )
 from relay.store import STREAMS_DIR
+from relay.streamhealth import (
+    configuration_words,
+    disagreement_words,
+    history_lost_words,
+    not_member_words,
+    topology_words,
+)
 from relay.wire import PIPELINE_BATCH_ITEMS
 from relay.zap import MeshAuthenticator
 
@@ -162,7 +174,9 @@ GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full
 # tens of thousands of transactions a second takes longer than the STATE_LOG_MS after
 # which `_tend_gc` freezes them anyway.
 GC_YOUNG_THRESHOLD = 50_000
-BAD_FRAME_LOG_MS = 1_000  # at most one warning per kind of bad frame per second
+# At most one warning per kind of bad frame per second, and one line per stream and kind
+# of configuration news (5.15: a disagreement, a topology naming other relays, ...).
+BAD_FRAME_LOG_MS = 1_000
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
 # Answers at least this large count towards what a client leaves unread (`_UnreadReplies`),
 # so that one that does not read is refused more (limits.max_unread_reply_bytes).
@@ -222,6 +236,11 @@ class _StreamView:
     joined: bool = False
     fenced: bool = True
     fence_reason: str = ""
+    # 5.15, what was last logged: the peers' other configurations (peer -> (version,
+    # relays)), the (configuration, topology's relays) found to differ, the history lost
+    disagree: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    differs: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    history_lost: bool = False
 
 
 @dataclass
@@ -439,11 +458,14 @@ class RelayNode:
             }
         self.core = RelayCore(core_config, self.incarnation, now)
         self._acceptors = self._open_acceptor_memory()
+        # Streams served by their acceptor record alone (5.15): subscribed to as well.
+        self._recorded_streams = self.core.recorded_streams()
         self.counters: Counter[str] = Counter()
         self.clients = ClientService(
             self.core,
             self.limits,
-            members=self.config.members,
+            # Who serves a stream is its configuration's answer (5.15), not the topology's.
+            members=self.core.members,
             send=self._send_client,
             counters=self.counters,
             status=self.status,
@@ -457,7 +479,7 @@ class RelayNode:
         # genesis (relay/metasync.py, docs/metadata.md 3).
         self._metasync = MetaSync(
             self.id,
-            tuple(r for r in self.config.members(METADATA_STREAM) if r != self.id),
+            tuple(r for r in self.core.members(METADATA_STREAM) if r != self.id),
             self._send_meta_sync,
         )
         self._unread = _UnreadReplies()
@@ -479,6 +501,7 @@ class RelayNode:
         self._held_topic = b""
         self._held_bytes = 0
         self._views: dict[str, _StreamView] = {}
+        self._left: set[str] = set()  # streams left (5.15), logged
         self._delivered: set[str] = set()  # streams with entries delivered here
         self._last_state_log = 0
         self._gc_full_at = mono_ms()
@@ -667,6 +690,7 @@ class RelayNode:
                 sorted(r for r in self.config.relays if r != self.id),
                 extra={"relay": self.id, "incarnation": self.incarnation, STATE_CHANGE: True},
             )
+            self._log_recorded_streams()
             self._open_spool()
             self._running = True
             thresholds = gc.get_threshold()
@@ -940,6 +964,7 @@ class RelayNode:
 
     def _subscriptions(self) -> list[bytes]:
         prefixes = [subscription_prefix(p) for p in self.spec.streams]
+        prefixes += [stream_topic(stream) for stream in self._recorded_streams]
         prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
         return list(dict.fromkeys(prefixes))
 
@@ -1416,13 +1441,17 @@ class RelayNode:
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
 
     def _watch_streams(self) -> None:
-        """Log joined/fenced transitions; answer parked reads of a stream that fenced."""
+        """Log joined/fenced transitions and configuration news (5.15); answer parked reads
+        of a stream that fenced, or that this relay left."""
+        if len(self.core.foreign) > len(self._left):
+            self._watch_left()
         for stream in self.core.stream_names():
             view = self._views.get(stream)
             if view is None:
                 if len(self._views) >= self.limits.max_streams:
                     continue
                 view = self._views[stream] = _StreamView()
+            self._watch_configuration(stream, view)
             joined, fenced = self.core.joined(stream), self.core.fenced(stream)
             if joined != view.joined:
                 view.joined = joined
@@ -1460,6 +1489,73 @@ class RelayNode:
                 if fenced:
                     self.clients.wake(stream)
 
+    def _watch_configuration(self, stream: str, view: _StreamView) -> None:
+        """Log a stream's configuration news (5.15), each once, when it comes (a line held
+        back by the rate bound is written at a later look, with the state then): peers
+        that state another configuration, or no longer do; a topology that names other
+        relays than the configuration the stream runs under; the history lost. (Looked at
+        every STATE_LOG_MS for every stream: the words are made only for news.)"""
+        st = self.core.streams.get(stream)
+        if st is None:
+            return
+        if st.disagree != view.disagree:
+            config = configuration_status(st.configuration, st.desired, st.disagree)
+            if st.disagree:
+                stands = {"fence_reason": self.core.fence_reason(stream)}
+                said = self._note(
+                    "config", logging.WARNING, stream, disagreement_words(config, stands), config
+                )
+            else:
+                words = "no peer states another configuration any more: it runs on "
+                words += configuration_words(*st.configuration)
+                said = self._note("config", logging.INFO, stream, words, config)
+            if said:
+                view.disagree = dict(st.disagree)
+        differs = (st.members, st.desired)
+        if st.members != st.desired and differs != view.differs:
+            config = configuration_status(st.configuration, st.desired, st.disagree)
+            if self._note("topology", logging.WARNING, stream, topology_words(config), config):
+                view.differs = differs
+        if st.history_lost_below >= 0 and not view.history_lost:
+            config = configuration_status(st.configuration, st.desired, st.disagree)
+            if self._note("history", logging.ERROR, stream, history_lost_words(), config):
+                view.history_lost = True
+
+    def _watch_left(self) -> None:
+        """Log each stream this relay left because its configuration leaves it out (5.15),
+        and answer its parked reads (they are redirected now)."""
+        for stream, configuration in sorted(self.core.foreign.items()):
+            if stream in self._left:
+                continue
+            config = configuration_status(configuration, self.config.members(stream), {})
+            if self._note("left", logging.WARNING, stream, not_member_words(config), config):
+                self._left.add(stream)
+                self._views.pop(stream, None)
+                self.clients.wake(stream)
+
+    def _log_recorded_streams(self) -> None:
+        """Name, once at the start, each stream this relay serves by its acceptor record
+        and not by its topology (5.15): it runs under the recorded configuration."""
+        for stream in self._recorded_streams:
+            recorded = self.core.recorded.get(stream)
+            if recorded is None or len(self._views) >= self.limits.max_streams:
+                continue  # opened already: `_watch_configuration` says it
+            topology = self.config.members(stream)
+            config = configuration_status(recorded, topology, {})
+            if self._note("topology", logging.WARNING, stream, topology_words(config), config):
+                # Said: not again when the stream opens under it.
+                self._views[stream] = _StreamView(differs=(recorded[1], topology))
+
+    def _note(self, kind: str, level: int, stream: str, words: str, config: dict[str, Any]) -> bool:
+        """Log news of a stream's configuration (its `config` as the status gives it, a
+        field of the JSON line) as a state change, at most once per BAD_FRAME_LOG_MS per
+        kind and stream; False if it was held back."""
+        if not self._may_log(f"{kind} {stream}"):
+            return False
+        extra = {"relay": self.id, "stream": stream, "config": config, STATE_CHANGE: True}
+        log.log(level, "relay=%d stream=%s %s", self.id, stream, words, extra=extra)
+        return True
+
     def _trim_heap(self, mono: int) -> None:
         """Every MALLOC_TRIM_MS, have glibc give the free pages of its heap back.
 
@@ -1494,11 +1590,17 @@ class RelayNode:
         """Log a warning about something dropped, at most once per kind per second. The
         count is the counter `kind` (the status; a JSON line's fields), not in the text:
         identical lines are what the log's repeat filter counts (relay/logs.py)."""
-        now = mono_ms()
-        if now - self._bad_logged.get(kind, -BAD_FRAME_LOG_MS) >= BAD_FRAME_LOG_MS:
-            self._bad_logged[kind] = now
+        if self._may_log(kind):
             fields = {"relay": self.id, "counter": kind, "count": self.counters[kind]}
             log.warning(message, *args, extra=fields)
+
+    def _may_log(self, key: str) -> bool:
+        """Whether a line of `key` may be written now: at most one per BAD_FRAME_LOG_MS."""
+        now = mono_ms()
+        if now - self._bad_logged.get(key, -BAD_FRAME_LOG_MS) < BAD_FRAME_LOG_MS:
+            return False
+        self._bad_logged[key] = now
+        return True
 
 
 class _Outlet:

@@ -2,8 +2,12 @@
 
     GET /metrics   Prometheus' text exposition (relay/metrics.py)
     GET /healthz   200 while the relay's loop answers; 503 and why, else (liveness)
-    GET /readyz    200 when every stream the relay tracks is joined and unfenced; 503 with
-                   each stream that is not and why (readiness)
+    GET /readyz    200 when the relay can serve every stream it tracks (joined, unfenced,
+                   its history not lost, not diverged, nothing waiting too long to
+                   commit); 503 with each stream it cannot serve and why (readiness).
+                   Either way `degraded` lists the problems that leave it ready (a
+                   configuration disagreement, a topology that names other relays, a
+                   stream its configuration leaves it out of: relay/streamhealth.py)
     GET /status    the relay's status document as JSON, seqs as strings (relay/seqtext.py)
     GET /          the live status page of the whole mesh (relay/page.html)
 
@@ -33,10 +37,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.metrics import exposition
 from relay.seqtext import seqs_as_text
-from relay.streamhealth import stream_problem
+from relay.streamhealth import relay_problems
 from relay.topology import is_ipv6
 
-__all__ = ["STATUS_WAIT_S", "OpsServer", "readiness"]
+__all__ = ["STATUS_WAIT_S", "OpsServer", "degraded", "readiness"]
 
 log = logging.getLogger("relay.http")
 
@@ -51,13 +55,25 @@ StatusSource = Callable[[float], Mapping[str, Any] | None]
 
 
 def readiness(status: Mapping[str, Any]) -> dict[str, str]:
-    """Each stream the relay tracks that is not joined or is fenced, and why, in the words
-    of `relay status` ({}: ready)."""
-    return {
-        name: stream_problem(st)
-        for name, st in status["streams"].items()
-        if not st["joined"] or st["fenced"]
-    }
+    """Each stream the relay cannot serve (not joined, fenced, its history lost, diverged,
+    waiting too long to commit), and why, in the words of `relay status` ({}: ready)."""
+    return _problems(status, unready=True)
+
+
+def degraded(status: Mapping[str, Any]) -> dict[str, str]:
+    """Each stream with a problem that leaves the relay ready, and what it is, in the words
+    of `relay status` (which says degraded for them): a stall without a fence, a
+    configuration disagreement that does not hold the stream, a topology that names other
+    relays than its configuration, a stream whose configuration leaves this relay out."""
+    return _problems(status, unready=False)
+
+
+def _problems(status: Mapping[str, Any], *, unready: bool) -> dict[str, str]:
+    found: dict[str, list[str]] = {}
+    for name, problem in relay_problems(status):
+        if problem.unready == unready:
+            found.setdefault(name, []).append(problem.words)
+    return {name: "; ".join(words) for name, words in found.items()}
 
 
 class OpsServer:
@@ -109,14 +125,17 @@ class OpsServer:
             return _json(HTTPStatus.OK, doc)
         if path == "/readyz":
             not_ready = readiness(status)
-            doc = {
+            ready: dict[str, Any] = {
                 "relay": self.relay_id,
                 "ready": not not_ready,
                 "streams": len(status["streams"]),
             }
+            others = degraded(status)
+            if others:
+                ready["degraded"] = others
             if not_ready:
-                return _json(HTTPStatus.SERVICE_UNAVAILABLE, {**doc, "not_ready": not_ready})
-            return _json(HTTPStatus.OK, doc)
+                return _json(HTTPStatus.SERVICE_UNAVAILABLE, {**ready, "not_ready": not_ready})
+            return _json(HTTPStatus.OK, ready)
         return _json(HTTPStatus.OK, seqs_as_text(status))
 
 

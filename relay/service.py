@@ -129,9 +129,11 @@ class ClientService:
         unread: UnreadFn | None = None,
         clock: ClockFn | None = None,
     ) -> None:
-        """`access`: the rights of identified clients (None: clients are not identified,
-        and every request is allowed). `unread`: the bytes of answers the shell still
-        queues for a client (by its envelope's first part; None: the shell queues none).
+        """`members`: the relays serving a stream (`RelayCore.members`: by its
+        configuration). `access`: the rights of identified clients (None: clients are not
+        identified, and every request is allowed). `unread`: the bytes of answers the shell
+        still queues for a client (by its envelope's first part; None: the shell queues
+        none).
         `clock`: the shell's monotonic clock in seconds, read once per produce frame and
         once per batch of answers for the produce-latency histogram (None: not measured)."""
         self.core = core
@@ -140,7 +142,10 @@ class ClientService:
         # streams opened by first use, per client (name, or connection identity)
         self._opened: OrderedDict[bytes | str, int] = OrderedDict()
         self.limits = limits
-        self._members = members  # the relays serving a stream (the topology's rule)
+        # The relays serving a stream: whether this relay opens it for a request, or leaves
+        # it to the core to redirect and forward. The node gives the core's answer (its
+        # configuration, docs/protocol.md 5.15), which outlives a change of the topology.
+        self._members = members
         self.counters = counters  # shared with the shell's own counters
         self._send = send
         self._status = status

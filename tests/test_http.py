@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay.cli import main
 from relay.client import Consumer, Producer
+from relay.core.seq import relay_of
 from relay.errors import UnknownStream
-from relay.launcher import Mesh, write_loopback_topology
+from relay.launcher import Mesh, resubscribe, write_loopback_topology
 from relay.node import RelayNode
 from relay.opsserver import STATUS_WAIT_S
 from relay.topology import load
@@ -313,3 +316,152 @@ def test_a_stuck_loop_is_not_live_and_says_why(tmp_path: Path) -> None:
             await asyncio.wait_for(task, HTTP_TIMEOUT_S)  # raises what the relay raised
 
     asyncio.run(scenario())
+
+
+# --- configurations (docs/protocol.md 5.15) ------------------------------------------------
+
+AUDIT, LEDGER = "audit", "ledger"
+RECONFIGURE = "a stream's relays cannot be changed online yet (docs/deploy.md section 9)"
+CONFIG_GAUGES = (
+    "relay_stream_config_version",
+    "relay_stream_config_relays",
+    "relay_stream_config_disagree",
+    "relay_stream_topology_differs",
+    "relay_stream_history_lost",
+    "relay_stream_waiting_seconds",
+    "relay_stream_diverged_seconds",
+)
+
+
+def test_a_relay_restarted_onto_a_topology_naming_other_relays_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    """The topology file is edited and relay 2 restarted onto it (relays 0 and 1 keep the
+    file they read): it names relays 1 and 2 for orders.eu, relays 0 and 1 for audit,
+    and relays 0, 1 and 2 for ledger, which relays 0 and 1 served alone. Relay 2 keeps
+    orders.eu and audit on the relays of their established configurations (0, 1, 2, in
+    its acceptor record), audit by its record alone, and learns that ledger's leaves it
+    out. `relay status` says all of it (degraded, exit 1), and that relays 0 and 1 heard
+    relay 2 state another configuration of ledger; every relay stays ready, and the
+    streams commit through relay 2."""
+    streams = [STREAM, AUDIT, LEDGER]
+    before = {0: streams, 1: streams, 2: [STREAM, AUDIT]}
+    topology = write_loopback_topology(tmp_path, before, streams, http=True)
+    mesh = Mesh(topology, log_level="info", log_dir=tmp_path / "logs")
+    with mesh.start(timeout_s=60):
+        with Producer(topology=mesh.config) as producer:
+            for stream in streams:
+                producer.send(stream, b"before the edit")
+        resubscribe(topology, {0: [AUDIT, LEDGER], 2: [STREAM, LEDGER]})
+        mesh.restart(2, timeout_s=60)  # ready: orders.eu and audit joined and unfenced
+
+        differs = {
+            STREAM: "keeps running on relays 0, 1, 2 (configuration 1); the topology file "
+            f"names relays 1, 2: {RECONFIGURE}",
+            AUDIT: "keeps running on relays 0, 1, 2 (configuration 1); the topology file "
+            f"names relays 0, 1: {RECONFIGURE}",
+        }
+        left = (
+            "not served here: the topology file names this relay for it, but it runs on "
+            "relays 0, 1 (configuration 1), which leaves this relay out; its reads are "
+            f"redirected and its produces forwarded to those relays ({RECONFIGURE})"
+        )
+
+        # Relays 0 and 1 hear relay 2 state its provisional configuration of ledger if it
+        # asked them before it heard theirs (it learns it from their answer, or from their
+        # frames about ledger, whichever comes first): a disagreement, which stays.
+        heard = (
+            "relays disagree about its configuration: this relay runs it on relays 0, 1 "
+            "(configuration 1); relay 2 states relays 0, 1, 2 (configuration 0, provisional): "
+            "it serves on under its own (what they say under theirs is not taken)"
+        )
+        of_relay_2 = [
+            {"relay": 2, "stream": AUDIT, "problem": differs[AUDIT]},
+            {"relay": 2, "stream": STREAM, "problem": differs[STREAM]},
+            {"relay": 2, "stream": LEDGER, "problem": left},  # (after the streams it serves)
+        ]
+        last: list[Any] = []
+
+        def status_when_settled() -> tuple[int, dict[str, Any]] | None:
+            result = CliRunner().invoke(main, ["status", "--config", str(topology), "--json"])
+            status = json.loads(result.stdout)
+            last[:] = status["problems"]
+            found = [p for p in status["problems"] if p["relay"] == 2]
+            return (result.exit_code, status) if found == of_relay_2 else None
+
+        code, status = wait_until(
+            status_when_settled,
+            lambda: f"`relay status` to name the problems {of_relay_2} (last: {last})",
+        )
+        assert code == 1 and status["health"] == "degraded", status
+        result = CliRunner().invoke(main, ["status", "--config", str(topology)])
+        assert result.exit_code == 1
+        for line in (
+            f"stream {STREAM}: joined, committed seq ",
+            "; runs on relays 0, 1, 2 (configuration 1), the topology file names relays 1, 2",
+            f"stream {LEDGER}: not a member; runs on relays 0, 1 (configuration 1), the "
+            "topology file names relays 0, 1, 2",
+        ):
+            assert line in result.stdout, (line, result.stdout)
+
+        # Committed through relay 2 alone (its client knows no other relay to be sent to):
+        # coordinated there (the seq names its coordinator), or for ledger forwarded.
+        with Producer({2: mesh.config.relays[2].client_endpoint}) as producer:
+            for stream in (STREAM, AUDIT):
+                assert relay_of(producer.send(stream, b"after the edit")) == 2
+            assert relay_of(producer.send(LEDGER, b"after the edit")) in (0, 1)
+
+        readyz = {r: get(mesh, r, "/readyz") for r in range(RELAYS)}
+        for relay, (code, _, body) in readyz.items():
+            assert code == 200 and json.loads(body)["ready"] is True, (relay, body)
+        assert json.loads(readyz[2][2])["degraded"] == {**differs, LEDGER: left}
+        heard_by = [r for r in (0, 1) if "degraded" in json.loads(readyz[r][2])]
+        for relay in heard_by:
+            assert json.loads(readyz[relay][2])["degraded"] == {LEDGER: heard}
+        result = CliRunner().invoke(main, ["status", "--config", str(topology), "--json"])
+        assert json.loads(result.stdout)["problems"] == [
+            *({"relay": r, "stream": LEDGER, "problem": heard} for r in heard_by),
+            *of_relay_2,
+        ]
+
+        def gauges(relay: int, stream: str) -> dict[str, float] | None:
+            families = metrics(mesh, relay)
+            found = {name: sample(families, name, stream=stream) for name in CONFIG_GAUGES}
+            # (nothing waits or diverges once the commits settled: looked at until then)
+            settled = found["relay_stream_waiting_seconds"] == 0
+            return found if settled and found["relay_stream_diverged_seconds"] == 0 else None
+
+        for relay in range(RELAYS):
+            for stream in streams:
+                if (relay, stream) == (2, LEDGER):
+                    continue
+                found = wait_until(
+                    lambda r=relay, s=stream: gauges(r, s),  # type: ignore[misc]
+                    f"relay {relay}'s {stream} to wait for nothing and agree",
+                )
+                relays = 2 if stream == LEDGER else 3
+                assert found == {
+                    "relay_stream_config_version": 1,
+                    "relay_stream_config_relays": relays,
+                    "relay_stream_config_disagree": 1
+                    if stream == LEDGER and relay in heard_by
+                    else 0,
+                    "relay_stream_topology_differs": 1 if relay == 2 else 0,
+                    "relay_stream_history_lost": 0,
+                    "relay_stream_waiting_seconds": 0,
+                    "relay_stream_diverged_seconds": 0,
+                }, (relay, stream, found)
+        assert sample(metrics(mesh, 2), "relay_stream_not_member", stream=LEDGER) == 1
+        assert not [s for s in metrics(mesh, 0)["relay_stream_not_member"]]
+
+    # Relay 2 said each once, relays 0 and 1 what they heard.
+    for relay, name, words, times in (
+        (2, STREAM, differs[STREAM], 1),
+        (2, AUDIT, differs[AUDIT], 1),
+        (2, LEDGER, left, 1),
+        (0, LEDGER, heard, 1 if 0 in heard_by else 0),
+        (1, LEDGER, heard, 1 if 1 in heard_by else 0),
+    ):
+        log_text = (tmp_path / "logs" / f"relay-{relay}.log").read_text(encoding="utf-8")
+        line = f"WARNING relay.node relay={relay} stream={name} {words}"
+        assert log_text.count(line) == times, (line, log_text)

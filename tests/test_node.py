@@ -32,7 +32,7 @@ from relay.core import codec
 from relay.core.messages import Outcome, ReadStatus
 from relay.core.shell import Outgoing
 from relay.errors import FrameError
-from relay.launcher import write_loopback_topology
+from relay.launcher import resubscribe, write_loopback_topology
 from relay.node import (
     GC_FULL_COLLECT_MS,
     TOPIC_MAX_BYTES,
@@ -809,3 +809,48 @@ def test_sigterm_ends_a_long_sleep_of_a_relay_process(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)  # bounded well below the 60 s heartbeat
         assert proc.returncode == 0, out
         assert b"received SIGTERM" in out and b"stopped" in out, out
+
+
+def test_a_stream_served_by_its_acceptor_record_alone_is_subscribed_to(tmp_path: Path) -> None:
+    """Relay 2 served `duo` with relay 1: its acceptor record keeps the stream's
+    configuration (docs/protocol.md 5.15). Restarted onto a topology file that names
+    relays 1 and 3 for duo, it still serves duo under that configuration, so its mesh
+    sockets take duo's frames from every peer: a PUB bound at relay 3's endpoint (relay 3
+    does not run) that publishes on duo's topic reaches it."""
+    streams = {1: ["duo"], 2: ["duo"], 3: ["solo"]}
+
+    async def established() -> None:
+        async with mesh(tmp_path, streams, start=(1, 2)) as (_, _, clients):
+            await wait_joined(clients, "duo")
+            resp = await produce_until_definite(clients[1], "duo", b"p", 1, b"one")
+            assert resp.outcome is Outcome.COMMITTED, resp
+
+    asyncio.run(established())
+    path = tmp_path / "topology.yaml"
+    resubscribe(path, {2: ["solo"], 3: ["duo", "solo"]})
+    config = load(path)
+    assert 2 not in config.members("duo")
+
+    async def restarted() -> None:
+        node = RelayNode(config, 2, handle_signals=False)
+        assert node.core.recorded_streams() == ["duo"]
+        task = asyncio.create_task(node.run())
+        ctx = zmq.asyncio.Context()
+        try:
+            rogue = ctx.socket(zmq.PUB)
+            rogue.setsockopt(zmq.LINGER, 0)
+            rogue.bind(config.relays[3].mesh_endpoint)
+
+            async def taken() -> bool:
+                # Sent again each round: relay 2's SUB may not have connected yet.
+                await rogue.send(b"S|duo|" + b"\x00" * 100)
+                return node.counters["peer_frames"] > 0
+
+            await wait_until_async(taken, "relay 2 to take a frame on duo's topic", poll_s=0.02)
+            assert node.core.counters["frame_malformed"] > 0, node.core.counters
+        finally:
+            node.stop()
+            await asyncio.wait_for(task, ANSWER_TIMEOUT_S)
+            ctx.destroy(linger=0)
+
+    asyncio.run(restarted())

@@ -18,7 +18,7 @@ import pytest
 
 from browser import INSTALL_TIMEOUT_S, Browser, find_chromium
 from relay.client import Producer
-from relay.launcher import Mesh, write_loopback_topology
+from relay.launcher import Mesh, resubscribe, write_loopback_topology
 from waiting import wait_until
 
 PAGE_TIMEOUT_S = 180.0  # until the page shows what a test waits for, over many runs
@@ -165,3 +165,50 @@ def test_the_page_shows_a_relay_that_went_down(mesh: Mesh, browser: Browser) -> 
     assert '<tr id="relay-2" data-relay="2"><td>2</td><td class="bad">down since ' in dom, dom
     assert dom.count('<td class="ok">up<') == 2, dom
     assert MARKUP_STREAM_AS_TEXT in dom, dom  # the name as text, not as an <i> element
+
+
+def test_the_page_shows_configurations_that_hold_a_relay_apart(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Relay 2 restarts onto an edited topology file (docs/protocol.md 5.15): it names
+    relays 1 and 2 for orders.eu, and relays 0, 1 and 2 for orders.us, which relays 0 and 1
+    served alone. Relay 2's cells show that orders.eu keeps running on the relays of its
+    configuration, and that orders.us's configuration leaves relay 2 out."""
+    eu, us = STREAMS
+    topology = write_loopback_topology(
+        tmp_path, {0: [eu, us], 1: [eu, us], 2: [eu]}, [eu, us], http=True
+    )
+    mesh = Mesh(topology, log_level="warning", log_dir=tmp_path / "logs")
+    with mesh.start(timeout_s=60):
+        with Producer(topology=mesh.config) as producer:
+            for stream in STREAMS:
+                producer.send(stream, b"before the edit")
+        resubscribe(topology, {0: [us], 2: [eu, us]})
+        mesh.restart(2, timeout_s=60)
+        url = page_url(mesh)
+        expected = {
+            eu: r'data-kind="config-topology"[^>]*>runs on relays 0, 1, 2 \(configuration 1\); '
+            r"the topology file names relays 1, 2<",
+            us: r'<div class="warn">not a member</div><div class="warn" data-kind="not-member"'
+            r"[^>]*>runs on relays 0, 1 \(configuration 1\); the topology file names "
+            r"relays 0, 1, 2<",
+        }
+
+        def shown() -> str | None:
+            dom = browser.dom(url)
+            for stream, pattern in expected.items():
+                cell = re.search(rf'<td id="stream-2-{re.escape(stream)}".*?</td>', dom)
+                if cell is None or not re.search(pattern, cell[0]):
+                    return None
+            return dom
+
+        dom = wait_until(
+            shown,
+            "the page to show relay 2 keeping orders.eu's relays and left out of orders.us",
+            timeout_s=PAGE_TIMEOUT_S,
+        )
+    # Relays 0 and 1 serve both as their topology (the one they read) says: nothing to say.
+    for relay in (0, 1):
+        for stream in STREAMS:
+            cell = re.search(rf'<td id="stream-{relay}-{re.escape(stream)}".*?</td>', dom)
+            assert cell and 'data-kind="config-topology"' not in cell[0], (relay, dom)

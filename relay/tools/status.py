@@ -6,10 +6,15 @@ terminal; a long line wraps).
 Health, and the exit code of `relay status` (`EXIT_CODES`):
 
     healthy   0  every relay answers, and every stream it serves is joined, unfenced and
-                 not stalled; no spool is full or stopped a stream
+                 not stalled, its relays agree about its configuration and its topology
+                 names the relays of that configuration, its history is not lost, it has
+                 not diverged or waited long to commit; no relay is named by its topology
+                 for a stream whose configuration leaves it out; no spool is full or
+                 stopped a stream
     degraded  1  some relay answers, but another does not (or refuses the request: this
-                 client lacks the admin right), or a stream is not joined, is fenced or
-                 stalled, or a spool is full or stopped a stream
+                 client lacks the admin right), or any stream problem of
+                 relay/streamhealth.py (it says which of them also fail the relay's
+                 /readyz), or a spool is full or stopped a stream
     down      2  no relay answers
 
 Counters of things that went wrong at some time since a relay started (invalid frames,
@@ -27,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from relay.seqtext import seqs_as_text
-from relay.streamhealth import stream_problem
+from relay.streamhealth import configuration_words, relay_list, relay_problems
 
 if TYPE_CHECKING:
     from relay.launcher import StatusReply
@@ -68,6 +73,11 @@ NOTE_COUNTERS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("peer_recv_error", "client_recv_error"), "socket receive errors"),
     (("peer_sender_mismatch",), "peer frames whose sender was not the link's relay, dropped"),
+    (
+        ("frame_not_member",),
+        "frames about a stream from relays outside its configuration (their topology file "
+        "differs), dropped",
+    ),
     (("client_frame_invalid",), "invalid requests from clients, answered with an error"),
     (
         ("peer_frame_core_error", "client_frame_node_error", "produce_core_error"),
@@ -115,10 +125,7 @@ def mesh_status(
                 _problem(relay_id, None, f"{words} on {reply.endpoint} ({reply.error})")
             )
             continue
-        for name, info in sorted(streams.items()):
-            words = stream_problem(info)
-            if words:
-                problems.append(_problem(relay_id, name, words))
+        problems += [_problem(relay_id, name, p.words) for name, p in relay_problems(status)]
         problems += [_problem(relay_id, None, words) for words in _spool_problems(status)]
         notes += [
             {"relay": relay_id, "count": count, "note": words, "counters": list(names)}
@@ -249,9 +256,17 @@ def _relay_lines(entry: Mapping[str, Any], emphasize: Emphasis) -> list[str]:
         state = "joined" if info.get("joined") else emphasize("not joined", "warn")
         if info.get("fenced"):
             state += ", " + emphasize(f"fenced ({info.get('fence_reason') or '?'})", "warn")
+        if info.get("history_lost"):
+            state += ", " + emphasize("history lost", "bad")
         lines.append(
             f"  stream {name}: {state}, committed seq {info.get('committed')}, "
             f"held {info.get('held')} ({info.get('held_bytes')} bytes)"
+            + _configuration_text(info.get("config"), emphasize)
+        )
+    for name, config in sorted((status.get("not_member") or {}).items()):
+        lines.append(
+            f"  stream {name}: {emphasize('not a member', 'warn')}"
+            + _configuration_text(config, emphasize, always=True)
         )
     counters = _all_counters(status)
     shown = [f"{name}={counters[name]}" for name in KEY_COUNTERS if counters.get(name)]
@@ -265,6 +280,28 @@ def _relay_lines(entry: Mapping[str, Any], emphasize: Emphasis) -> list[str]:
             f"records dropped; room {spool.get('room_bytes')} bytes"
         )
     return lines
+
+
+def _configuration_text(
+    config: Mapping[str, Any] | None, emphasize: Emphasis, *, always: bool = False
+) -> str:
+    """A stream's configuration (docs/protocol.md 5.15) when there is something to say
+    (`always`, or the topology names other relays, or peers state another one): "" else."""
+    if not config:
+        return ""
+    relays, topology, disagree = config["relays"], config["topology"], config["disagree"]
+    if not always and relays == topology and not disagree:
+        return ""
+    text = f"; runs on {configuration_words(config['version'], relays)}"
+    if topology != relays:
+        text += ", " + emphasize(f"the topology file names {relay_list(topology)}", "warn")
+    if disagree:
+        stated = ", ".join(
+            f"relay {peer} states {configuration_words(c['version'], c['relays'])}"
+            for peer, c in sorted(disagree.items(), key=lambda item: int(item[0]))
+        )
+        text += ", " + emphasize(f"disagreement: {stated}", "warn")
+    return text
 
 
 def _store_lines(store: Mapping[str, Any] | None) -> list[str]:
