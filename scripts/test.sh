@@ -16,6 +16,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
+# As root, the system tools of the namespace and fault tests (iproute2, iptables,
+# libfaketime), so that none of them is skipped on a fresh machine.
+if [ "$(id -u)" = 0 ]; then
+    bash scripts/chaos-deps.sh
+fi
 
 echo "== ruff"
 .venv/bin/ruff check relay tests scripts

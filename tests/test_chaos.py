@@ -198,8 +198,10 @@ def test_table_has_a_row_per_scenario() -> None:
     header, kill, pause = text.splitlines()
     assert header.split()[:3] == ["scenario", "attempts", "committed"]
     assert kill.split() == ["kill", "5", "4", "1", "0", "0", "0", "0", "1", "0", "1.50",
-                            "0.50/0.25", "-"]  # fmt: skip
+                            "0.50/0.25", "-", "-"]  # fmt: skip
     assert pause.split()[0] == "pause"
+    roll = ScenarioResult("roll", 3, 10.0, change_s=14.125)
+    assert table([roll]).splitlines()[1].split()[-1] == "14.12"
 
 
 # --- real namespaces and relays (root) ------------------------------------------------------

@@ -30,10 +30,25 @@ through another relay):
   clock-restart      kill -9 a relay and restart it with its clock 30..180 s back; the heal
                      steps it to the right time
   mix                each cycle one of the above but kill-cut, at random
+  roll               docs/deploy.md section 9 as written, onto another topology each cycle:
+                     every relay in turn (a random order) is stopped with SIGTERM and started
+                     again on a file that names other relays for stream chaos.b (3 relays:
+                     relay 2 drops it; 5 relays: it grows from relays 0-2 to all five, and
+                     back), the next only once it is ready; half way through each roll a
+                     fault: kill -9 of a relay not restarted yet (3 relays: after its
+                     restart, so one is down at a time), or (5 relays) a partition of relays
+                     {0, 1} from {2, 3, 4} (the split brain of issue 47); then the roll goes on
+  stale              one relay restarted onto a topology that names other relays for chaos.b
+                     (as roll's), held, then restarted onto the right one; half way, the
+                     fault of roll (kill -9 of another relay, or the partition)
 
 Relays of the clock scenarios (and of mix) run under libfaketime (LD_PRELOAD, a per-relay
 FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) from the
 start, so the offset of a running relay can be rewritten.
+
+Relays keep their data directory (acceptor records, incarnation) across restarts, so the
+topology changes of roll and stale change no stream's relays (docs/protocol.md 5.15): the
+streams keep committing through the relays that established them, in any order.
 
 Printed per scenario: attempts, committed, unknown, fenced, lost, dup, phantom, divergent
 (relays and consumers), stuck (relays not joined, unfenced and caught up within
@@ -42,7 +57,8 @@ max_gap_s (the longest time without a commit acknowledgement over all producers,
 their start to their stop), recover_s (heal to the next commit: max and median) and
 rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
 which that did not happen within the settle time; the next fault then waits for it, at
-most REJOIN_MAX_S after the heal). `--json` adds
+most REJOIN_MAX_S after the heal), change_s (roll and stale: the longest time one
+change of topology took, from the first restart to the last relay ready). `--json` adds
 the fault times, each relay's history span, `unverified` (acknowledged writes older than
 anything any relay or live consumer still shows: without a store, a history every relay
 has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
@@ -78,6 +94,7 @@ from relay.client import Consumer, Producer
 from relay.core.quorum import quorum
 from relay.errors import ClientError, Fenced, Rejected, UnknownStream
 from relay.launcher import not_ready_reason, query_status, startup_streams
+from relay.streamhealth import relay_problems
 from relay.tools import chaos_history as history
 from relay.tools.netns import ChaosNet, NetError
 from relay.topology import MeshConfig, load
@@ -101,11 +118,17 @@ SCENARIOS = (
     "clock",
     "clock-restart",
     "mix",
+    "roll",
+    "stale",
 )
+# Changes of topology by restarts, with a fault half way (`_inject_change`).
+CHANGE_SCENARIOS = frozenset({"roll", "stale"})
 # What mix picks from: the single faults (kill-cut is two at once).
-FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix"))
+FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
 STREAMS = ("chaos.a", "chaos.b")
+CHANGED_STREAM = "chaos.b"  # the stream whose relays roll and stale's other topology changes
+STOP_WAIT_S = 10.0  # a relay stopped with SIGTERM exits within this (its unit's TimeoutStopSec)
 MESH_PORT = 7100  # every relay has its own address, so all use the same ports
 CLIENT_PORT = 7200
 
@@ -181,8 +204,20 @@ def libfaketime() -> Path:
     raise ChaosError("libfaketime not found (bash scripts/chaos-deps.sh installs it)")
 
 
-def write_topology(directory: Path, net: ChaosNet) -> Path:
-    """The topology of the run: relay i at its namespace's address, every stream on all."""
+def changed_relays(relays: int, other: bool) -> tuple[int, ...]:
+    """The relays a topology names for CHANGED_STREAM: the run's (`other` False) or the one
+    roll and stale change to. With 3 relays, all three and then relays 0-1 (relay 2 drops
+    it); with more, relays 0-2 and then all of them (it grows, as in issue 47)."""
+    every = tuple(range(relays))
+    if relays <= 3:
+        return every[:2] if other else every
+    return every if other else every[:3]
+
+
+def write_topology(directory: Path, net: ChaosNet, *, other: bool = False) -> Path:
+    """A topology of the run: relay i at its namespace's address, chaos.a on every relay
+    and CHANGED_STREAM on `changed_relays` (the run's, or with `other` the changed one)."""
+    serving = changed_relays(net.relays, other)
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -190,14 +225,14 @@ def write_topology(directory: Path, net: ChaosNet) -> Path:
                 "host": net.address(relay),
                 "mesh_port": MESH_PORT,
                 "client_port": CLIENT_PORT,
-                "streams": ["chaos.*"],
+                "streams": ["chaos.a", CHANGED_STREAM] if relay in serving else ["chaos.a"],
             }
             for relay in range(net.relays)
         ],
         "streams": list(STREAMS),
         "data_dir": str(directory / "data"),
     }
-    path = directory / "topology.yaml"
+    path = directory / ("topology-other.yaml" if other else "topology.yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
 
@@ -232,6 +267,8 @@ class RelayProcesses:
         self.faketime = faketime
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
+        # the topology file each relay reads when it next starts (default `topology`)
+        self.topology_of: dict[int, Path] = {}
 
     def endpoint(self, relay: int) -> str:
         return self.config.relays[relay].client_endpoint
@@ -268,7 +305,8 @@ class RelayProcesses:
                 # turns, so its peers suspected it (wolfcw/libfaketime#503).
                 FAKETIME_FORCE_MONOTONIC_FIX="0",
             )
-        argv = [sys.executable, "-m", "relay", "run", "--config", str(self.topology)]
+        topology = self.topology_of.get(relay, self.topology)
+        argv = [sys.executable, "-m", "relay", "run", "--config", str(topology)]
         argv += ["--relay", str(relay), "--log-level", self.log_level]
         with open(self.directory / f"relay-{relay}.log", "ab") as out:
             self.procs[relay] = subprocess.Popen(
@@ -288,6 +326,20 @@ class RelayProcesses:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(KILL_WAIT_S)
         self.paused.discard(relay)
+
+    def terminate(self, relay: int) -> None:
+        """Stop the relay as its unit does (SIGTERM), then SIGKILL if it lingers."""
+        proc = self.procs[relay]
+        if proc.poll() is None:
+            self.resume(relay)
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill(relay)
+            raise ChaosError(
+                f"relay {relay} did not stop within {STOP_WAIT_S:g} s of SIGTERM"
+            ) from None
 
     def pause(self, relay: int) -> None:
         self.procs[relay].send_signal(signal.SIGSTOP)
@@ -633,6 +685,8 @@ class ScenarioResult:
     recover_median_s: float | None = None
     rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
     rejoin_missed: int = 0  # heals after which not every relay was ready within the settle time
+    # roll, stale: the longest change of topology, first restart to last relay ready
+    change_s: float | None = None
     converged: bool = False
     stuck: list[str] = field(default_factory=list)  # relays not converged or not readable
     # "stream@relay": count, first seq, last seq (seqs as strings: relay/seqtext.py)
@@ -686,7 +740,11 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
             thread.start()
         t0 = time.monotonic()
         end = t0 + options.duration_s
-        _inject(name, options, faults, rng, result, t0, end)
+        if name in CHANGE_SCENARIOS:
+            other = write_topology(directory, net, other=True)
+            _inject_change(name, options, faults, rng, result, t0, end, other)
+        else:
+            _inject(name, options, faults, rng, result, t0, end)
         faults.heal_everything()
         for thread in producers:
             thread.stopping.set()
@@ -755,8 +813,7 @@ def _inject(
             event.rejoin_s = round(time.monotonic() - healed, 3)
             ready = "every relay ready"
         else:  # which relays were not, and why, to tell a slow start from a slow join
-            why = "; ".join(f"relay {r}: {reason}" for r, reason in sorted(waiting.items()))
-            ready = f"NOT every relay ready ({why})"
+            ready = f"NOT every relay ready ({_why_not_ready(waiting)})"
         options.log(
             f"  {event.heal_s:6.1f} s  healed; {ready} {time.monotonic() - healed:.2f} s on"
         )
@@ -766,6 +823,130 @@ def _inject(
         ):
             options.log(f"           every relay ready {time.monotonic() - healed:.2f} s on")
     _sleep_until(end)
+
+
+def _inject_change(
+    name: str,
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    end: float,
+    other: Path,
+) -> None:
+    """roll and stale (module doc): changes of topology by restarts, one relay at a time,
+    each waited for as docs/deploy.md section 9 says, with a fault half way; until `end`."""
+    relays = faults.relays
+    ids = sorted(relays.procs)
+    files = (relays.topology, other)
+    onto = 1  # the file the next change moves to
+    _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
+    while time.monotonic() < end:
+        began = time.monotonic()
+        order = rng.sample(ids, len(ids)) if name == "roll" else [rng.choice(ids)]
+        steps = [(relay, files[onto]) for relay in order]
+        if name == "stale":
+            steps.append((order[0], files[0]))  # held on the stale file, then put right
+        event = FaultEvent(
+            name,
+            f"relays {order} onto {files[onto].name}"
+            + (f", then back onto {files[0].name}" if name == "stale" else ""),
+            round(began - t0, 3),
+        )
+        result.faults.append(event)
+        options.log(f"  {event.start_s:6.1f} s  {event.detail}")
+        for i, (relay, topology) in enumerate(steps):
+            if i == len(steps) // 2:
+                others = order[i:] if name == "roll" else [r for r in ids if r != order[0]]
+                _fault_half_way(options, faults, rng, result, t0, others)
+            relays.topology_of[relay] = topology
+            relays.terminate(relay)
+            relays.start(relay)
+            waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
+            if waiting:
+                why = _why_not_ready(waiting)
+                result.problems.append(f"{event.detail}: not every relay ready ({why})")
+                options.log(f"           NOT every relay ready after relay {relay}: {why}")
+            if name == "stale" and i == 0:
+                _sleep_until(min(end, time.monotonic() + rng.uniform(*HOLD_S)))
+                _check_stale_said(relays, relay, event, result)
+        healed = time.monotonic()
+        event.heal_s = round(healed - t0, 3)
+        event.rejoin_s = round(healed - began, 3)
+        result.change_s = max(result.change_s or 0.0, event.rejoin_s)
+        options.log(f"  {event.heal_s:6.1f} s  changed in {event.rejoin_s:.2f} s")
+        onto = 1 - onto if name == "roll" else 1
+        _sleep_until(min(end, healed + rng.uniform(*SETTLE_S)))
+    _sleep_until(end)
+
+
+def _check_stale_said(
+    relays: RelayProcesses, relay: int, event: FaultEvent, result: ScenarioResult
+) -> None:
+    """The relay on the stale file must say, as `relay status` and /readyz show it, that
+    its topology names other relays for CHANGED_STREAM than the stream runs on (or that
+    the stream's configuration leaves it out): a stale file is never silent."""
+    status = relays.statuses().get(relay)
+    said = [
+        problem.words
+        for stream, problem in relay_problems(status or {})
+        if stream == CHANGED_STREAM and not problem.unready
+    ]
+    if not said:
+        result.problems.append(
+            f"{event.detail}: relay {relay} on the stale file did not report it "
+            f"({CHANGED_STREAM}: {(status or {}).get('streams', {}).get(CHANGED_STREAM)})"
+        )
+
+
+def _fault_half_way(
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    candidates: Sequence[int],
+) -> None:
+    """The fault in the middle of a change: with 5 relays or more, the partition {0, 1} |
+    the rest (two relays on either file may find themselves on the minority side); with
+    fewer, kill -9 of one of `candidates` (roll: a relay the change has not reached yet;
+    stale: another relay than the stale one), so one relay is down at a time: a restarting
+    relay joins only once every member answers it (docs/protocol.md 5.8)."""
+    relays, net = faults.relays, faults.net
+    ids = sorted(relays.procs)
+    mend: Callable[[], None]
+    if len(ids) >= 5:
+        for a in (0, 1):
+            for b in ids[2:]:
+                net.cut(a, b)
+        detail, mend = "partition {0, 1} | the rest", net.heal
+    else:
+        victim = rng.choice(list(candidates))
+        relays.kill(victim)
+        detail = f"kill -9 relay {victim}"
+
+        def mend() -> None:
+            relays.start(victim)
+
+    event = FaultEvent("fault", detail, round(time.monotonic() - t0, 3))
+    result.faults.append(event)
+    options.log(f"  {event.start_s:6.1f} s  {detail}")
+    hold = rng.uniform(*HOLD_S)
+    _sleep_until(time.monotonic() + min(hold, SNAPSHOT_AFTER_S))
+    event.during = _snapshot(relays)
+    _sleep_until(time.monotonic() + max(0.0, hold - SNAPSHOT_AFTER_S))
+    mend()
+    healed = time.monotonic()
+    event.heal_s = round(healed - t0, 3)
+    waiting = relays.not_ready_until(healed + REJOIN_MAX_S)
+    if not waiting:
+        event.rejoin_s = round(time.monotonic() - healed, 3)
+    options.log(f"  {event.heal_s:6.1f} s  healed; ready {time.monotonic() - healed:.2f} s on")
+
+
+def _why_not_ready(waiting: dict[int, str]) -> str:
+    return "; ".join(f"relay {r}: {reason}" for r, reason in sorted(waiting.items()))
 
 
 def _snapshot(relays: RelayProcesses) -> dict[int, Any]:
@@ -818,6 +999,8 @@ def _converge(
                 behind[relay] = reason
                 continue
             for stream, seq in target.items():
+                if relay not in relays.config.members(stream):
+                    continue  # (roll's 5-relay run: relays 3, 4 never serve chaos.b)
                 committed = status["streams"][stream].get("committed") or -1
                 if committed < seq:
                     behind[relay] = f"{stream} committed {committed} < {seq}"
@@ -870,6 +1053,7 @@ def _read_histories(relays: RelayProcesses, result: ScenarioResult) -> list[hist
         threading.Thread(target=read, args=(relay, stream), daemon=True)
         for relay in sorted(relays.procs)
         for stream in STREAMS
+        if relay in relays.config.members(stream)
     ]
     for thread in threads:
         thread.start()
@@ -930,7 +1114,10 @@ def _fill(
     worst, median = history.summary(history.recovery_times(heals, acks, t_end))
     result.recover_s = None if worst is None else round(worst, 3)
     result.recover_median_s = None if median is None else round(median, 3)
-    rejoins = [f.rejoin_s for f in result.faults if f.heal_s is not None]
+    # (a change's own time is change_s; only its fault's heal has a rejoin)
+    rejoins = [
+        f.rejoin_s for f in result.faults if f.heal_s is not None and f.kind not in CHANGE_SCENARIOS
+    ]
     done = [r for r in rejoins if r is not None]
     result.rejoin_s = max(done) if done else None
     result.rejoin_missed = len(rejoins) - len(done)
@@ -982,6 +1169,7 @@ COLUMNS = (
     ("max_gap_s", "max_gap_s"),
     ("recover_s", "recover_s (max/med)"),
     ("rejoin_s", "rejoin_s"),
+    ("change_s", "change_s"),
 )
 
 
@@ -1026,6 +1214,7 @@ def _summary_line(r: ScenarioResult) -> str:
         f"divergent {r.divergent or 'none'}, stuck {r.stuck or 'none'}, "
         f"max gap {_cell(r, 'max_gap_s')} s, "
         f"recover {_cell(r, 'recover_s')} s, rejoin {_cell(r, 'rejoin_s')} s"
+        + (f", change {_cell(r, 'change_s')} s" if r.change_s is not None else "")
     )
 
 
