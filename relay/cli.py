@@ -1966,8 +1966,8 @@ def bench(
     "scenarios",
     multiple=True,
     metavar="NAME",
-    help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, or all "
-    "(repeat or comma-separate; default all).",
+    help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, roll, "
+    "stale, or all (repeat or comma-separate; default all).",
 )
 @click.option(
     "--duration-s",
