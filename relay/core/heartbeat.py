@@ -237,13 +237,13 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
             if not core.serves(status.stream) or not core.can_open(status.stream):
                 continue
             st = core.stream(status.stream)
-        if st.dormant and peer.statuses.get(status.stream) == status:
-            pass  # (what it says of the configuration was heard before)
-        elif not _agrees(core, st, msg.sender, status):
-            continue
+        # (compared once: hearing a configuration never wakes the stream)
+        unchanged = st.dormant and peer.statuses.get(status.stream) == status
+        if not unchanged and not _agrees(core, st, msg.sender, status):
+            continue  # (an unchanged status says the configuration heard before)
         if msg.sender not in st.members:
             continue
-        if st.dormant and peer.statuses.get(status.stream) == status:
+        if unchanged:
             # Nothing new of a stream with nothing in flight: the rest would change
             # nothing (5.11 dormancy), but the heartbeat's floor still moves the link's
             # floor and an ask to be admitted, and a member behind is sent the view.
