@@ -282,6 +282,10 @@ def test_seeds_with_other_topologies(kind: str, seed_window: tuple[int, int]) ->
     assert all(r.ok for r in results), _report(results)
     if kind == "retopology":
         assert sum(r.stats["retopologies"] for r in results) >= len(results)
+    else:  # one relay of each seed's world runs another file than the others
+        for seed in seeds:
+            world = World(seed, relays_for(seed, 0), kind)
+            assert sum(world.nodes[r].config.topology != world.topology for r in world.ids) == 1
 
 
 @pytest.mark.parametrize("kind", RESTART_FAULTS)
@@ -290,6 +294,10 @@ def test_restarts_onto_other_topologies_go_unnoticed(kind: str) -> None:
     topology is held to the single-fault bound from the moment it happens."""
     results = list(run_many(range(500, 506), 0, jobs=JOBS, single=(kind,)))
     assert all(r.ok for r in results), _report(results)
+    # The fault happened: roll restarts every relay in turn, stale one relay.
+    assert [r.stats["restarts"] for r in results] == [
+        r.relays if kind == "roll" else 1 for r in results
+    ]
 
 
 @pytest.mark.parametrize(
