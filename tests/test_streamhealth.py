@@ -104,6 +104,7 @@ def test_every_reason_the_core_fences_or_stalls_for_has_words() -> None:
         for name, value in inspect.getmembers(fencing)
         if name.isupper() and isinstance(value, str)
     }
+    assert {"quorum", "config_mismatch"} <= reasons, reasons  # (the constants were found)
     assert reasons <= set(STALL_WORDS), reasons - set(STALL_WORDS)
 
 
