@@ -2,9 +2,10 @@
 (relay/tools/status.py) and `/readyz` (relay/opsserver.py) state it, from status
 documents made by real cores: scripted meshes of RelayCores (relay/sim/script.py, the
 scenario scripts' interpreter) brought into each state, here for the configurations of
-docs/protocol.md 5.15. How long a stream has diverged or waited is a figure of such a
-document set past its bound: a core reaches those states only after faults the script
-cannot hold without fencing the stream first."""
+docs/protocol.md 5.15. How long a write waits is read from a core cut off after taking
+one; past the readiness bounds, how long a stream has diverged or waited is a figure of
+such a document set past its bound: a core reaches those states only after faults the
+script cannot hold without fencing the stream first."""
 
 from __future__ import annotations
 
@@ -218,6 +219,32 @@ def test_a_lost_history_fails_readiness() -> None:
     doc = health(1, status)
     assert doc["health"] == DEGRADED
     assert f"stream {STREAM}: joined, history lost, committed seq" in "\n".join(status_lines(doc))
+
+
+def test_the_core_counts_how_long_a_write_waits_to_commit() -> None:
+    """Relay 0 stops hearing the others after taking a produce: its status says how long
+    the write has waited (the figure the readiness bound is set against), a fence once it
+    fences says why instead, and the figure is 0 again once the write committed."""
+    interpreter = Interpreter()
+    for line in (*HEALTHY_MESH, "cut 1->0", "cut 2->0", "produce 0 s p0 2 b", "tick 50"):
+        interpreter.execute(line)
+    mesh = interpreter.m
+
+    def stream() -> dict[str, Any]:
+        streams: dict[str, dict[str, Any]] = mesh.running(0).status()["streams"]  # type: ignore[assignment]
+        return streams[STREAM]
+
+    first = stream()["waiting_ms"]
+    assert 0 < first <= 50 and not stream()["fenced"], stream()
+    interpreter.execute(f"tick {2 * WAITING_REPORT_MS}")
+    cut = stream()
+    assert cut["waiting_ms"] >= first + 2 * WAITING_REPORT_MS and cut["fenced"], cut
+    assert [p.words.split(":")[0] for p in stream_problems(cut)] == ["fenced"]
+    for line in ("heal", "stabilize"):
+        interpreter.execute(line)
+    info = stream()
+    assert info["committed"] > cut["committed"], (cut, info)  # it took the write's commit
+    assert info["waiting_ms"] == 0 and stream_problems(info) == [], info
 
 
 def test_diverging_or_waiting_past_its_bound_fails_readiness() -> None:
