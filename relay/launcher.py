@@ -212,12 +212,17 @@ def startup_streams(config: MeshConfig, relay_id: int) -> tuple[str, ...]:
 
 def not_ready_reason(config: MeshConfig, relay_id: int, status: Mapping[str, Any]) -> str | None:
     """Why a relay with this status is not ready yet; None if every stream it opens at
-    start (`startup_streams`) is joined and unfenced. (Named subscriptions alone said a
-    relay subscribed by pattern was ready as soon as it answered, joined or not.)"""
+    start (`startup_streams`) is joined and unfenced, but those whose configuration leaves
+    it out (`not_member`: it does not serve them, as its /readyz says). (Named
+    subscriptions alone said a relay subscribed by pattern was ready as soon as it
+    answered, joined or not.)"""
     streams = status.get("streams")
     if not isinstance(streams, dict):
         return "its status has no streams"
+    outside = status.get("not_member") or {}
     for name in startup_streams(config, relay_id):
+        if name in outside and name not in streams:
+            continue
         info = streams.get(name)
         if not isinstance(info, dict):
             return f"stream {name!r} is not open"

@@ -22,7 +22,9 @@ Sockets (one zmq.asyncio context per node; LINGER 0 on every socket):
   stream it serves by its acceptor record and not by its topology (a stream's
   configuration outlives a change of the topology file, docs/protocol.md 5.15:
   `RelayCore.recorded_streams`, known once the acceptor memory is loaded, before the
-  sockets open), `D|<own id>|`, `H|`.
+  sockets open), `D|<own id>|`, `H|`. Subscriptions are added, never removed, when the
+  relay comes to serve more: a topology file read again on SIGHUP (`reload`), a stream a
+  change of its configuration added this relay to (5.15 changes; `_subscribe_new`).
   A frame read from peer j's SUB must name j as its sender, or the core drops it
   (`peer_sender_mismatch`): with CurveZMQ the link is j's key, so no other process can
   speak for j.
@@ -105,7 +107,13 @@ from relay.core import (
 from relay.core.codec import peer_frame_limit
 from relay.core.fields import MAX_STREAM_NAME_BYTES
 from relay.core.shell import NO_FED_TICK
-from relay.errors import AcceptorMemoryError, FrameError, MalformedFrame, PortUnavailable
+from relay.errors import (
+    AcceptorMemoryError,
+    ConfigError,
+    FrameError,
+    MalformedFrame,
+    PortUnavailable,
+)
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.logs import STATE_CHANGE
@@ -143,6 +151,7 @@ if TYPE_CHECKING:
     from relay.opsserver import OpsServer
     from relay.spool import Spool, SpoolRecord
     from relay.topology import MeshConfig
+    from relay.topology.change import TopologyChange
 
 log = logging.getLogger("relay.node")
 
@@ -237,9 +246,10 @@ class _StreamView:
     fenced: bool = True
     fence_reason: str = ""
     # 5.15, what was last logged: the peers' other configurations (peer -> (version,
-    # relays)), the (configuration, topology's relays) found to differ, the history lost
+    # relays)), the (configuration, topology's relays, relays holding the change) found
+    # to differ, the history lost
     disagree: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    differs: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    differs: tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]] | None = None
     history_lost: bool = False
 
 
@@ -488,6 +498,9 @@ class RelayNode:
         self._wake_r: socket.socket | None = None  # a byte here ends a wait in zmq_poll
         self._wake_w: socket.socket | None = None
         self._signalled: signal.Signals | None = None
+        self._reload_wanted = False  # SIGHUP came: read the topology file again (`reload`)
+        self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
+        self._readmitted = 0  # the core's `config_readmitted` when last subscribed
         # Whether the node is the only task of its event loop (looked at every STATE_LOG_MS):
         # then it waits in zmq_poll, else through the loop.
         self._alone_in_loop = False
@@ -919,6 +932,7 @@ class RelayNode:
                     curve_client(sub, identity, self._peer_keys[relay_id])
                 for prefix in self._subscriptions():
                     sub.setsockopt(zmq.SUBSCRIBE, prefix)
+                self._subscribed = self._subscriptions()
                 allow_ipv6(sub, spec.host)
                 sub.connect(spec.mesh_endpoint)
                 subs[relay_id] = (zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint)
@@ -968,6 +982,20 @@ class RelayNode:
         prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
         return list(dict.fromkeys(prefixes))
 
+    def _subscribe_new(self, socks: _Sockets) -> None:
+        """Subscribe every peer link to what the relay serves now and did not when its
+        sockets opened: streams a reloaded file names for it, and streams a change of
+        their configuration added it to (5.15 changes: `RelayCore.recorded_streams`).
+        Nothing is unsubscribed: frames of a stream no longer served are dropped by the
+        core, and libzmq keeps every subscription anyway."""
+        self._recorded_streams = self.core.recorded_streams()
+        known = set(self._subscribed)
+        new = [prefix for prefix in self._subscriptions() if prefix not in known]
+        for prefix in new:
+            for sock in socks.subs:
+                sock.setsockopt(zmq.SUBSCRIBE, prefix)
+        self._subscribed += new
+
     def _shutdown(self) -> None:
         socks = self._sockets
         if socks is None:
@@ -990,9 +1018,10 @@ class RelayNode:
         replaced in `previous`; returns the wake-up descriptor replaced (None if none
         was set here: e.g. not the main thread)."""
         assert self._wake_w is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             try:
-                previous[sig] = signal.signal(sig, self._on_signal)
+                handler = self._on_hangup if sig == signal.SIGHUP else self._on_signal
+                previous[sig] = signal.signal(sig, handler)
             except (OSError, ValueError) as e:  # e.g. not the main thread
                 log.warning("relay=%d cannot handle %s: %s", self.id, sig.name, e)
         if not previous:
@@ -1005,6 +1034,58 @@ class RelayNode:
         wrote to the wake-up descriptor."""
         self._signalled = signal.Signals(signum)
         self.stop()
+
+    def _on_hangup(self, signum: int, frame: object) -> None:
+        """SIGHUP: read the topology file again, between two turns (`reload`)."""
+        self._reload_wanted = True
+        self._poke()
+
+    def reload(self) -> TopologyChange | None:
+        """Read the topology file again and take it if a running relay can
+        (relay/topology/change.py): each stream's wanted relays follow it, and the mesh
+        changes the streams' relays once their relays' files agree (5.15 changes); the
+        relay subscribes to the streams it names for it. A file that cannot be read or
+        checked, or that changes what only a restart applies, is refused with one line
+        naming why, and the relay runs on as before. Returns the change taken, None if
+        the file was refused."""
+        from relay.topology import load
+        from relay.topology.change import compare
+
+        path = self.config.path
+        try:
+            new = load(path)
+            core_config = new.core_config(self.id)
+        except ConfigError as e:
+            self._refuse_reload(str(e))
+            return None
+        change = compare(self.config, new, self.id, self.core.stream_names())
+        if change.refused:
+            refused = "; ".join(change.refused)
+            self._refuse_reload(f"{path}: {refused} (these apply only at a restart)")
+            return None
+        self.core.reload_topology(core_config)
+        self.config = new
+        self.spec = new.relays[self.id]
+        if self._sockets is not None:
+            self._subscribe_new(self._sockets)
+        self.counters["topology_reloaded"] += 1
+        log.warning(
+            "relay=%d reloaded %s: %s",
+            self.id,
+            path,
+            change.words(),
+            extra={"relay": self.id, "reload": change.words(), STATE_CHANGE: True},
+        )
+        return change
+
+    def _refuse_reload(self, why: str) -> None:
+        self.counters["topology_reload_refused"] += 1
+        log.error(
+            "relay=%d reload refused, running on as before: %s",
+            self.id,
+            why,
+            extra={"relay": self.id, "reload_refused": why, STATE_CHANGE: True},
+        )
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -1038,6 +1119,9 @@ class RelayNode:
                     self._drain_wake()
                 if self._stopping:
                     break
+                if self._reload_wanted:
+                    self._reload_wanted = False
+                    self.reload()
                 self._turn(socks, readable)
                 if not yielded and (
                     not self._alone_in_loop or mono_ms() - self._yielded_ms >= LOOP_YIELD_MS
@@ -1139,6 +1223,10 @@ class RelayNode:
             self._count_client_connections()
             self._alone_in_loop = len(asyncio.all_tasks()) == 1
             self._watch_streams()
+            readmitted = self.core.counters.get("config_readmitted", 0)
+            if readmitted != self._readmitted:
+                self._readmitted = readmitted  # streams the relay was added to: subscribe
+                self._subscribe_new(socks)
             self._unread.prune()
             if self.manage_gc:
                 self._tend_gc(mono)
@@ -1511,11 +1599,15 @@ class RelayNode:
                 said = self._note("config", logging.INFO, stream, words, config)
             if said:
                 view.disagree = dict(st.disagree)
-        differs = (st.members, st.desired)
-        if st.members != st.desired and differs != view.differs:
-            config = configuration_status(st.configuration, st.desired, st.disagree)
-            if self._note("topology", logging.WARNING, stream, topology_words(config), config):
-                view.differs = differs
+        if st.members != st.desired:
+            # Said again when the relays whose files hold the change change (5.15 changes).
+            held = self.core.change_held_by(stream)
+            differs = (st.members, st.desired, tuple(sorted(held.items())))
+            if differs != view.differs:
+                config = configuration_status(st.configuration, st.desired, st.disagree, held)
+                words = topology_words(config)
+                if self._note("topology", logging.WARNING, stream, words, config):
+                    view.differs = differs
         if st.history_lost_below >= 0 and not view.history_lost:
             config = configuration_status(st.configuration, st.desired, st.disagree)
             if self._note("history", logging.ERROR, stream, history_lost_words(), config):
@@ -1544,7 +1636,7 @@ class RelayNode:
             config = configuration_status(recorded, topology, {})
             if self._note("topology", logging.WARNING, stream, topology_words(config), config):
                 # Said: not again when the stream opens under it.
-                self._views[stream] = _StreamView(differs=(recorded[1], topology))
+                self._views[stream] = _StreamView(differs=(recorded[1], topology, ()))
 
     def _note(self, kind: str, level: int, stream: str, words: str, config: dict[str, Any]) -> bool:
         """Log news of a stream's configuration (its `config` as the status gives it, a

@@ -159,7 +159,7 @@ def stall_words(reason: str) -> str:
 
 # --- configurations (docs/protocol.md 5.15) ---------------------------------------------------
 
-_RECONFIGURE = "a stream's relays cannot be changed online yet (docs/deploy.md section 9)"
+_CHANGES = "docs/deploy.md section 9"
 
 
 def relay_list(relays: Iterable[object]) -> str:
@@ -176,22 +176,48 @@ def configuration_words(version: int | str, relays: Iterable[object]) -> str:
     return f"{relay_list(relays)} ({which})"
 
 
+def change_words(config: Mapping[str, Any]) -> str:
+    """What becomes of a stream whose topology file names other relays than its
+    configuration (docs/protocol.md 5.15 changes): the live relays whose files name others
+    hold the change (`change_held_by`, a stale file among them), else the mesh makes it."""
+    held = config.get("change_held_by") or {}
+    if held:
+        files = "; ".join(
+            f"relay {peer}'s file names {relay_list(relays)}"
+            for peer, relays in sorted(held.items(), key=lambda item: int(item[0]))
+        )
+        return (
+            "the change waits until the file of every live relay of the stream names the "
+            f"same relays: {files} ({_CHANGES})"
+        )
+    return (
+        "the mesh changes the stream's relays to those, step by step, once the files of "
+        f"every live relay of the stream (a quorum at least) name them ({_CHANGES})"
+    )
+
+
 def topology_words(config: Mapping[str, Any]) -> str:
     """A stream whose topology names other relays than the configuration it runs under."""
     return (
-        f"keeps running on {configuration_words(config['version'], config['relays'])}; "
-        f"the topology file names {relay_list(config['topology'])}: {_RECONFIGURE}"
+        f"runs on {configuration_words(config['version'], config['relays'])}; "
+        f"the topology file names {relay_list(config['topology'])}: {change_words(config)}"
     )
 
 
 def not_member_words(config: Mapping[str, Any]) -> str:
-    """A stream the topology names this relay for whose configuration leaves it out."""
-    return (
-        "not served here: the topology file names this relay for it, but it runs on "
+    """A stream this relay does not serve because its configuration leaves it out (it was
+    established on other relays, or a change took this relay off it)."""
+    words = (
+        "not served here: it runs on "
         f"{configuration_words(config['version'], config['relays'])}, which leaves this "
-        "relay out; its reads are redirected and its produces forwarded to those relays "
-        f"({_RECONFIGURE})"
+        "relay out; its reads are redirected and its produces forwarded to those relays"
     )
+    if list(config["topology"]) != list(config["relays"]):
+        words += (
+            f"; the topology file names {relay_list(config['topology'])}: the relays of the "
+            f"stream add the others once their files name them too ({_CHANGES})"
+        )
+    return words
 
 
 def disagreement_words(config: Mapping[str, Any], info: Mapping[str, Any]) -> str:

@@ -375,7 +375,7 @@ def test_wire_layout() -> None:
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [], [], -1, 0, False, [], False, 0, []]],
+        [["s", 4, -1, D, True, [], [], -1, 0, False, [], False, 0, [], []]],
         0,
         [],
         0,
@@ -383,7 +383,7 @@ def test_wire_layout() -> None:
         False,
     ]
     status = StreamStatus(
-        "s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True, 1, (0, 1, 2)
+        "s", 4, -1, D, True, ((5, 6),), ((7, D),), 8, 9, True, ((1, 3),), True, 1, (0, 1, 2), (0, 1)
     )
     hb = Heartbeat(1, 2, 3, (status,), 10, (0, 2), 500, True, True)
     assert as_list(hb) == [
@@ -391,7 +391,12 @@ def test_wire_layout() -> None:
         1,
         2,
         3,
-        [["s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]], True, 1, [0, 1, 2]]],
+        [
+            [
+                *("s", 4, -1, D, True, [[5, 6]], [[7, D]], 8, 9, True, [[1, 3]], True, 1),
+                *([0, 1, 2], [0, 1]),
+            ]
+        ],
         10,
         [0, 2],
         500,
@@ -424,12 +429,15 @@ def test_wire_layout() -> None:
     ]
     view_request = ViewRequest(1, 2, 3, 4, "s", ViewPhase.ACCEPT, 5, 6, (0,), value, 1, (0, 1, 2))
     assert as_list(view_request) == [
-        11, 1, 2, 3, 4, "s", "accept", 5, 6, [0], wire_value, 1, [0, 1, 2]
+        11, 1, 2, 3, 4, "s", "accept", 5, 6, [0], wire_value, 1, [0, 1, 2], []
     ]  # fmt: skip
+    change = msgspec.structs.replace(view_request, moving_to=(1, 2))
+    assert as_list(change)[-1] == [1, 2]
     promise = ViewReply(1, 2, 3, 4, "s", ViewPhase.PROMISE, 5, 6, True, 7, 8, 9, 10, None, ())
     assert as_list(promise) == [
-        12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, [], 0, []
+        12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, [], 0, [], -1
     ]  # fmt: skip
+    assert as_list(msgspec.structs.replace(promise, holds=11))[-1] == 11
     assert as_list(ViewDecided(1, 2, 3, 4, "s", value)) == [13, 1, 2, 3, 4, "s", wire_value]
 
 
@@ -708,6 +716,7 @@ def test_wrong_array_lengths() -> None:
         ["s", 4, -1, D, True, [], [], -1, 0, False],  # the layout before inherited acks
         ["s", 4, -1, D, True, [], [], -1, 0, False, []],  # before inherited_omitted
         ["s", 4, -1, D, True, [], [], -1, 0, False, [], False],  # before configurations
+        ["s", 4, -1, D, True, [], [], -1, 0, False, [], False, 0, []],  # before `wanted`
     ):
         with pytest.raises(MalformedFrame, match=r"streams\[0\]"):  # status of the wrong length
             decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
@@ -765,15 +774,15 @@ def test_bool_where_int_expected() -> None:
 
 def test_int_where_bool_expected() -> None:
     with pytest.raises(FieldError, match="joined"):
-        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False, 0, []]
+        status = ["s", 4, -1, D, 1, [], [], -1, 0, False, [], False, 0, [], []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="want_in"):
-        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False, 0, []]
+        status = ["s", 4, -1, D, True, [], [], -1, 0, 1, [], False, 0, [], []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="hears"):
         decode(frame_of(4, 1, 2, 3, [], 0, [True], 0, False, False), MAX)
     with pytest.raises(FieldError, match="inherited_omitted"):
-        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1, 0, []]
+        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], 1, 0, [], []]
         decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     with pytest.raises(FieldError, match="settled"):
         decode(frame_of(4, 1, 2, 3, [], 0, [], 0, 1, False), MAX)
@@ -781,6 +790,23 @@ def test_int_where_bool_expected() -> None:
         decode(frame_of(4, 1, 2, 3, [], 0, [], -1, True, False), MAX)
     with pytest.raises(FieldError, match="spool_full"):
         decode(frame_of(4, 1, 2, 3, [], 0, [], 0, True, 1), MAX)
+
+
+def test_wanted_and_moving_to_are_relay_sets() -> None:
+    """The relays a status wants and a change moves to (5.15 changes) are configurations:
+    ascending relay ids, each once."""
+    for wanted in ([2, 1], [1, 1], [1024], [True]):
+        status = ["s", 4, -1, D, True, [], [], -1, 0, False, [], False, 0, [], wanted]
+        with pytest.raises(FieldError, match="wanted"):
+            decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
+    request = [11, 1, 2, 3, 4, "s", "prepare", 5, 6, [0], None, 1, [0, 1, 2]]
+    assert decode(msgpack.packb([*request, [1, 2]]), MAX).moving_to == (1, 2)
+    with pytest.raises(FieldError, match="moving_to"):
+        decode(msgpack.packb([*request, [2, 1]]), MAX)
+    reply = [12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, [], 0, []]
+    assert decode(msgpack.packb([*reply, 11]), MAX).holds == 11
+    with pytest.raises(FieldError, match="holds"):
+        decode(msgpack.packb([*reply, -2]), MAX)
 
 
 def test_negative_relay_id() -> None:
@@ -949,7 +975,7 @@ def status_frame(acks: Any = (), inherited: Any = (), votes_final_through: Any =
     not asking in; wall clock 0, hearing nobody)."""
     # tuples pack as msgpack arrays, so the defaults go on the wire as empty arrays
     status = [
-        "s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False, 0, []
+        "s", 4, -1, D, True, acks, inherited, votes_final_through, 0, False, [], False, 0, [], []
     ]  # fmt: skip
     return frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False)
 

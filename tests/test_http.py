@@ -321,7 +321,7 @@ def test_a_stuck_loop_is_not_live_and_says_why(tmp_path: Path) -> None:
 # --- configurations (docs/protocol.md 5.15) ------------------------------------------------
 
 AUDIT, LEDGER = "audit", "ledger"
-RECONFIGURE = "a stream's relays cannot be changed online yet (docs/deploy.md section 9)"
+CHANGES = "docs/deploy.md section 9"
 CONFIG_GAUGES = (
     "relay_stream_config_version",
     "relay_stream_config_relays",
@@ -355,16 +355,23 @@ def test_a_relay_restarted_onto_a_topology_naming_other_relays_keeps_serving(
         resubscribe(topology, {0: [AUDIT, LEDGER], 2: [STREAM, LEDGER]})
         mesh.restart(2, timeout_s=60)  # ready: orders.eu and audit joined and unfenced
 
+        # Relays 0 and 1 still read the old file: they hold the changes, by name.
+        held = (
+            "the change waits until the file of every live relay of the stream names the "
+            "same relays: relay 0's file names relays 0, 1, 2; relay 1's file names relays "
+            f"0, 1, 2 ({CHANGES})"
+        )
         differs = {
-            STREAM: "keeps running on relays 0, 1, 2 (configuration 1); the topology file "
-            f"names relays 1, 2: {RECONFIGURE}",
-            AUDIT: "keeps running on relays 0, 1, 2 (configuration 1); the topology file "
-            f"names relays 0, 1: {RECONFIGURE}",
+            STREAM: f"runs on relays 0, 1, 2 (configuration 1); the topology file names "
+            f"relays 1, 2: {held}",
+            AUDIT: f"runs on relays 0, 1, 2 (configuration 1); the topology file names "
+            f"relays 0, 1: {held}",
         }
         left = (
-            "not served here: the topology file names this relay for it, but it runs on "
-            "relays 0, 1 (configuration 1), which leaves this relay out; its reads are "
-            f"redirected and its produces forwarded to those relays ({RECONFIGURE})"
+            "not served here: it runs on relays 0, 1 (configuration 1), which leaves this "
+            "relay out; its reads are redirected and its produces forwarded to those relays; "
+            "the topology file names relays 0, 1, 2: the relays of the stream add the others "
+            f"once their files name them too ({CHANGES})"
         )
 
         # Relays 0 and 1 hear relay 2 state its provisional configuration of ledger if it
@@ -453,6 +460,15 @@ def test_a_relay_restarted_onto_a_topology_naming_other_relays_keeps_serving(
                 }, (relay, stream, found)
         assert sample(metrics(mesh, 2), "relay_stream_not_member", stream=LEDGER) == 1
         assert not [s for s in metrics(mesh, 0)["relay_stream_not_member"]]
+        # Relay 2's log names the relays holding each change once it heard them (a line
+        # at most a second per stream: waited for while the relay runs).
+        log_2 = tmp_path / "logs" / "relay-2.log"
+        for name in (STREAM, AUDIT):
+            line = f"WARNING relay.node relay=2 stream={name} {differs[name]}"
+            wait_until(
+                lambda line=line: line in log_2.read_text(encoding="utf-8"),  # type: ignore[misc]
+                f"relay 2 to log: {line}",
+            )
 
     # Relay 2 said each once, relays 0 and 1 what they heard.
     for relay, name, words, times in (

@@ -34,7 +34,13 @@ from relay import wire
 from relay.client import Consumer, Producer, Record
 from relay.core.messages import Outcome, ReadStatus
 from relay.errors import ClientError, Fenced
-from relay.launcher import Mesh, not_ready_reason, startup_streams, write_loopback_topology
+from relay.launcher import (
+    Mesh,
+    not_ready_reason,
+    resubscribe,
+    startup_streams,
+    write_loopback_topology,
+)
 from relay.meta import METADATA_STREAM
 from relay.topology import load
 from waiting import wait_until
@@ -832,3 +838,103 @@ def test_a_relay_is_ready_once_the_streams_it_opens_at_start_joined(tmp_path: Pa
     assert not_ready_reason(config, 0, {"streams": {meta: joined, "chaos.a": joined}}) is None
     assert not_ready_reason(config, 2, {"streams": {}}) == f"stream {meta!r} is not open"
     assert not_ready_reason(config, 2, {"streams": {meta: joined}}) is None
+
+
+# --- 6: a stream's relays changed on the running mesh (SIGHUP) -------------------------------
+
+CHANGE_S = 60.0  # for the mesh to change a stream's relays once the files agree
+
+
+def hang_up(mesh: Mesh, relay_id: int) -> None:
+    """Tell a relay to read its topology file again (docs/deploy.md section 9)."""
+    mesh.kill(relay_id, signal.SIGHUP)
+
+
+def wait_stream_on(mesh: Mesh, stream: str, relays: tuple[int, ...]) -> None:
+    """Wait until every relay of `relays` serves `stream` under a configuration of exactly
+    those relays (joined, unfenced), and every other relay says it is not served there."""
+    last: dict[int, Any] = {}
+
+    def changed() -> bool:
+        for relay_id in mesh.relay_ids:
+            status = mesh.status(relay_id) or {}
+            info = (status.get("streams") or {}).get(stream)
+            last[relay_id] = (info or {}).get("config") or (status.get("not_member") or {}).get(
+                stream
+            )
+            if relay_id in relays:
+                if info is None or not info.get("joined") or info.get("fenced"):
+                    return False
+                if tuple(info["config"]["relays"]) != relays:
+                    return False
+            elif info is not None:
+                return False
+        return True
+
+    wait_until(
+        changed,
+        lambda: f"{stream} on relays {list(relays)} (last configurations: {last})",
+        timeout_s=CHANGE_S,
+        poll_s=0.1,
+    )
+
+
+def test_a_streams_relays_change_on_sighup_under_writes(harness: Harness) -> None:
+    """docs/deploy.md section 9 as written: edit the topology file, then send each relay
+    SIGHUP, under writes. orders.eu grows from relays 0-2 to 0-3, with relay 2 killed -9
+    half way through (after relays 0 and 1 read the file) and restarted onto the new file;
+    then relay 0 is taken off it (0-3 -> 1-3). The mesh changes the stream's relays
+    (docs/protocol.md 5.15 changes); nothing acknowledged is lost, the relays that stay
+    serve one timeline, relay 3 serves the writes made since it joined, and relay 0 says
+    the stream is not served there."""
+    mesh = harness.mesh([[STREAM, AUDIT]] * 3 + [[AUDIT]])
+    path = mesh.config_path
+    pump = harness.pump(topology=path)
+    pump.wait_for(20)
+
+    resubscribe(path, {3: [STREAM, AUDIT]})
+    hang_up(mesh, 0)
+    hang_up(mesh, 1)
+    mesh.kill(2)  # kill -9 half way: the change waits for a quorum of 0-3 holding history
+    pump.wait_for(pump.count() + 20)  # relays 0 and 1 commit meanwhile
+    mesh.restart(2, timeout_s=START_TIMEOUT_S)  # onto the new file
+    harness.track(mesh)
+    hang_up(mesh, 3)
+    wait_stream_on(mesh, STREAM, (0, 1, 2, 3))
+    grown = pump.count()
+    pump.wait_for(grown + 20)
+    first_on_3 = pump.committed[grown][1]
+
+    resubscribe(path, {0: [AUDIT]})
+    for relay_id in mesh.relay_ids:
+        hang_up(mesh, relay_id)
+    wait_stream_on(mesh, STREAM, (1, 2, 3))
+    pump.wait_for(pump.count() + 20)
+    pump.stop()
+
+    last = max(seq for _, seq in pump.committed)
+    first, _ = read_until(clients(mesh, 1), STREAM, last)
+    check_timeline(first)
+    check_acknowledged(first, pump)
+    # Relay 2 restarted empty and relay 3 joined from a base: each holds the history
+    # from where it began, the same as relay 1's.
+    again, _ = read_until(clients(mesh, 2), STREAM, last)
+    assert again == [r for r in first if again[0].seq <= r.seq <= last]
+    on_3 = read_from(clients(mesh, 3), STREAM, first_on_3 - 1, last)
+    assert on_3 == [r for r in first if first_on_3 <= r.seq <= last]
+    status = mesh.status(0) or {}
+    assert STREAM in (status.get("not_member") or {}), status.get("not_member")
+
+
+def read_from(relays: Mapping[int, str], stream: str, after: int, last: int) -> list[Record]:
+    """The records of `stream` after seq `after` up to `last`, read through `relays`."""
+    records: list[Record] = []
+    with Consumer(relays, timeout_s=CATCH_UP_S, wait_ms=500) as consumer:
+        consumer.subscribe(stream, after)
+        for record in consumer:
+            if record.seq > last:
+                break
+            records.append(record)
+            if record.seq >= last:
+                break
+    return records

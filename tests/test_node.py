@@ -854,3 +854,50 @@ def test_a_stream_served_by_its_acceptor_record_alone_is_subscribed_to(tmp_path:
             ctx.destroy(linger=0)
 
     asyncio.run(restarted())
+
+
+# --- reading the topology file again (SIGHUP) ---------------------------------------------
+
+
+def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`RelayNode.reload` (SIGHUP): a file that does not parse, or that changes what only a
+    restart applies (limits here), is refused with a line naming why, and the relay runs
+    on as before; a file that names a new stream for the relay is taken, and the relay
+    opens and serves it."""
+    import yaml
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, {1: ["solo"], 2: ["solo"]}) as (config, nodes, clients):
+            await wait_joined(clients, "solo")
+            path = config.path
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+
+            path.write_text("relays: [\n", encoding="utf-8")
+            assert nodes[1].reload() is None
+            limits = {**doc, "limits": {**doc.get("limits", {}), "max_tx_bytes": MAX_TX * 2}}
+            path.write_text(yaml.safe_dump(limits, sort_keys=False), encoding="utf-8")
+            assert nodes[1].reload() is None
+            assert nodes[1].counters["topology_reload_refused"] == 2, nodes[1].counters
+            refused = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
+            assert len(refused) == 2 and "limits changes" in refused[1], refused
+            assert nodes[1].config is config  # nothing changed
+            resp = await produce_until_definite(clients[1], "solo", b"p", 1, b"still")
+            assert resp.outcome is Outcome.COMMITTED, resp
+
+            for relay in doc["relays"]:
+                relay["streams"] = [*relay["streams"], "duo"]
+            path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+            for node in nodes.values():
+                change = node.reload()
+                assert change is not None and "duo" in change.streams, change
+                assert change.streams["duo"] == ((), (1, 2)), change
+            await wait_joined(clients, "duo")
+            resp = await produce_until_definite(clients[2], "duo", b"p", 1, b"new")
+            assert resp.outcome is Outcome.COMMITTED, resp
+            entries = await read_all(clients[1], "duo", 1)
+            assert len(entries) == 1 and b"new" in entries[0], entries
+
+    with caplog.at_level("WARNING", logger="relay.node"):
+        asyncio.run(scenario())

@@ -31,7 +31,7 @@ from relay.streamhealth import (
 from relay.tools.status import DEGRADED, HEALTHY, mesh_status, status_lines
 
 STREAM = "s"
-RECONFIGURE = "a stream's relays cannot be changed online yet (docs/deploy.md section 9)"
+CHANGES = "docs/deploy.md section 9"
 
 # Five relays; s is served by 0-2, t by 3 and 4. Relays 2 and 3 restart onto a topology
 # that serves s on all five (tests/scenarios/reconfigure_roll.txt goes on from here).
@@ -115,9 +115,13 @@ def test_a_topology_that_names_other_relays_leaves_the_relay_ready_but_degraded(
     status = roll[2]
     config = status["streams"][STREAM]["config"]
     assert config["relays"] == [0, 1, 2] and config["topology"] == [0, 1, 2, 3, 4], config
+    # Relays 0 and 1 still read the old file: they hold the change, by name.
+    assert config["change_held_by"] == {"0": [0, 1, 2], "1": [0, 1, 2]}, config
     words = (
-        "keeps running on relays 0, 1, 2 (configuration 1); the topology file names "
-        f"relays 0, 1, 2, 3, 4: {RECONFIGURE}"
+        "runs on relays 0, 1, 2 (configuration 1); the topology file names relays 0, 1, 2, "
+        "3, 4: the change waits until the file of every live relay of the stream names the "
+        "same relays: relay 0's file names relays 0, 1, 2; relay 1's file names relays 0, "
+        f"1, 2 ({CHANGES})"
     )
     assert Problem(words, unready=False) in stream_problems(status["streams"][STREAM])
     assert readiness(status) == {}
@@ -141,9 +145,10 @@ def test_a_stream_whose_configuration_leaves_the_relay_out_is_named_not_unready(
     status = roll[3]
     assert STREAM not in status["streams"] and STREAM in status["not_member"], status
     words = (
-        "not served here: the topology file names this relay for it, but it runs on relays "
-        "0, 1, 2 (configuration 1), which leaves this relay out; its reads are redirected and "
-        f"its produces forwarded to those relays ({RECONFIGURE})"
+        "not served here: it runs on relays 0, 1, 2 (configuration 1), which leaves this "
+        "relay out; its reads are redirected and its produces forwarded to those relays; the "
+        "topology file names relays 0, 1, 2, 3, 4: the relays of the stream add the others "
+        f"once their files name them too ({CHANGES})"
     )
     assert [p for s, p in relay_problems(status) if s == STREAM] == [Problem(words, unready=False)]
     assert STREAM not in readiness(status) and degraded(status)[STREAM] == words

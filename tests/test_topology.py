@@ -580,3 +580,40 @@ def test_spool_settings_default_off_and_checked(tmp_path: Path) -> None:
     assert "spool.enabled: expected true or false, got the integer 1" in text
     assert "spool.disk_max_bytes: must be a positive integer, got 0" in text
     assert "spool.size: unknown field" in text
+
+
+# --- what a new file changes for a running relay (relay/topology/change.py) ---------------
+
+
+def _mesh_text(streams: dict[int, list[str]], mesh_port_of_1: int = 7101, extra: str = "") -> str:
+    relays = "".join(
+        f"  - {{id: {r}, host: 127.0.0.1, mesh_port: {mesh_port_of_1 if r == 1 else 7100 + r}, "
+        f"client_port: {7200 + r}, streams: {names}}}\n"
+        for r, names in streams.items()
+    )
+    return f"relays:\n{relays}streams: [orders]\n{extra}"
+
+
+def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> None:
+    from relay.topology.change import compare
+
+    old = topology.loads(_mesh_text({0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]}))
+    grown = topology.loads(_mesh_text({0: ["orders", "logs.*"], 1: ["orders"], 2: ["orders"]}))
+    change = compare(old, grown, 2, tracked=["logs.x"])
+    assert change.streams == {"orders": ((0, 1), (0, 1, 2)), "audit": ((2,), ())}
+    assert change.served == (("audit", METADATA_STREAM), ("orders", METADATA_STREAM))
+    assert not change.refused and not change.empty
+    assert change.words().startswith("audit: relays [2] -> none; orders: relays [0, 1] ->")
+    assert compare(old, old, 0, tracked=["logs.x"]).empty
+
+    moved = topology.loads(_mesh_text({0: ["orders"], 1: ["orders"], 2: ["audit"]}, 7111))
+    assert compare(old, moved, 0).refused == ("relays[1].mesh_port changes",)
+    more = topology.loads(_mesh_text({0: ["orders"], 1: ["orders"], 2: ["audit"], 3: ["orders"]}))
+    assert compare(old, more, 0).refused == ("the mesh's relays change (adds relays [3])",)
+    limited = topology.loads(
+        _mesh_text(
+            {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},
+            extra="limits:\n  max_tx_bytes: 1000\n",
+        )
+    )
+    assert compare(old, limited, 0).refused == ("limits changes",)

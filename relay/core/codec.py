@@ -7,7 +7,7 @@ Fields follow the message's field order. Nested values:
     Report        -> [point, digest]
     StreamStatus  -> [stream, last_link_seq, committed_point, committed_digest, joined,
                       acks, inherited, votes_final_through, view, want_in,
-                      inherited_acks, inherited_omitted, config, members]
+                      inherited_acks, inherited_omitted, config, members, wanted]
     DedupeKey     -> [producer_id, producer_seq, seq, content hash (16 bytes)]
     enums         -> their `.value` string;  `dedupe=None` -> nil
     view changes  -> relay/core/codec_views.py
@@ -196,6 +196,7 @@ def _enc_heartbeat(m: Heartbeat) -> tuple[Any, ...]:
             s.inherited_omitted,
             s.config,
             s.members,
+            s.wanted,
         )
         for s in m.streams
     ]
@@ -394,7 +395,8 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
             inherited_omitted,
             config,
             members,
-        ) = _array(s, f"Heartbeat.streams[{i}]", 14)
+            wanted,
+        ) = _array(s, f"Heartbeat.streams[{i}]", 15)
         name = f"Heartbeat.streams[{i}]"
         streams.append(
             StreamStatus(
@@ -412,6 +414,7 @@ def _dec_heartbeat(a: list[Any]) -> Heartbeat:
                 fields.boolean(inherited_omitted, name + ".inherited_omitted"),
                 fields.u63(config, name + ".config"),
                 fields.members(members, name + ".members"),
+                fields.members(wanted, name + ".wanted"),
             )
         )
     return Heartbeat(

@@ -53,6 +53,7 @@ def enc_view_request(m: ViewRequest) -> tuple[Any, ...]:
         enc_value(m.value),
         m.config,
         m.members,
+        m.moving_to,
     )
 
 
@@ -76,6 +77,7 @@ def enc_view_reply(m: ViewReply) -> tuple[Any, ...]:
         enc_entries(m.entries),
         m.config,
         m.members,
+        m.holds,
     )
 
 
@@ -128,6 +130,7 @@ def dec_view_request(a: list[Any]) -> ViewRequest:
         dec_value(a[10], "ViewRequest.value"),
         fields.u63(a[11], "ViewRequest.config"),
         fields.members(a[12], "ViewRequest.members"),
+        fields.members(a[13], "ViewRequest.moving_to"),
     )
 
 
@@ -150,6 +153,7 @@ def dec_view_reply(a: list[Any]) -> ViewReply:
         fields.entries(a[15], "ViewReply.entries"),
         fields.u63(a[16], "ViewReply.config"),
         fields.members(a[17], "ViewReply.members"),
+        fields.u63_or_none(a[18], "ViewReply.holds"),
     )
 
 

@@ -314,11 +314,14 @@ def _forward_target(
 ) -> int:
     """A live member to forward to, spread by forward id (-1: none). A member we hear but
     that gets nothing from us (a one-way cut, and no relay in between, 5.13) would never
-    get it."""
+    get it. (Not ourselves: a change of the stream's relays may have added us since the
+    forward was first sent, 5.15.)"""
     live = [
         m
         for m in members
-        if m != avoid and is_live(core, core.peers[m], now_ms) and hears_us(core, m, now_ms)
+        if m not in (avoid, core.id)
+        and is_live(core, core.peers[m], now_ms)
+        and hears_us(core, m, now_ms)
     ]
     return live[forward_id % len(live)] if live else -1
 

@@ -210,18 +210,25 @@ def _stream_status(core: RelayState, st: StreamState, outlier: bool, now_ms: int
         inherited_omitted=omitted,
         config=config,
         members=members,
+        wanted=st.desired if st.desired != members else (),
     )
 
 
-def _agrees(core: RelayState, st: StreamState, sender: int, status: StreamStatus) -> bool:
+def _agrees(
+    core: RelayState, st: StreamState, sender: int, status: StreamStatus, now_ms: int
+) -> bool:
     """Whether the rest of a status may be taken: the sender's configuration of the stream
     (5.15), a member's or not, is compatible with ours, or taught us the one we now share
     with it. The word of any relay is heard: a non-member's established configuration is
     a history of the stream elsewhere."""
     heard = membership.hear(core, st, sender, status.config, status.members)
-    if heard is membership.Heard.LEFT or heard is membership.Heard.DISAGREES:
+    if heard is membership.Heard.BEHIND:
+        # It missed a change of the stream's relays (5.15 changes), a member of the new
+        # ones or a relay the change removed: our view carries it.
+        view.push_view(core, st, sender, now_ms)
+    if heard in (membership.Heard.LEFT, membership.Heard.DISAGREES, membership.Heard.AHEAD):
         return False
-    return status.stream in core.streams
+    return heard is not membership.Heard.BEHIND and status.stream in core.streams
 
 
 def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int) -> None:
@@ -234,12 +241,13 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
     for status in msg.streams:
         st = core.streams.get(status.stream)
         if st is None:
+            membership.readmit(core, status.stream, status.config, status.members)
             if not core.serves(status.stream) or not core.can_open(status.stream):
                 continue
             st = core.stream(status.stream)
         # (compared once: hearing a configuration never wakes the stream)
         unchanged = st.dormant and peer.statuses.get(status.stream) == status
-        if not unchanged and not _agrees(core, st, msg.sender, status):
+        if not unchanged and not _agrees(core, st, msg.sender, status, now_ms):
             continue  # (an unchanged status says the configuration heard before)
         if msg.sender not in st.members:
             continue

@@ -81,8 +81,14 @@ def on_join_request(core: RelayState, st: StreamState, msg: JoinRequest) -> None
     established one, or sees the disagreement; its word teaches us an established one in
     place of our provisional one."""
     heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
-    if heard is membership.Heard.LEFT:
-        return  # (its configuration leaves us out: it asked the others, not us)
+    if heard is membership.Heard.LEFT or heard is membership.Heard.AHEAD:
+        return  # (it asked the others, not us; or we are behind: it is pushed our view)
+    if heard is membership.Heard.BEHIND:
+        # It missed a change of the stream's relays (5.15 changes): the view carries it,
+        # and it asks again under it. (An answer now would reach it under the new one,
+        # and be taken for a member's that holds nothing.)
+        view.push_view(core, st, msg.sender, core.now_ms, force=True)
+        return
     if heard is membership.Heard.DISAGREES or msg.sender not in st.members:
         # An answer that vouches for nothing (it will not count it under its own): fresh,
         # no committed point; our view, so that a relay that learns the configuration

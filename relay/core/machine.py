@@ -67,6 +67,7 @@ from relay.core.messages import (
     ViewDecided,
     ViewReply,
     ViewRequest,
+    ViewValue,
 )
 from relay.core.seq import COUNTER_BITS, MAX_RELAY_ID
 from relay.core.shell import ProduceRequest, ReadResult, Ready
@@ -85,7 +86,7 @@ from relay.core.state import (
     target_of,
 )
 from relay.core.timeline import NO_DIGEST, CommittedRecord
-from relay.errors import FieldError, FrameError, NotAMember, OversizedFrame
+from relay.errors import ConfigError, FieldError, FrameError, NotAMember, OversizedFrame
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -95,12 +96,18 @@ class RelayCore(RelayState):
 
     def __init__(self, config: CoreConfig, incarnation: int, now_ms: int) -> None:
         super().__init__(config, incarnation, now_ms)
+        self._open_named_streams()
+
+    def _open_named_streams(self) -> None:
+        """Named and declared streams this relay serves join at start (or when a reloaded
+        topology names them), and are in use (5.12) from then on; others join on first
+        use."""
         topology = self.topology
         named = [p for p in topology.subscriptions[self.id] if not any(c in p for c in "*?[")]
-        for stream in named + [s for s in config.declared_streams if topology.serves(self.id, s)]:
-            # Named and declared streams join at start, and are in use (5.12) from then
-            # on; others join on first use.
-            self.stream(stream).written = True
+        declared = [s for s in self.config.declared_streams if topology.serves(self.id, s)]
+        for stream in named + declared:
+            if stream not in self.streams and stream not in self.foreign and self.can_open(stream):
+                self.stream(stream).written = True
 
     def remember_acceptors(self, records: Mapping[str, bytes]) -> list[str]:
         """The shell keeps acceptor memory (Ready.acceptors) and gives back what it kept
@@ -148,6 +155,38 @@ class RelayCore(RelayState):
                 self.recorded_committed.discard(stream)
                 st.committed_before = True
         return broken
+
+    def reload_topology(self, config: CoreConfig) -> None:
+        """The operator's topology file changed and the relay read it again, running on
+        (5.15 changes): `config` is the core's configuration from the new file, for this
+        relay and with the same limits. Each stream's wanted relays follow the new file at
+        once; its configuration changes only through the mesh, once a quorum of its relays
+        want the same relays (`membership.wanted_change`). Streams the file names or
+        declares for this relay and that are not open yet open, as at a start."""
+        topology = config.topology
+        if config.relay_id != self.id or self.id not in topology.subscriptions:
+            raise ConfigError(f"relay {self.id} is not in the new topology")
+        if config.limits != self.config.limits:
+            raise ConfigError("the new topology changes limits: they apply at a restart")
+        self.topology = topology
+        self.config = config
+        for r in topology.relay_ids:
+            if r != self.id and r not in self.peers:
+                self.peers[r] = PeerState()
+        for st in list(self.streams.values()):
+            desired = topology.members(st.stream)
+            if desired != st.desired:
+                st.desired = desired
+                self.wake(st)
+                membership.reprovision(self, st)
+        self._open_named_streams()
+
+    def change_held_by(self, stream: str) -> dict[int, tuple[int, ...]]:
+        """The live relays whose topology files name other relays for the stream than
+        ours does, holding a change of its relays (5.15 changes); {} when ours names its
+        configuration's relays."""
+        st = self.streams.get(stream)
+        return {} if st is None else membership.change_held_by(self, st, self.now_ms)
 
     def recorded_streams(self) -> list[str]:
         """The streams this relay serves by its acceptor records (5.15) and not by its
@@ -496,7 +535,12 @@ class RelayCore(RelayState):
                     "vote_conflicts": st.votes.conflicts,
                     # 5.15: the configuration it counts votes under, the relays our
                     # topology names for it, and the relays that state another one
-                    "config": configuration_status(st.configuration, st.desired, st.disagree),
+                    "config": configuration_status(
+                        st.configuration,
+                        st.desired,
+                        st.disagree,
+                        membership.change_held_by(self, st, self.now_ms),
+                    ),
                     # How long something has waited to commit without the committed point
                     # moving (0: nothing waits), and how long our digest has disagreed
                     # with a commit the members announced (0: it agrees): a stream that
@@ -562,6 +606,11 @@ class RelayCore(RelayState):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
         if stream is not None and not isinstance(msg, Forward):
             members = self.members(stream)
+            if isinstance(msg, ViewDecided) and self._later_configuration(stream, msg.value):
+                # A change of the stream's relays decided without us knowing it yet
+                # (5.15 changes): a relay it adds, or one behind, learns it from any of
+                # the old or the new relays (its decider may be one it removed).
+                members = tuple(sorted({*members, *msg.value.members}))
             if self.id not in members:
                 raise NotAMember(f"relay {self.id} does not serve stream {stream!r}")
             # Replies are matched to our own requests, and anyone may ask where a stream
@@ -597,6 +646,15 @@ class RelayCore(RelayState):
                 if seq <= previous or seq > msg.hi:
                     raise FieldError("repair entries out of order or outside their range")
                 previous = seq
+
+    def _later_configuration(self, stream: str, value: ViewValue) -> bool:
+        """Whether `value` carries an established configuration of `stream` later than
+        the one we know (5.15 changes), among whose relays we are."""
+        st = self.streams.get(stream)
+        known = st.configuration if st is not None else self.foreign.get(stream)
+        known = known or self.recorded.get(stream)
+        version = known[0] if known is not None else PROVISIONAL
+        return self.id in value.members and value.config > max(version, PROVISIONAL)
 
     # === dispatch ========================================================================
 
@@ -645,6 +703,7 @@ class RelayCore(RelayState):
         elif isinstance(msg, ViewReply):
             view.on_reply(self, self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewDecided):
+            membership.readmit(self, msg.stream, msg.value.config, msg.value.members)
             st = self.stream(msg.stream)
             if view.on_decided(self, st, msg, now_ms):
                 repair.advance(self, st, now_ms)
@@ -717,10 +776,12 @@ def configuration_status(
     config: tuple[int, tuple[int, ...]],
     desired: tuple[int, ...],
     disagree: Mapping[int, tuple[int, tuple[int, ...]]],
+    held_by: Mapping[int, tuple[int, ...]] | None = None,
 ) -> dict[str, object]:
     """A stream's configuration (5.15) as the status gives it: its version and relays, the
-    relays this relay's topology names, and what each relay that states another one
-    stated."""
+    relays this relay's topology names, what each relay that states another one stated,
+    and, while our file names other relays, the live relays whose files name others
+    still (they hold the change, 5.15 changes) with what theirs name."""
     version, members = config
     return {
         "version": version,
@@ -730,4 +791,5 @@ def configuration_status(
             str(peer): {"version": v, "relays": list(m)}
             for peer, (v, m) in sorted(disagree.items())
         },
+        "change_held_by": {str(peer): list(m) for peer, m in sorted((held_by or {}).items())},
     }

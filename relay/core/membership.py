@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import enum
 
-from relay.core.quorum import quorum
+from relay.core.links import is_live
+from relay.core.quorum import VoteTally, quorum
 from relay.core.state import (
+    FIRST_INCARNATION,
     PROVISIONAL,
     JoinState,
     PeerState,
@@ -41,6 +43,10 @@ class Heard(enum.Enum):
     LEARNT = "learnt"  # an established one replaced our provisional one (same relays)
     MOVED = "moved"  # an established one with other relays replaced ours: join again
     LEFT = "left"  # an established one that leaves us out: we no longer serve the stream
+    # A later version than ours: a change we have not adopted yet (its view comes to us,
+    # view.push_view); nothing said under it is taken meanwhile
+    AHEAD = "ahead"
+    BEHIND = "behind"  # an earlier version than ours: the sender missed a change
 
 
 def compatible(st: StreamState, version: int, members: tuple[int, ...]) -> bool:
@@ -68,6 +74,13 @@ def hear(
         return Heard.AGREES
     if version > PROVISIONAL and st.config_version == PROVISIONAL:
         return learn(core, st, version, members)
+    if version > PROVISIONAL and version != st.config_version:
+        # Established versions only grow, each from the one before by a decided view
+        # (5.15 changes): another version is not a second history, only one of us is
+        # behind.
+        st.disagree.pop(peer, None)
+        core.counters["config_ahead" if version > st.config_version else "config_behind"] += 1
+        return Heard.AHEAD if version > st.config_version else Heard.BEHIND
     if st.disagree.get(peer) != (version, members):
         st.disagree[peer] = (version, members)
         core.counters["config_mismatch"] += 1
@@ -88,11 +101,28 @@ def learn(core: RelayState, st: StreamState, version: int, members: tuple[int, .
         return Heard.LEFT
     if not moved:
         return Heard.LEARNT
-    if st.join is not None:
-        # What the relays of our provisional configuration answered counts for nothing:
-        # ask those of the established one (the next tick does).
-        st.join = JoinState(amnesiac=st.join.amnesiac)
+    _ask_again(st)
     return Heard.MOVED
+
+
+def _ask_again(st: StreamState) -> None:
+    """Our relays changed while we join: what the old ones answered counts for nothing,
+    the new ones are asked (the next tick does)."""
+    if st.join is not None:
+        st.join = JoinState(amnesiac=st.join.amnesiac)
+
+
+def move(core: RelayState, st: StreamState, version: int, members: tuple[int, ...]) -> bool:
+    """Run the stream under a later configuration, which a decided view carried (5.15
+    changes); False if it leaves this relay out (it no longer serves the stream)."""
+    assert PROVISIONAL < st.config_version < version, "a change moves to a later version"
+    core.counters["config_moved"] += 1
+    set_config(core, st, version, members)
+    if core.id not in members:
+        leave(core, st)
+        return False
+    _ask_again(st)
+    return True
 
 
 def set_config(core: RelayState, st: StreamState, version: int, members: tuple[int, ...]) -> None:
@@ -106,7 +136,11 @@ def set_config(core: RelayState, st: StreamState, version: int, members: tuple[i
         st.members = members
         st.peers = tuple(m for m in members if m != core.id)
         st.q = st.votes.q = quorum(len(members))
-        st.votes.members = members
+        # Votes counted under the old relays never count under the new ones: a quorum of
+        # the new relays must report again (at later points: each reports a point once).
+        st.votes = VoteTally(members, core.limits.max_pending_vote_points)
+        st.votes.settle_through(st.timeline.committed_point)
+        st.own_unacked.clear()
         for m in st.peers:
             # A relay the topology no longer lists is still a member: it is never heard
             # (the shell has no address for it), and counts as down.
@@ -126,6 +160,85 @@ def leave(core: RelayState, st: StreamState) -> None:
     core.invalidate_names()
     core.memory.used_bytes -= st.timeline.memory_bytes
     core.foreign[st.stream] = st.configuration
+    # Our link counter on the stream's topic goes on from here should we serve it again
+    # (`readmit`): the members drop a frame whose counter they passed (5.2).
+    core.left_link_seq[st.stream] = st.link_seq_out
+
+
+def reprovision(core: RelayState, st: StreamState) -> None:
+    """The topology changed under a stream not established yet: its provisional
+    configuration is the topology's, so it follows, unless we accepted a first view of
+    the old relays (then we accept no other in that instance, 5.15), or the new file
+    leaves us out (we learn the configuration its relays establish, and leave then).
+    What the old relays answered to our join counts for nothing: we ask the new ones."""
+    if st.config_version != PROVISIONAL or st.acceptor.accepted is not None:
+        return
+    if st.desired == st.members or core.id not in st.desired:
+        return
+    core.counters["config_reprovisioned"] += 1
+    _provision(core, st, st.desired)
+
+
+def follow(core: RelayState, st: StreamState, version: int, members: tuple[int, ...]) -> None:
+    """A first view of other relays that include us is proposed to us: its proposer's
+    file names them, ours names others (it changed since, `reprovision`, or theirs did),
+    and the proposer may have accepted that first view already, bound to it for good.
+    While we accepted no first view ourselves, we take its relays as our provisional
+    configuration, so that the stream is established rather than held for ever by
+    relays bound to a value that can never be decided without us; the change to what our
+    file names follows through the mesh. Safe: we still accept at most one value in that
+    instance, and only of our configuration's relays (5.15)."""
+    if (
+        version != PROVISIONAL
+        or st.config_version != PROVISIONAL
+        or st.acceptor.accepted is not None
+        or core.id not in members
+        or members == st.members
+    ):
+        return
+    core.counters["config_followed"] += 1
+    _provision(core, st, members)
+
+
+def _provision(core: RelayState, st: StreamState, members: tuple[int, ...]) -> None:
+    """Take other relays as the stream's provisional configuration: a proposal of ours
+    for the old ones is given up, and the join asks the new ones."""
+    st.proposal = None
+    set_config(core, st, PROVISIONAL, members)
+    _ask_again(st)
+
+
+def readmit(core: RelayState, stream: str, version: int, members: tuple[int, ...]) -> bool:
+    """A relay that does not serve the stream (it left it, `leave`, or its file does not
+    name it and it knows no configuration of it) hears an established configuration, a
+    later one than it knew, that has it among its relays (5.15 changes: a change added
+    it while it was away, or its file is stale): it serves the stream under that
+    configuration, and joins it afresh. True if it did."""
+    if version == PROVISIONAL or stream in core.streams or core.id not in members:
+        return False
+    if not core.can_open(stream):
+        return False
+    left = core.foreign.get(stream)
+    if left is None and (stream in core.recorded or core.serves(stream)):
+        return False  # (it opens as it is; a provisional one learns the configuration)
+    if left is not None and version <= left[0]:
+        return False
+    core.counters["config_readmitted"] += 1
+    core.foreign.pop(stream, None)
+    # It opens under that configuration (as under an acceptor record's), and joins: it
+    # holds nothing of the stream. Unless it may have forgotten what it did under that
+    # version (restarted without acceptor memory), it never reported under it, so it
+    # need not wait for a commit above what anyone reported (an amnesiac join, 5.8): a
+    # base at any member's committed point will do, and it catches up from there while a
+    # change that needs it waits (the members, frozen by the change, commit nothing).
+    core.recorded[stream] = (version, members)
+    st = core.stream(stream)
+    st.link_seq_out = core.left_link_seq.pop(stream, 0)
+    remembers = core.acceptor_memory is not None and stream not in core.acceptor_forgotten
+    if core.incarnation <= FIRST_INCARNATION or remembers:
+        st.join = JoinState(amnesiac=False, first_round_done=True)
+    core.remember(st)
+    return True
 
 
 def blocking(st: StreamState) -> tuple[int, ...]:
@@ -144,3 +257,66 @@ def to_decide(st: StreamState) -> int:
     it accepts no value of other relays, so two establishments of relay sets that share a
     relay cannot both be decided), else a quorum."""
     return len(st.members) if st.config_version == PROVISIONAL else st.q
+
+
+def wanted_change(core: RelayState, st: StreamState, now_ms: int) -> tuple[int, ...] | None:
+    """The relays the stream's next configuration should have, if a change is due: the
+    configuration is established, this relay's topology names other relays for the
+    stream, and so does the topology of every one of its relays that is live (by their
+    heartbeats), a quorum of them at least. One relay with a stale file holds the change
+    (its status names what it wants: it is refused by name), and files that disagree
+    while they roll out never make the stream's relays go back and forth; a relay that
+    is down does not hold it (it may be the one the change replaces). The change goes by
+    steps (`next_step`)."""
+    target = st.desired
+    if st.config_version == PROVISIONAL or target == st.members or not target:
+        return None
+    if change_held_by(core, st, now_ms):
+        return None
+    live = sum(1 for m in st.peers if is_live(core, core.peers[m], now_ms))
+    if 1 + live < st.q:
+        return None
+    return next_step(st.members, target)
+
+
+def change_held_by(core: RelayState, st: StreamState, now_ms: int) -> dict[int, tuple[int, ...]]:
+    """While this relay's file names other relays for an established stream than its
+    configuration has: the live relays of the configuration whose files name others
+    still (their statuses' `wanted`; the configuration's own relays when they state
+    none, or not heard yet), which hold the change (`wanted_change`; in the status)."""
+    held: dict[int, tuple[int, ...]] = {}
+    if st.config_version == PROVISIONAL or st.desired == st.members:
+        return held
+    for m in st.peers:
+        peer = core.peers[m]
+        if not is_live(core, peer, now_ms):
+            continue
+        status = peer.statuses.get(st.stream)
+        theirs = status.wanted or st.members if status is not None else st.members
+        if theirs != st.desired:
+            held[m] = theirs
+    return held
+
+
+def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The next configuration on the way from `members` to `target`. A change is decided
+    by a quorum of the relays that stay, and only relays that already hold the stream's
+    history count towards it (5.15), so relays are added only while the current ones are
+    a quorum of the next set: as many as that allows at a time; once every target relay
+    is in, the others are removed together. The set never shrinks below the smaller of
+    the two, and every step keeps a quorum of relays that hold the history. None: no step
+    can be decided (a stream of one relay: a second one would be needed for the quorum
+    before it holds anything)."""
+    adding = [m for m in target if m not in members]
+    if not adding:
+        return target
+    room = len(members) - 1  # quorum(len(members) + k) <= len(members)  <=>  k < len(members)
+    if room == 0:
+        return None
+    return tuple(sorted({*members, *adding[:room]}))
+
+
+def complete_quorum(value_members: tuple[int, ...], complete: set[int]) -> bool:
+    """Whether the relays of a change's new configuration that hold the stream's history
+    through the change's start are a quorum of it (5.15 changes)."""
+    return sum(1 for m in value_members if m in complete) >= quorum(len(value_members))

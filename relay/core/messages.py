@@ -152,6 +152,10 @@ class StreamStatus(msgspec.Struct, frozen=True):
     # takes the rest of the status only under a configuration it agrees with.
     config: int = 0
     members: tuple[int, ...] = ()
+    # The relays the sender's topology names for the stream, when they are not those of
+    # its configuration (5.15 changes: a quorum of members wanting the same ones starts
+    # the change); empty otherwise.
+    wanted: tuple[int, ...] = ()
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
@@ -304,6 +308,8 @@ class ViewRequest(msgspec.Struct, frozen=True):
     # The proposer's configuration (5.15): an acceptor under another one refuses.
     config: int = 0
     members: tuple[int, ...] = ()
+    # A change of the stream's relays: the relays it moves to (5.15 changes; empty: none)
+    moving_to: tuple[int, ...] = ()
 
 
 class ViewReply(msgspec.Struct, frozen=True):
@@ -330,6 +336,11 @@ class ViewReply(msgspec.Struct, frozen=True):
     # The acceptor's configuration (5.15): a proposer counts the answer only under its own.
     config: int = 0
     members: tuple[int, ...] = ()
+    # A promise: the point through which the acceptor holds every transaction the view
+    # counts (its watermark, once joined; -1 while joining). A change of the stream's
+    # relays is proposed only if a quorum of the new relays hold it through its start
+    # (5.15 changes).
+    holds: int = -1
 
 
 class ViewDecided(msgspec.Struct, frozen=True):

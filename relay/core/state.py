@@ -361,6 +361,8 @@ class Proposal:
     promises: dict[int, ViewReply] = field(default_factory=dict)
     accepted_by: set[int] = field(default_factory=set)
     value: ViewValue | None = None
+    # 5.15 changes: the relays this proposal moves the stream to (empty: no change)
+    moving_to: tuple[int, ...] = ()
 
 
 EMPTY_VIEW = ViewValue(number=0, start=-1, lo=-1, intervals=())
@@ -546,6 +548,8 @@ class StreamState:
         # stream's history and no seed held it: it began again at the genesis, and
         # positions below this floor (ours then) name records that are gone. -1: no loss.
         self.history_lost_below = -1
+        # 5.15 changes: when a change of the relays last waited for them to hold the history
+        self.change_deferred_ms = NEVER
 
     @property
     def configuration(self) -> Configuration:
@@ -659,6 +663,7 @@ class RelayState:
         self.recorded: dict[str, Configuration] = {}
         self.recorded_committed: set[str] = set()  # of those, the ones that committed
         self.foreign: dict[str, Configuration] = {}
+        self.left_link_seq: dict[str, int] = {}  # of those: our last link counter there
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,

@@ -54,6 +54,7 @@ from relay.core.messages import (
     ViewRequest,
     ViewValue,
 )
+from relay.core.quorum import quorum
 from relay.core.seq import relay_of
 from relay.core.state import (
     FIRST_INCARNATION,
@@ -81,6 +82,13 @@ VIEW_DEFER_MS = 600
 # mesh (thousands of streams opened at once) answers take longer than on an idle one;
 # timers that end every round before its answers come make rounds duel for ever.
 VIEW_LAG_FACTOR = 2
+# A change of the stream's relays that waited (too few of the new relays held the history,
+# 5.15 changes) is proposed again no sooner than this: each try freezes the members for
+# a round, and what it waits for (a join, a repair) takes about as long.
+CHANGE_RETRY_MS = VIEW_ROUND_MS
+# How long a change's proposer waits for promises from relays that hold the history, past
+# the first quorum of promises: the members that promised stay frozen meanwhile.
+CHANGE_PROMISE_WAIT_MS = VIEW_ROUND_MS // 4
 BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per proposer
 
 
@@ -128,6 +136,8 @@ def forgot_acceptor(core: RelayState, stream: str) -> bool:
 
 
 def on_request(core: RelayState, st: StreamState, msg: ViewRequest, now_ms: int) -> None:
+    if st.view.number == 0 and msg.view == 1 and not forgot_acceptor(core, st.stream):
+        membership.follow(core, st, msg.config, msg.members)
     heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
     if heard is membership.Heard.LEFT:
         return
@@ -140,7 +150,16 @@ def on_request(core: RelayState, st: StreamState, msg: ViewRequest, now_ms: int)
         return
     core.send(
         answer(
-            core, st, msg.sender, msg.phase, msg.view, msg.ballot, msg.excluding, msg.value, now_ms
+            core,
+            st,
+            msg.sender,
+            msg.phase,
+            msg.view,
+            msg.ballot,
+            msg.excluding,
+            msg.value,
+            now_ms,
+            msg.moving_to,
         )
     )
 
@@ -155,9 +174,11 @@ def answer(
     excluding: tuple[int, ...],
     value: ViewValue | None,
     now_ms: int,
+    moving_to: tuple[int, ...] = (),
 ) -> ViewReply:
     """This relay's answer, as an acceptor, to `target`'s PREPARE or ACCEPT for view
-    `number` (the proposer's own acceptor answers it directly)."""
+    `number` (the proposer's own acceptor answers it directly). `moving_to`: the relays a
+    change of the stream's relays moves to (5.15 changes)."""
     acc = st.acceptor
     promise = phase is ViewPhase.PREPARE
     out_phase = ViewPhase.PROMISE if promise else ViewPhase.ACCEPTED
@@ -173,8 +194,15 @@ def answer(
         and (st.join is None or not promise)
         # A member the view admits does not promise its own cut: whoever proposes it hears
         # us (else we would not get its PREPARE), so it judged on stale word of whom we
-        # hear. The cut never needs our promise: the members staying are a quorum.
-        and not (promise and core.id in excluding and admitted(core, st))
+        # hear. The cut never needs our promise: the members staying are a quorum. (A change
+        # that removes us is no such judgement, and may need our promise: the relays
+        # staying need not be a quorum of the old ones.)
+        and not (
+            promise
+            and core.id in excluding
+            and admitted(core, st)
+            and not (moving_to and core.id not in moving_to)
+        )
         # 5.15: a relay that may have forgotten accepting a first view of other relays
         # (restarted without acceptor memory) takes no part in establishing a stream
         and not (st.config_version == PROVISIONAL and forgot_acceptor(core, st.stream))
@@ -215,12 +243,33 @@ def answer(
             reported=tl.reported,
             committed=tl.committed_point,
             entries=tuple(held),
+            holds=holds(core, st, now_ms),
         )
     return _reply(core, st, target, out_phase, number, ballot, ok=True)
 
 
 def _of_our_configuration(st: StreamState, value: ViewValue) -> bool:
-    return value.members == st.members and value.config >= st.config_version
+    """A value of our relays (an establishment or an ordinary view), or a change from our
+    established configuration to the next version (5.15 changes)."""
+    if value.members == st.members and value.config >= st.config_version:
+        return True
+    return moves(st, value) and value.config == st.config_version + 1
+
+
+def moves(st: StreamState, value: ViewValue) -> bool:
+    """Whether `value` changes the stream's established configuration (5.15 changes)."""
+    return PROVISIONAL < st.config_version < value.config
+
+
+def holds(core: RelayState, st: StreamState, now_ms: int) -> int:
+    """The point through which we hold every transaction the view counts (a promise says
+    it, 5.15 changes): our watermark, once joined and committed at or above the view's
+    lo (what is below it is committed); -1 otherwise. The value of a change made from
+    this promise cuts only members the view admits now, so we hold what it counts
+    through the same point."""
+    if st.join is not None or st.timeline.committed_point < st.view.lo:
+        return -1
+    return links.watermark(core, st, now_ms)
 
 
 def _reply(
@@ -235,6 +284,7 @@ def _reply(
     reported: int = -1,
     committed: int = -1,
     entries: tuple[Entry, ...] = (),
+    holds: int = -1,
 ) -> ViewReply:
     acc = st.acceptor
     config, members = st.configuration
@@ -256,6 +306,7 @@ def _reply(
         entries=entries,
         config=config,
         members=members,
+        holds=holds,
     )
 
 
@@ -375,8 +426,25 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         if retry_due(now_ms, prop.sent_ms, prop.resends, core.limits.repair_retry_ms + lag):
             prop.resends += 1
             _send_requests(core, st, prop, now_ms)
+        if prop.moving_to and prop.phase is ViewPhase.PREPARE:
+            _advance(core, st, prop, now_ms)  # (its wait for holders may be over)
         return
     excluding, including = wanted(core, st, now_ms)
+    moving_to: tuple[int, ...] = ()
+    if (
+        not excluding
+        and not including
+        and admitted(core, st)
+        and now_ms - st.change_deferred_ms >= CHANGE_RETRY_MS
+    ):
+        # Once the view is settled, a change of the stream's relays (5.15 changes), by
+        # the members the view admits: cutting the relays it removes.
+        moving_to = membership.wanted_change(core, st, now_ms) or ()
+        excluding = (
+            [m for m in st.members if m not in moving_to and open_interval(st.view, m) is not None]
+            if moving_to
+            else []
+        )
     acc = st.acceptor
     # Taken over when the instance stopped moving (not since the first promise: two
     # members frozen that long would otherwise outbid each other on every tick), at once
@@ -386,7 +454,7 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
     if not _proposer_gone(core, acc, now_ms):
         wait_ms += VIEW_TAKEOVER_MS + lag  # (a live proposer may just be slow)
     stalled = acc.promised >= 0 and now_ms - acc.active_ms >= wait_ms
-    if not excluding and not including and not stalled:
+    if not excluding and not including and not moving_to and not stalled:
         st.view_wanted_ms = NEVER
         return
     if st.view_wanted_ms == NEVER:
@@ -397,28 +465,39 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         return
     if stalled:
         core.counters["view_takeover"] += 1
-    elif not _could_decide(core, st, excluding, now_ms):
+    elif not _could_decide(core, st, excluding, now_ms, moving_to):
         # Too few members could promise: the proposal would only freeze those that do,
         # and hold every commit until a later one is decided. Wait until more can.
         core.counters["view_not_proposed"] += 1
         return
-    propose(core, st, tuple(excluding), tuple(including), now_ms)
+    propose(core, st, tuple(excluding), tuple(including), now_ms, moving_to)
 
 
-def _could_decide(core: RelayState, st: StreamState, excluding: list[int], now_ms: int) -> bool:
+def _could_decide(
+    core: RelayState,
+    st: StreamState,
+    excluding: list[int],
+    now_ms: int,
+    moving_to: tuple[int, ...] = (),
+) -> bool:
     """Whether enough members (`membership.to_decide`) could answer a proposal cutting
     `excluding`: we and the live members that have joined, less any it would cut that the
     view admits as they are now (they refuse their own cut, 5.12 step 2; a restarted one
     does not)."""
     able = 1
+    staying = 1 if core.id in moving_to else 0  # (a change: of the relays it keeps)
     for m in st.peers:
         peer = core.peers[m]
         if not is_live(core, peer, now_ms) or not peer.joined.get(st.stream):
             continue
         held = open_interval(st.view, m)
-        if m in excluding and held is not None and held.incarnation == peer.incarnation:
+        cut = m in excluding and held is not None and held.incarnation == peer.incarnation
+        if cut and not moving_to:  # (a change's removed relays do promise)
             continue
         able += 1
+        staying += m in moving_to
+    if moving_to and staying < quorum(len(moving_to)):
+        return False  # (its new relays' quorum must hold the history: 5.15 changes)
     # (the first view, which establishes the configuration, is decided by every member:
     # while one is not able to, a proposal would only stall in its accept phase, 5.15)
     return able >= membership.to_decide(st)
@@ -439,13 +518,17 @@ def propose(
     excluding: tuple[int, ...],
     including: tuple[Admission, ...],
     now_ms: int,
+    moving_to: tuple[int, ...] = (),
 ) -> None:
     number = st.view.number + 1
     round_ = (max(st.acceptor.promised, st.acceptor.seen, 0) >> BALLOT_ROUND_SHIFT) + 1
     ballot = (round_ << BALLOT_ROUND_SHIFT) | core.id
     prop = st.proposal = Proposal(number, ballot, excluding, including, now_ms, now_ms)
-    core.counters["view_proposed"] += 1
-    mine = answer(core, st, core.id, ViewPhase.PREPARE, number, ballot, excluding, None, now_ms)
+    prop.moving_to = moving_to
+    core.counters["config_change_proposed" if moving_to else "view_proposed"] += 1
+    mine = answer(
+        core, st, core.id, ViewPhase.PREPARE, number, ballot, excluding, None, now_ms, moving_to
+    )
     if mine.ok:
         prop.promises[core.id] = mine
     _send_requests(core, st, prop, now_ms)
@@ -473,6 +556,7 @@ def _send_requests(core: RelayState, st: StreamState, prop: Proposal, now_ms: in
                 value=prop.value if prop.phase is ViewPhase.ACCEPT else None,
                 config=config,
                 members=members,
+                moving_to=prop.moving_to,
             )
         )
 
@@ -499,9 +583,31 @@ def on_reply(core: RelayState, st: StreamState, msg: ViewReply, now_ms: int) -> 
     _advance(core, st, prop, now_ms)
 
 
+def _holders_or_done(prop: Proposal, now_ms: int) -> bool:
+    """A change (5.15 changes) is made from the promises once a quorum of its new relays
+    among them hold the history through the start, or CHANGE_PROMISE_WAIT_MS after the
+    proposal began (then it waits, `_value`): the first quorum of the old relays to
+    promise need not hold a quorum of the new ones."""
+    if not prop.moving_to or now_ms - prop.started_ms >= CHANGE_PROMISE_WAIT_MS:
+        return True
+    return _new_quorum_holds(prop)
+
+
+def _new_quorum_holds(prop: Proposal) -> bool:
+    """Whether a quorum of the relays a change moves to are among the promisers that hold
+    every transaction the view counts through the start the promises make (5.15)."""
+    start = max(p.reported for p in prop.promises.values())
+    holding = {m for m, p in prop.promises.items() if p.holds >= start}
+    return membership.complete_quorum(prop.moving_to, holding)
+
+
 def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
-    if prop.phase is ViewPhase.PREPARE and len(prop.promises) >= st.q:
-        prop.value = _value(st, prop)
+    if (
+        prop.phase is ViewPhase.PREPARE
+        and len(prop.promises) >= st.q
+        and _holders_or_done(prop, now_ms)
+    ):
+        prop.value = _value(core, st, prop)
         prop.phase = ViewPhase.ACCEPT
         prop.resends = 0
         mine = answer(
@@ -515,12 +621,13 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
         assert value is not None
         core.counters["view_decided"] += 1
         st.proposal = None
-        for m in st.peers:
+        # (a change's new relays learn it too: they join the stream under it)
+        for m in sorted({*st.peers, *value.members} - {core.id}):
             _send_decided(core, st, m, value)
         adopt(core, st, value, now_ms)
 
 
-def _value(st: StreamState, prop: Proposal) -> ViewValue:
+def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
     """The value to accept: one accepted before in this instance, else a new one. Either
     carries our configuration (5.15), established (version 1) by the first view."""
     config = max(st.config_version, 1)
@@ -534,11 +641,22 @@ def _value(st: StreamState, prop: Proposal) -> ViewValue:
             return msgspec.structs.replace(best.accepted, config=config, members=st.members)
         return best.accepted
     start = max(p.reported for p in prop.promises.values())
+    members = st.members
+    cut_now: set[int] = set(prop.excluding)
+    if prop.moving_to:
+        if _new_quorum_holds(prop):
+            config, members = st.config_version + 1, prop.moving_to
+        else:
+            # Too few of the new relays hold the history through the start (one is
+            # joining, or behind): the change waits, and this instance ends at once
+            # with the view unchanged, so that no member stays frozen for it.
+            core.counters["config_change_deferred"] += 1
+            st.change_deferred_ms = prop.started_ms
+            cut_now = set()
     # Decided history only grows: through the last view's lo every promiser of that view
     # had committed, so a promiser behind it does not pull lo back (the intervals pruned at
     # that lo would otherwise be missed by a relay applying this view from below it).
     lo = max(st.view.lo, min(p.committed for p in prop.promises.values()))
-    cut_now: set[int] = set(prop.excluding)
     intervals: list[Interval] = []
     for i in st.view.intervals:
         if i.cut < 0 and i.member in cut_now:
@@ -556,7 +674,7 @@ def _value(st: StreamState, prop: Proposal) -> ViewValue:
             if seq > lo and admits_seq(cut, relay_of(seq), seq):
                 union.setdefault(seq, (seq, tx))
     entries = tuple(union[seq] for seq in sorted(union))
-    return ViewValue(prop.number, start, lo, tuple(intervals), entries, config, st.members)
+    return ViewValue(prop.number, start, lo, tuple(intervals), entries, config, members)
 
 
 # --- learning -------------------------------------------------------------------------------
@@ -604,7 +722,8 @@ def adopt(
     provisional relay the established one, which it then follows; False if it did not
     take the view: one of another established configuration, or one that leaves it out
     of the stream."""
-    if (value.config, value.members) != (st.config_version, st.members):
+    moved = moves(st, value)
+    if not moved and (value.config, value.members) != (st.config_version, st.members):
         heard = membership.hear(core, st, source, value.config, value.members)
         if heard is membership.Heard.LEFT or heard is membership.Heard.DISAGREES:
             return False
@@ -651,6 +770,22 @@ def adopt(
             # Newly admitted: what it coordinated since is fetched from it, in case it
             # arrived before we adopted the view (and was not taken in then).
             links.refill(core, st, interval.member, interval.since, now_ms)
+    if moved:
+        # A decided change of the stream's relays (5.15 changes): from now on we count
+        # under the new ones; a relay it removed no longer serves the stream. A relay
+        # that holds the history through the change's start stands as having reported
+        # there: a later view's promise quorum of the new relays meets the quorum that
+        # decided the change with it, so that view starts at or above every point the old
+        # relays committed (their reports no longer count, and the new relays may not
+        # have reported that far).
+        if core.id in value.members and holds(core, st, now_ms) >= value.start:
+            tl.reported = max(tl.reported, value.start)
+        elif core.id not in value.members:
+            # What we coordinated that the change carried to the new relays commits
+            # there, if at all, without us: its producers hear `unknown` now and retry
+            # there (dedupe answers with the seq it committed at), not at their deadline.
+            coordinate.abandon_pending(core, st)
+        return membership.move(core, st, value.config, value.members)
     return True
 
 

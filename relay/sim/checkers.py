@@ -141,8 +141,8 @@ def _configurations(history: History) -> dict[str, dict[tuple[int, tuple[int, ..
 
 def established(history: History) -> dict[str, tuple[int, ...]]:
     """The relays of each stream's established configuration, as the relays ended with it
-    (the first by version, should they disagree: `one_configuration` says so)."""
-    return {stream: min(configs)[1] for stream, configs in _configurations(history).items()}
+    (the latest version: a change moves a stream to the next one)."""
+    return {stream: max(configs)[1] for stream, configs in _configurations(history).items()}
 
 
 def members_of(history: History, stream: str, known: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -152,11 +152,13 @@ def members_of(history: History, stream: str, known: dict[str, tuple[int, ...]])
 
 
 def one_configuration(history: History) -> list[str]:
-    """Every relay that ended with an established configuration of a stream ended with the
-    same one (5.15: two established configurations may hold two histories)."""
+    """No two relays ended with established configurations of a stream of the same version
+    and different relays (5.15: two histories). Different versions are a change that some
+    relay has not adopted (`configurations_caught_up` checks the relays that are up)."""
     out: list[str] = []
     for stream, configs in sorted(_configurations(history).items()):
-        if len(configs) > 1:
+        versions = [v for v, _ in configs]
+        if len(set(versions)) < len(versions):
             out.append(
                 f"config fork: {stream} ended established as "
                 + "; ".join(

@@ -25,6 +25,9 @@ FAULT_KINDS: tuple[str, ...] = (
     # (relay/sim/topologies.py), which may later move it back or elsewhere
     "retopology",
     "stale",  # one relay runs from the start with another topology file than the others
+    # 5.15 changes: the operator gives every relay a new topology file, one relay after
+    # another, and each reads it while it runs: the mesh changes the streams' relays
+    "reconfigure",
 )
 
 # Bounds. Offsets stay well below the core's max_clock_ahead_ms (5000): any two relays'
@@ -37,6 +40,8 @@ RETOPOLOGY_DOWN_MS = (20, 600)
 # retopology: the chance that a restart goes back to the seed's own topology (when the
 # relay is not on it), rather than onto another alternate
 RETOPOLOGY_BACK_CHANCE = 0.3
+# reconfigure: the time between two relays reading the new file
+RECONFIGURE_STAGGER_MS = (0, 200)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class FaultConfig:
     spool_full: bool = False
     retopology: bool = False
     stale: bool = False
+    reconfigure: bool = False
 
     @classmethod
     def all(cls) -> FaultConfig:

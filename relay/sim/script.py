@@ -47,6 +47,8 @@ Commands (`#` starts a comment; relays are ids, links are `A->B` or `A<->B`):
                                  queued towards a crashed relay are lost; its peers see
                                  the connection close after what it sent before
                                  (`peer_lost`), unless the link is cut
+    reload R topology SPEC ...   R reads the topology SPEC while it runs (5.15 changes:
+                                 RelayCore.reload_topology), and from then on
     skew R MS                    set R's clock offset to MS
     step R MS                    add MS to R's clock offset (a clock jump)
     show [R ...]                 per relay: the peers it hears and its watched counters;
@@ -218,6 +220,10 @@ def _configuration(config: dict[str, object], *, always: bool = False) -> str:
     out = f" config={config['version']}[{ids(relays)}]"
     if topology != relays:
         out += f" topology=[{ids(topology)}]"
+    held = config.get("change_held_by") or {}
+    assert isinstance(held, dict)
+    if held:
+        out += " change_held_by=" + ",".join(f"{p}:[{ids(m)}]" for p, m in held.items())
     if disagree:
         out += " disagree=" + ",".join(
             f"{peer}:{c['version']}[{ids(c['relays'])}]" for peer, c in disagree.items()
@@ -321,6 +327,12 @@ class Mesh:
             node.config = CoreConfig(r, topology, self.limits)
         node.incarnation += 1
         self._start(r, wiped=wiped)
+
+    def reload(self, r: int, topology: Topology) -> None:
+        if not set(topology.relay_ids) <= set(self.ids) or r not in topology.relay_ids:
+            raise ScriptError(f"a topology of relay {r} among {list(self.ids)} expected")
+        self.nodes[r].config = CoreConfig(r, topology, self.limits)
+        self.running(r).reload_topology(self.nodes[r].config)
 
     def running(self, r: int) -> RelayCore:
         core = self.nodes[r].core
@@ -495,6 +507,7 @@ class Interpreter:
             "resume": self.cmd_resume,
             "crash": self.cmd_crash,
             "restart": self.cmd_restart,
+            "reload": self.cmd_reload,
             "skew": self.cmd_skew,
             "step": self.cmd_step,
             "show": self.cmd_show,
@@ -796,6 +809,13 @@ class Interpreter:
                 raise ScriptError("expected `restart R [wiped] [topology SPEC ...]`")
             topology = _topology(rest[1:])
         self.m.restart(self.relay(args[0]), topology, wiped=wiped)
+        return []
+
+    def cmd_reload(self, args: list[str]) -> list[str]:
+        self.nargs(args, 3, 64)
+        if args[1] != "topology":
+            raise ScriptError("expected `reload R topology SPEC ...`")
+        self.m.reload(self.relay(args[0]), _topology(args[2:]))
         return []
 
     def cmd_skew(self, args: list[str]) -> list[str]:

@@ -24,7 +24,8 @@ stays to the end of the run (nothing heals), and the producers keep writing.
     roll                 every relay in turn restarts (keeping its disk) onto a topology
                          that grows one group of streams, each once the one before
                          joined every stream it serves again (5.15: a rolling
-                         reconfiguration; the streams keep their established relays)
+                         reconfiguration; once every relay runs the new file, the
+                         mesh changes the grown streams to its relays)
     stale                one relay restarts onto another topology (5.15)
 
 The checker: for every stream, the relays that are up, not stepped, hold their memory, have
@@ -116,6 +117,10 @@ class SingleFaultInfo:
     # fault struck (none: not established) and when the run ended
     configs_before: dict[str, tuple[int, ...]] = field(default_factory=dict)
     configs_after: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # stream -> the relays it must end with: those every relay's file names at the end (a
+    # roll: the mesh changes the stream to them, 5.15 changes), else those it had (one
+    # stale file changes nothing)
+    configs_wanted: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def strongly_connected(nodes: set[int], works: set[tuple[int, int]]) -> list[set[int]]:
@@ -201,31 +206,33 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
 def restart_faults(history: History, info: SingleFaultInfo) -> list[str]:
     """RESTART_FAULTS (5.15): the mesh was warm (every stream established) when the fault
     struck; every relay of the roll restarted, each joined every stream it serves again
-    within REJOIN_BOUND_MS; every stream ends with the relays it was established with,
-    each of them serving it (joined, unfenced: it kept the configuration it recorded,
-    whatever its topology says), and no relay ends with a stream held for another
+    within REJOIN_BOUND_MS; every stream ends with the relays it must (`configs_wanted`:
+    after a roll, those of the file every relay runs, to which the mesh changed it; after
+    one stale file, those it was established with, whatever that file says), each of them
+    serving it (joined, unfenced), and no relay ends with a stream held for another
     configuration (`config_mismatch`)."""
     out: list[str] = []
     for stream in sorted(info.configs_after.keys() | info.configs_before.keys()):
         before = info.configs_before.get(stream, ())
         after = info.configs_after.get(stream, ())
+        wanted = info.configs_wanted.get(stream, before)
         if not before:
             out.append(f"cold: {info.kind}: {stream} was not established when the fault struck")
-        elif after != before:
+        elif after != wanted:
             out.append(
                 f"reconfigured: {info.kind}: {stream} was established with relays "
-                f"{list(before)}, ends with {list(after)}"
+                f"{list(before)}, ends with {list(after)}, not {list(wanted)}"
             )
-        for relay in before:
+        for relay in wanted:
             rf = history.relay_finals.get(relay)
             if rf is None or not rf.up:
                 continue
             config = rf.config.get(stream, (0, ()))
-            if config[1] != before or not rf.joined.get(stream) or rf.fenced.get(stream):
+            if config[1] != wanted or not rf.joined.get(stream) or rf.fenced.get(stream):
                 out.append(
                     f"dropped: {info.kind}: relay {relay} ends with {stream} under "
                     f"{config}, joined={rf.joined.get(stream, False)}, fenced="
-                    f"{rf.fenced.get(stream, False)}; it was established with {list(before)}"
+                    f"{rf.fenced.get(stream, False)}; it must end with {list(wanted)}"
                 )
     for relay in sorted(history.relay_finals):
         for stream, (reason, waiting) in sorted(history.relay_finals[relay].stall.items()):

@@ -55,6 +55,7 @@ from relay.sim.faults import (
     MAX_SKEW_MS,
     MAX_STEP_MS,
     MAX_TOTAL_OFFSET_MS,
+    RECONFIGURE_STAGGER_MS,
     RETOPOLOGY_BACK_CHANCE,
     RETOPOLOGY_DOWN_MS,
     FaultConfig,
@@ -247,6 +248,7 @@ class World:
         self.lull_rng = random.Random(master.getrandbits(64))
         self.spool_rng = random.Random(master.getrandbits(64))  # drawn late: others unchanged
         self.config_rng = random.Random(master.getrandbits(64))  # 5.15 faults: drawn last
+        self.reconfigure_rng = random.Random(master.getrandbits(64))  # (later still)
         self.spool_stuck: set[int] = set()  # relays whose spool a single fault filled
 
         # The seed's topology: every relay's file, the clients' too, but for the relays the
@@ -276,6 +278,7 @@ class World:
             "oneways": 0,
             "clock_steps": 0,
             "retopologies": 0,
+            "reloads": 0,
         }
         if self.faults.stale:  # one relay was deployed with another file from the start
             stale = self.config_rng.choice(self.ids)
@@ -408,6 +411,14 @@ class World:
                 extra = srng.randint(*SPOOL_FULL_EXTRA_BYTES)
                 self._at(start, "spool_full", victims, extra)
                 self._at(end, "spool_free", victims)
+        if f.reconfigure:
+            rrng = self.reconfigure_rng
+            for _ in range(rrng.randint(1, per_kind)):
+                at = rrng.randint(0, span - 20)
+                topology = alternate_topology(rrng, self.topology)
+                for r in rrng.sample(self.ids, len(self.ids)):
+                    self._at(at, "reload", r, topology)
+                    at = min(at + rrng.randint(*RECONFIGURE_STAGGER_MS), span - 1)
         if f.retopology:
             crng = self.config_rng
             for _ in range(crng.randint(1, per_kind)):
@@ -490,6 +501,8 @@ class World:
                 self._at(args[0], "restart", crashed, self.nodes[crashed].epoch)
         elif kind == "retopology":
             self._apply_retopology(args[0])
+        elif kind == "reload":
+            self._reload(*args)
         elif kind == "restart":
             r, epoch = args
             node = self.nodes[r]
@@ -531,6 +544,15 @@ class World:
         self._retopologize(r, topology)
         self.stats["retopologies"] += 1
         self._at(restart_at, "restart", r, node.epoch)
+
+    def _reload(self, r: int, topology: Topology) -> None:
+        """Relay `r` reads a new topology file while it runs (5.15 changes), or at its
+        next start if it is down."""
+        node = self.nodes[r]
+        self._retopologize(r, topology)
+        self.stats["reloads"] += 1
+        if node.core is not None:
+            node.core.reload_topology(node.config)
 
     def _crash_victim(self, rng: random.Random, kind: str) -> int | None:
         """A running relay, drawn from `rng`, that `kind` may crash: None if none runs, or
@@ -661,6 +683,8 @@ class World:
         if self.rolled:
             info.configs_before = dict(self.configs_before)
             info.configs_after = {stream: self.established(stream) for stream in STREAMS}
+            if self.single == "roll" and self.roll_topology is not None and not self.roll:
+                info.configs_wanted = {s: self.roll_topology.members(s) for s in STREAMS}
         for stream in STREAMS:
             # the stream's established configuration (5.15): its topology's, unless a
             # relay that began it read another file
@@ -672,13 +696,13 @@ class World:
 
     def established(self, stream: str) -> tuple[int, ...]:
         """The relays of the stream's established configuration as the running relays know
-        it (5.15; empty while none knows one)."""
+        it (5.15; the latest version, should a change be under way; empty while none knows
+        one)."""
+        latest: tuple[int, tuple[int, ...]] = (PROVISIONAL, ())
         for node in self.nodes.values():
             if node.core is not None:
-                version, members = configuration_of(node.core, stream)
-                if version > PROVISIONAL:
-                    return members
-        return ()
+                latest = max(latest, configuration_of(node.core, stream))
+        return latest[1]
 
     def _serving(self, node: Node) -> tuple[str, ...]:
         """The simulation's streams the relay serves now: by its core's configurations,

@@ -31,24 +31,28 @@ through another relay):
                      steps it to the right time
   mix                each cycle one of the above but kill-cut, at random
   roll               docs/deploy.md section 9 as written, onto another topology each cycle:
-                     every relay in turn (a random order) is stopped with SIGTERM and started
-                     again on a file that names other relays for stream chaos.b (3 relays:
-                     relay 2 drops it; 5 relays: it grows from relays 0-2 to all five, and
-                     back), the next only once it is ready; half way through each roll a
-                     fault: kill -9 of a relay not restarted yet (3 relays: after its
-                     restart, so one is down at a time), or (5 relays) a partition of relays
-                     {0, 1} from {2, 3, 4} (the split brain of issue 47); then the roll goes on
-  stale              one relay restarted onto a topology that names other relays for chaos.b
-                     (as roll's), held, then restarted onto the right one; half way, the
-                     fault of roll (kill -9 of another relay, or the partition)
+                     every relay in turn (a random order) is given a file that names other
+                     relays for stream chaos.b (3 relays: relay 2 drops it; 5 relays: it
+                     grows from relays 0-2 to all five, and back), and made to read it, by
+                     SIGTERM and a start (even cycles) or by SIGHUP (odd ones), the next
+                     only once it is ready; half way through each roll a fault: kill -9
+                     of a relay not moved yet (3 relays: after its move, so one is down at
+                     a time), or (5 relays) a partition of relays {0, 1} from {2, 3, 4}
+                     (the split brain of issue 47); then the roll goes on, and the mesh
+                     changes chaos.b's relays to what the files name (waited for)
+  stale              one relay given that other file, held, then the right one again (by
+                     restart or SIGHUP as in roll); half way, the fault of roll (kill -9
+                     of another relay, or the partition); the relay must name the stale
+                     file in its status, and chaos.b must keep its relays
 
 Relays of the clock scenarios (and of mix) run under libfaketime (LD_PRELOAD, a per-relay
 FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) from the
 start, so the offset of a running relay can be rewritten.
 
-Relays keep their data directory (acceptor records, incarnation) across restarts, so the
-topology changes of roll and stale change no stream's relays (docs/protocol.md 5.15): the
-streams keep committing through the relays that established them, in any order.
+Each relay runs with a topology file of its own, in the scenario's directory, and keeps its
+data directory (acceptor records, incarnation) across restarts. In roll, once every relay
+read the new file, the mesh changes chaos.b's relays (docs/protocol.md 5.15 changes); in
+stale, the relay with the other file holds the change, so chaos.b keeps its relays.
 
 Printed per scenario: attempts, committed, unknown, fenced, lost, dup, phantom, divergent
 (relays and consumers), stuck (relays not joined, unfenced and caught up within
@@ -58,7 +62,10 @@ their start to their stop), recover_s (heal to the next commit: max and median) 
 rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
 which that did not happen within the settle time; the next fault then waits for it, at
 most REJOIN_MAX_S after the heal), change_s (roll and stale: the longest time one
-change of topology took, from the first restart to the last relay ready). `--json` adds
+change of topology took, from the first relay moved to chaos.b running on the relays the
+files name, every relay ready) and, for them, the longest gap per stream (each producer
+writes one stream: a stream whose relays lost their majority, chaos.b on two relays with
+one killed, stalls; the other must not). `--json` adds
 the fault times, each relay's history span, `unverified` (acknowledged writes older than
 anything any relay or live consumer still shows: without a store, a history every relay
 has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
@@ -267,11 +274,33 @@ class RelayProcesses:
         self.faketime = faketime
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
-        # the topology file each relay reads when it next starts (default `topology`)
+        # the topology file whose text each relay's own file holds (default `topology`):
+        # what it reads at its next start or SIGHUP
         self.topology_of: dict[int, Path] = {}
 
     def endpoint(self, relay: int) -> str:
         return self.config.relays[relay].client_endpoint
+
+    def own_file(self, relay: int) -> Path:
+        """The topology file relay `relay` runs with (`relay run --config`)."""
+        return self.directory / f"topology-relay-{relay}.yaml"
+
+    def give_file(self, relay: int, topology: Path) -> None:
+        """Put `topology`'s text in the relay's own file, as an operator copies a new file
+        to its host: it reads it at its next start, or at once on SIGHUP (`hang_up`)."""
+        own = self.own_file(relay)
+        temp = own.with_suffix(".tmp")
+        temp.write_text(topology.read_text(encoding="utf-8"), encoding="utf-8")
+        temp.replace(own)  # atomically: the relay never reads half a file
+        self.topology_of[relay] = topology
+
+    def config_of(self, relay: int) -> MeshConfig:
+        """The topology the relay's own file holds now."""
+        return load(self.topology_of.get(relay, self.topology))
+
+    def hang_up(self, relay: int) -> None:
+        """SIGHUP (`systemctl reload`): the relay reads its file again."""
+        self.procs[relay].send_signal(signal.SIGHUP)
 
     def clock_file(self, relay: int) -> Path:
         return self.directory / f"clock-{relay}.txt"
@@ -305,8 +334,9 @@ class RelayProcesses:
                 # turns, so its peers suspected it (wolfcw/libfaketime#503).
                 FAKETIME_FORCE_MONOTONIC_FIX="0",
             )
-        topology = self.topology_of.get(relay, self.topology)
-        argv = [sys.executable, "-m", "relay", "run", "--config", str(topology)]
+        if not self.own_file(relay).exists():
+            self.give_file(relay, self.topology_of.get(relay, self.topology))
+        argv = [sys.executable, "-m", "relay", "run", "--config", str(self.own_file(relay))]
         argv += ["--relay", str(relay), "--log-level", self.log_level]
         with open(self.directory / f"relay-{relay}.log", "ab") as out:
             self.procs[relay] = subprocess.Popen(
@@ -381,7 +411,7 @@ class RelayProcesses:
                 if status is None:
                     reasons[relay] = "no status answer"
                 else:
-                    reason = not_ready_reason(self.config, relay, status)
+                    reason = not_ready_reason(self.config_of(relay), relay, status)
                     if reason is not None:
                         reasons[relay] = reason
             if not reasons:
@@ -404,7 +434,7 @@ class RelayProcesses:
                 reason = (
                     "no status answer"
                     if status is None
-                    else not_ready_reason(self.config, relay, status)
+                    else not_ready_reason(self.config_of(relay), relay, status)
                 )
                 if reason is not None:
                     waiting[relay] = reason
@@ -681,6 +711,9 @@ class ScenarioResult:
     # since the producers started): all gaps at once is the mesh stalling, one alone is
     # a producer waiting out its request or send timeout.
     producer_gaps: dict[str, list[float]] = field(default_factory=dict)
+    # Per stream: its longest gap between acknowledgements and when it began (roll and
+    # stale: a stream whose relays lost their majority stalls, the other must not).
+    stream_gaps: dict[str, list[float]] = field(default_factory=dict)
     recover_s: float | None = None  # the longest heal-to-commit time
     recover_median_s: float | None = None
     rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
@@ -725,7 +758,9 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
         endpoints = {r: relays.endpoint(r) for r in range(options.relays)}
         for i in range(options.producers):
             order = [(i + k) % options.relays for k in range(options.relays)]
-            streams = [STREAMS[(i + k) % len(STREAMS)] for k in range(len(STREAMS))]
+            # One stream per producer (window 1): a stream that stalls holds up its own
+            # producers only, so each stream's gaps are its own.
+            streams = [STREAMS[i % len(STREAMS)]]
             producers.append(
                 ProducerThread(
                     f"{net.prefix}-{name}-p{i}", {r: endpoints[r] for r in order}, streams
@@ -835,14 +870,19 @@ def _inject_change(
     end: float,
     other: Path,
 ) -> None:
-    """roll and stale (module doc): changes of topology by restarts, one relay at a time,
-    each waited for as docs/deploy.md section 9 says, with a fault half way; until `end`."""
+    """roll and stale (module doc): changes of topology, one relay at a time, by restarts
+    and by reloads in turn, each waited for as docs/deploy.md section 9 says, with a fault
+    half way; then the wait for the mesh to change the stream's relays (or, for stale, to
+    keep them); until `end`."""
     relays = faults.relays
     ids = sorted(relays.procs)
     files = (relays.topology, other)
     onto = 1  # the file the next change moves to
     _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
-    while time.monotonic() < end:
+    for cycle in itertools.count():
+        if time.monotonic() >= end:
+            break
+        how = "SIGHUP" if cycle % 2 else "restart"
         began = time.monotonic()
         order = rng.sample(ids, len(ids)) if name == "roll" else [rng.choice(ids)]
         steps = [(relay, files[onto]) for relay in order]
@@ -851,7 +891,8 @@ def _inject_change(
         event = FaultEvent(
             name,
             f"relays {order} onto {files[onto].name}"
-            + (f", then back onto {files[0].name}" if name == "stale" else ""),
+            + (f", then back onto {files[0].name}" if name == "stale" else "")
+            + f", by {how}",
             round(began - t0, 3),
         )
         result.faults.append(event)
@@ -860,9 +901,13 @@ def _inject_change(
             if i == len(steps) // 2:
                 others = order[i:] if name == "roll" else [r for r in ids if r != order[0]]
                 _fault_half_way(options, faults, rng, result, t0, others)
-            relays.topology_of[relay] = topology
-            relays.terminate(relay)
-            relays.start(relay)
+            relays.give_file(relay, topology)
+            if how == "SIGHUP" and relays.alive(relay):
+                _reload(relays, relay, event, result)
+            else:
+                if relays.alive(relay):
+                    relays.terminate(relay)
+                relays.start(relay)
             waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
             if waiting:
                 why = _why_not_ready(waiting)
@@ -871,14 +916,71 @@ def _inject_change(
             if name == "stale" and i == 0:
                 _sleep_until(min(end, time.monotonic() + rng.uniform(*HOLD_S)))
                 _check_stale_said(relays, relay, event, result)
+        # The files agree now: the mesh changes the stream's relays to what they name.
+        target = relays.config_of(order[0]).members(CHANGED_STREAM)
+        stands = _serving_until(relays, target, time.monotonic() + REJOIN_MAX_S)
+        if stands:
+            result.problems.append(f"{event.detail}: {CHANGED_STREAM} not on {list(target)}")
+            options.log(f"           NOT changed: {stands}")
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
         event.rejoin_s = round(healed - began, 3)
         result.change_s = max(result.change_s or 0.0, event.rejoin_s)
-        options.log(f"  {event.heal_s:6.1f} s  changed in {event.rejoin_s:.2f} s")
+        options.log(
+            f"  {event.heal_s:6.1f} s  {CHANGED_STREAM} on relays {list(target)}, "
+            f"{event.rejoin_s:.2f} s after the first move"
+        )
         onto = 1 - onto if name == "roll" else 1
         _sleep_until(min(end, healed + rng.uniform(*SETTLE_S)))
     _sleep_until(end)
+
+
+def _reload(relays: RelayProcesses, relay: int, event: FaultEvent, result: ScenarioResult) -> None:
+    """SIGHUP, then wait until the relay says it read its file (its `topology_reloaded`
+    counter went up): a refusal is a problem."""
+
+    def counted(status: dict[str, Any] | None) -> tuple[int, int]:
+        counters = ((status or {}).get("node") or {}).get("counters") or {}
+        return counters.get("topology_reloaded", 0), counters.get("topology_reload_refused", 0)
+
+    before = counted(relays.statuses().get(relay))
+    relays.hang_up(relay)
+    deadline = time.monotonic() + REJOIN_MAX_S
+    while time.monotonic() < deadline:
+        now = counted(relays.statuses().get(relay))
+        if now[1] > before[1]:
+            result.problems.append(f"{event.detail}: relay {relay} refused its new file")
+            return
+        if now[0] > before[0]:
+            return
+        time.sleep(POLL_S)
+    result.problems.append(f"{event.detail}: relay {relay} did not say it read its file")
+
+
+def _serving_until(relays: RelayProcesses, target: Sequence[int], deadline: float) -> str:
+    """Wait until CHANGED_STREAM runs on exactly `target` (each of them serves it, joined
+    and unfenced, under a configuration of those relays; no other relay serves it) or
+    `deadline` passed: "" if it did, else what the last look found."""
+    found = ""
+    while time.monotonic() < deadline:
+        seen = []
+        for relay, status in sorted(relays.statuses().items()):
+            info = ((status or {}).get("streams") or {}).get(CHANGED_STREAM)
+            if relay not in target:
+                if info is not None:
+                    seen.append(f"relay {relay} still serves it")
+                continue
+            if info is None:
+                seen.append(f"relay {relay} does not serve it")
+            elif list((info.get("config") or {}).get("relays") or []) != list(target):
+                seen.append(f"relay {relay} runs it on {info['config']['relays']}")
+            elif not info.get("joined") or info.get("fenced"):
+                seen.append(f"relay {relay} not joined or fenced ({info.get('fence_reason')})")
+        found = "; ".join(seen)
+        if not found:
+            return ""
+        time.sleep(POLL_S)
+    return found or "not looked at in time"
 
 
 def _check_stale_said(
@@ -994,14 +1096,15 @@ def _converge(
             if status is None:
                 behind[relay] = f"no status answer ({relays.process_state(relay)})"
                 continue
-            reason = not_ready_reason(relays.config, relay, status)
+            reason = not_ready_reason(relays.config_of(relay), relay, status)
             if reason is not None and not _clock_outlier(relays.config, relay, status):
                 behind[relay] = reason
                 continue
             for stream, seq in target.items():
-                if relay not in relays.config.members(stream):
-                    continue  # (roll's 5-relay run: relays 3, 4 never serve chaos.b)
-                committed = status["streams"][stream].get("committed") or -1
+                info = (status.get("streams") or {}).get(stream)
+                if info is None:
+                    continue  # not served here (roll: a change took the relay off it)
+                committed = info.get("committed") or -1
                 if committed < seq:
                     behind[relay] = f"{stream} committed {committed} < {seq}"
         if not behind:
@@ -1049,11 +1152,21 @@ def _read_histories(relays: RelayProcesses, result: ScenarioResult) -> list[hist
         with lock:
             out.append(got)
 
+    statuses = relays.statuses()
+
+    def serves(relay: int, stream: str) -> bool:
+        """By the relay's own word (roll and stale: a stream's relays may have changed
+        since the start); one that does not answer is read if its file names it."""
+        status = statuses.get(relay)
+        if status is None:
+            return relay in relays.config_of(relay).members(stream)
+        return stream in (status.get("streams") or {})
+
     threads = [
         threading.Thread(target=read, args=(relay, stream), daemon=True)
         for relay in sorted(relays.procs)
         for stream in STREAMS
-        if relay in relays.config.members(stream)
+        if serves(relay, stream)
     ]
     for thread in threads:
         thread.start()
@@ -1102,14 +1215,17 @@ def _fill(
         result.problems.append(f"... {verdict.problem_count - len(verdict.problems)} more")
     acks = [a.ended_s for a in attempts if a.outcome == history.COMMITTED]
     result.max_gap_s = round(history.commit_gaps(acks, t0, t_end), 3)
-    by_producer: dict[bytes, list[float]] = {}
+    by_producer: dict[str, list[float]] = {}
+    by_stream: dict[str, list[float]] = {}
     for a in attempts:
         if a.outcome == history.COMMITTED:
-            by_producer.setdefault(a.producer_id, []).append(a.ended_s)
-    for producer_id, times in sorted(by_producer.items()):
-        points = [t0, *sorted(times), t_end]
-        begin, end = max(itertools.pairwise(points), key=lambda p: p[1] - p[0])
-        result.producer_gaps[producer_id.decode()] = [round(end - begin, 3), round(begin - t0, 3)]
+            by_producer.setdefault(a.producer_id.decode(), []).append(a.ended_s)
+            by_stream.setdefault(a.stream, []).append(a.ended_s)
+    for gaps, acked in ((result.producer_gaps, by_producer), (result.stream_gaps, by_stream)):
+        for name, times in sorted(acked.items()):
+            points = [t0, *sorted(times), t_end]
+            begin, end = max(itertools.pairwise(points), key=lambda p: p[1] - p[0])
+            gaps[name] = [round(end - begin, 3), round(begin - t0, 3)]
     heals = [t0 + f.heal_s for f in result.faults if f.heal_s is not None]
     worst, median = history.summary(history.recovery_times(heals, acks, t_end))
     result.recover_s = None if worst is None else round(worst, 3)
@@ -1215,6 +1331,15 @@ def _summary_line(r: ScenarioResult) -> str:
         f"max gap {_cell(r, 'max_gap_s')} s, "
         f"recover {_cell(r, 'recover_s')} s, rejoin {_cell(r, 'rejoin_s')} s"
         + (f", change {_cell(r, 'change_s')} s" if r.change_s is not None else "")
+        + (
+            "; longest gap per stream: "
+            + ", ".join(
+                f"{name} {gap:.2f} s at {at:.1f} s"
+                for name, (gap, at) in sorted(r.stream_gaps.items())
+            )
+            if r.change_s is not None
+            else ""
+        )
     )
 
 

@@ -1,0 +1,100 @@
+"""What a new topology file changes against the one a relay runs on, and whether the relay
+can take it while it runs (SIGHUP, docs/deploy.md section 9).
+
+A running relay takes a new file whose only changes are the streams each relay serves
+(relays' `streams`, declared `streams`): the mesh then changes the affected streams'
+relays (docs/protocol.md 5.15 changes). Anything else (relays added to or removed from
+the mesh, a relay's address, ports or key, limits, security, rights, the spool, the store,
+the data directory) is refused by name, and the relay runs on, unchanged, on its old file:
+those apply at a restart onto the new file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from relay.topology.mesh import MeshConfig, is_pattern
+
+
+@dataclass(frozen=True)
+class TopologyChange:
+    """The difference between two checked files, as one relay takes it."""
+
+    streams: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # stream -> (old, new) relays
+    served: tuple[tuple[str, ...], tuple[str, ...]]  # this relay's `streams`: (old, new)
+    declared: tuple[tuple[str, ...], tuple[str, ...]]  # the declared streams: (old, new)
+    refused: tuple[str, ...]  # what a running relay cannot take, one phrase each
+
+    @property
+    def empty(self) -> bool:
+        old_served, new_served = self.served
+        old_declared, new_declared = self.declared
+        return (
+            not self.streams
+            and not self.refused
+            and old_served == new_served
+            and old_declared == new_declared
+        )
+
+    def words(self) -> str:
+        """What the change does, on one line (the relay's log)."""
+        if self.empty:
+            return "nothing changes"
+        parts = [
+            f"{stream}: relays {_ids(old)} -> {_ids(new)}"
+            for stream, (old, new) in sorted(self.streams.items())
+        ]
+        if self.served[0] != self.served[1]:
+            parts.append(f"this relay's streams {list(self.served[0])} -> {list(self.served[1])}")
+        if self.declared[0] != self.declared[1]:
+            parts.append(f"declared streams {list(self.declared[0])} -> {list(self.declared[1])}")
+        return "; ".join(parts) if parts else "only what needs a restart"
+
+
+def _ids(relays: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(r) for r in relays) + "]" if relays else "none"
+
+
+def compare(
+    old: MeshConfig, new: MeshConfig, relay_id: int, tracked: Iterable[str] = ()
+) -> TopologyChange:
+    """What `new` changes against `old` for relay `relay_id`. The streams compared are
+    those either file names exactly or declares, and `tracked` (the streams the relay
+    has open: names that patterns admit)."""
+    refused: list[str] = []
+    if set(old.relays) != set(new.relays):
+        added = sorted(set(new.relays) - set(old.relays))
+        removed = sorted(set(old.relays) - set(new.relays))
+        what = []
+        if added:
+            what.append(f"adds relays {added}")
+        if removed:
+            what.append(f"removes relays {removed}")
+        refused.append("the mesh's relays change (" + ", ".join(what) + ")")
+    for rid in sorted(set(old.relays) & set(new.relays)):
+        before = dataclasses.replace(old.relays[rid], streams=())
+        after = dataclasses.replace(new.relays[rid], streams=())
+        for field in dataclasses.fields(before):
+            if getattr(before, field.name) != getattr(after, field.name):
+                refused.append(f"relays[{rid}].{field.name} changes")
+    for name in ("limits", "spool", "store", "security", "access", "data_dir"):
+        if getattr(old, name) != getattr(new, name):
+            refused.append(f"{name} changes")
+    names = set(old.streams) | set(new.streams) | set(tracked)
+    for spec in (*old.relays.values(), *new.relays.values()):
+        names.update(s for s in spec.streams if not is_pattern(s))
+    streams = {
+        name: (old.members(name), new.members(name))
+        for name in sorted(names)
+        if old.members(name) != new.members(name)
+    }
+    served_old = old.relays[relay_id].streams if relay_id in old.relays else ()
+    served_new = new.relays[relay_id].streams if relay_id in new.relays else ()
+    return TopologyChange(
+        streams=streams,
+        served=(served_old, served_new),
+        declared=(old.streams, new.streams),
+        refused=tuple(refused),
+    )
