@@ -952,6 +952,106 @@ def status(config_path: str, as_json: bool, timeout_s: float, key_file: str | No
     sys.exit(EXIT_CODES[doc["health"]])
 
 
+RECONFIGURE_EXIT_CODES = {"done": 0, "not done": 1, "unreachable": 2, "usage": 3}
+
+
+@main.command()
+@_config_option
+@click.option(
+    "--apply",
+    "apply_change",
+    is_flag=True,
+    help="Have every relay read its topology file again (it must hold FILE's text) and "
+    "wait for the streams' relays to change; without it, only the plan is printed.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=_Seconds(1.0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --apply: how long to wait for the mesh to make the change.",
+)
+@_key_file_option
+def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: str | None) -> None:
+    """Check a new topology file against the running mesh, say what it changes (which
+    relays each stream runs on now, which the file names, the steps the relays will
+    take), and with --apply drive the change (docs/deploy.md section 9): copy FILE to
+    every relay's host first, at the path its `relay run --config` names; each relay
+    reads it again (as on SIGHUP) and says whether it took it, and the command waits until
+    every stream runs on its new relays, printing each step.
+
+    \b
+    Exit codes:
+      0  the plan printed (nothing to do, or nothing applied), or the change made
+      1  with --apply: a relay refused the file or read another one, or the change was
+         not made within --wait
+      2  no relay answers
+      3  a usage or configuration error
+    """
+    import time
+
+    from relay.errors import ConfigError
+    from relay.launcher import query_status
+    from relay.tools.reconfigure import ask_reload, follow, plan
+    from relay.topology import load, read_text, text_digest
+
+    try:
+        new = load(config_path)
+        digest = text_digest(read_text(Path(config_path)))
+    except ConfigError as e:
+        _config_failed(e, RECONFIGURE_EXIT_CODES["usage"])
+    _warn_config(new.warnings)
+    curve = _client_curve(new, key_file, exit_code=RECONFIGURE_EXIT_CODES["usage"])
+    endpoints = {r: spec.client_endpoint for r, spec in new.relays.items()}
+    replies = query_status(endpoints, 2.0, curve)
+    answering = [r for r, reply in replies.items() if reply.reachable]
+    click.echo(
+        f"relay reconfigure: {config_path} against the running mesh "
+        f"({len(answering)} of {len(replies)} relays answer)"
+    )
+    for relay, reply in replies.items():
+        if not reply.reachable:
+            click.echo(f"  relay {relay}: {reply.error}")
+    if not answering:
+        sys.exit(RECONFIGURE_EXIT_CODES["unreachable"])
+    changes = plan(new, replies)
+    for change in changes:
+        click.echo(f"  {change.words()}")
+    if not changes:
+        click.echo("  no stream's relays change")
+    if not apply_change:
+        click.echo("nothing applied (--apply has every relay read its file again)")
+        sys.exit(RECONFIGURE_EXIT_CODES["done"])
+    began = time.monotonic()
+    failed = False
+    for answer in ask_reload(new, digest, curve):
+        if not answer.taken:
+            failed = True
+            click.echo(f"  relay {answer.relay}: refused: {answer.words}")
+        elif not answer.same_file:
+            failed = True
+            click.echo(
+                f"  relay {answer.relay}: read another file than {config_path} (copy it to "
+                f"that host first): {answer.words}"
+            )
+        else:
+            click.echo(f"  relay {answer.relay}: took the file: {answer.words}")
+    if changes:
+        click.echo(f"waiting for the relays to make the change (at most {wait_s:g} s):")
+    left = follow(new, changes, curve, began + wait_s, click.echo, began)
+    for change in left:
+        click.echo(f"  NOT done: {change.stream} is not on {list(change.target)} yet")
+    refused = [c for c in changes if c.refusal]
+    if failed or left or refused:
+        sys.exit(RECONFIGURE_EXIT_CODES["not done"])
+    click.echo(
+        f"done in {time.monotonic() - began:.1f} s: every stream runs on the relays the file names"
+    )
+    sys.exit(RECONFIGURE_EXIT_CODES["done"])
+
+
 # --- produce and consume ------------------------------------------------------------------
 
 READ_CHUNK_BYTES = 64 * 1024  # stdin is read in chunks of at most this many bytes

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -115,15 +115,19 @@ class StatusReply:
         return self.status is not None
 
 
-def query_status(
-    endpoints: Mapping[int, str], timeout_s: float = 1.0, curve: ClientCurve | None = None
-) -> dict[int, StatusReply]:
-    """Ask every relay (relay id -> client endpoint) for its status at once; each gets
-    `timeout_s` in total (`curve`: as this CurveZMQ client). Never raises for a relay that
-    is down or answers garbage."""
+def ask_relays(
+    endpoints: Mapping[int, str],
+    request: Callable[[int], wire.ClientMessage],
+    timeout_s: float = 1.0,
+    curve: ClientCurve | None = None,
+) -> dict[int, wire.ClientMessage | str]:
+    """Send every relay (relay id -> client endpoint) one request at once (`request`
+    makes it from a request id) and wait for their answers, each within `timeout_s` in
+    all (`curve`: as this CurveZMQ client): per relay the answer, or why there is none.
+    Never raises for a relay that is down or answers garbage."""
     ctx = zmq.Context()
     socks: dict[int, zmq.Socket[Any]] = {}
-    replies: dict[int, StatusReply] = {}
+    answers: dict[int, wire.ClientMessage | str] = {}
     request_ids: dict[int, int] = {}
     try:
         poller = zmq.Poller()
@@ -139,57 +143,63 @@ def query_status(
             try:
                 sock.connect(endpoint)
                 request_ids[relay_id] = n + 1
-                sock.send(wire.encode(wire.StatusReq(n + 1)), zmq.NOBLOCK)
+                sock.send(wire.encode(request(n + 1)), zmq.NOBLOCK)
             except zmq.ZMQError as e:
-                replies[relay_id] = StatusReply(relay_id, endpoint, None, f"cannot send: {e}")
+                answers[relay_id] = f"cannot send: {e}"
                 continue
             poller.register(sock, zmq.POLLIN)
         by_sock = {id(s): r for r, s in socks.items()}
         deadline = time.monotonic() + timeout_s
-        while len(replies) < len(endpoints):
+        while len(answers) < len(endpoints):
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
             for sock, _ in poller.poll(left_ms):
                 relay_id = by_sock[id(sock)]
-                endpoint = endpoints[relay_id]
                 try:
                     frame = sock.recv(zmq.NOBLOCK)
                 except zmq.ZMQError:
                     continue
-                reply = _status_reply(relay_id, endpoint, request_ids[relay_id], frame)
-                if reply is not None:
-                    replies[relay_id] = reply
-                    poller.unregister(sock)
-        for relay_id, endpoint in endpoints.items():
-            if relay_id not in replies:
-                replies[relay_id] = StatusReply(
-                    relay_id, endpoint, None, f"no answer within {timeout_s:g} s"
-                )
+                try:
+                    msg = wire.decode(frame, MAX_STATUS_BYTES)
+                except Exception as e:
+                    answers[relay_id] = f"bad answer: {e}"
+                else:
+                    if msg.request_id != request_ids[relay_id]:
+                        continue  # not ours; keep waiting
+                    answers[relay_id] = msg
+                poller.unregister(sock)
+        for relay_id in endpoints:
+            if relay_id not in answers:
+                answers[relay_id] = f"no answer within {timeout_s:g} s"
     finally:
         for sock in socks.values():
             sock.close(linger=0)
         ctx.term()
-    return dict(sorted(replies.items()))
+    return dict(sorted(answers.items()))
 
 
-def _status_reply(
-    relay_id: int, endpoint: str, request_id: int, frame: bytes
-) -> StatusReply | None:
-    try:
-        msg = wire.decode(frame, MAX_STATUS_BYTES)
-    except Exception as e:
-        return StatusReply(relay_id, endpoint, None, f"bad answer: {e}")
-    if msg.request_id != request_id:
-        return None  # not ours; keep waiting
-    if isinstance(msg, wire.ErrorResp):
+def query_status(
+    endpoints: Mapping[int, str], timeout_s: float = 1.0, curve: ClientCurve | None = None
+) -> dict[int, StatusReply]:
+    """Ask every relay (relay id -> client endpoint) for its status at once; each gets
+    `timeout_s` in total (`curve`: as this CurveZMQ client). Never raises for a relay that
+    is down or answers garbage."""
+    answers = ask_relays(endpoints, wire.StatusReq, timeout_s, curve)
+    return {r: _status_reply(r, endpoints[r], answer) for r, answer in answers.items()}
+
+
+def _status_reply(relay_id: int, endpoint: str, answer: wire.ClientMessage | str) -> StatusReply:
+    if isinstance(answer, str):
+        return StatusReply(relay_id, endpoint, None, answer)
+    if isinstance(answer, wire.ErrorResp):
         return StatusReply(
-            relay_id, endpoint, None, f"refused: {msg.error}: {msg.message}", refused=True
+            relay_id, endpoint, None, f"refused: {answer.error}: {answer.message}", refused=True
         )
-    if not isinstance(msg, wire.StatusResp):
-        return StatusReply(relay_id, endpoint, None, f"unexpected {type(msg).__name__}")
+    if not isinstance(answer, wire.StatusResp):
+        return StatusReply(relay_id, endpoint, None, f"unexpected {type(answer).__name__}")
     try:
-        status = json.loads(msg.status_json)
+        status = json.loads(answer.status_json)
     except ValueError as e:
         return StatusReply(relay_id, endpoint, None, f"status is not JSON: {e}")
     if not isinstance(status, dict):

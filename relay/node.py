@@ -484,6 +484,7 @@ class RelayNode:
             access=self.config.access if self._identity is not None else None,
             unread=self._unread_bytes,
             clock=time.perf_counter,
+            reload=self.reload_answer,
         )
         # The metadata view's transfer from a peer when this relay joined above its
         # genesis (relay/metasync.py, docs/metadata.md 3).
@@ -1048,37 +1049,49 @@ class RelayNode:
         checked, or that changes what only a restart applies, is refused with one line
         naming why, and the relay runs on as before. Returns the change taken, None if
         the file was refused."""
-        from relay.topology import load
+        return self._reload_file()[0]
+
+    def reload_answer(self) -> tuple[bool, str, bytes]:
+        """A ReloadReq (relay/service.py): `reload`, answered with whether the file was
+        taken, what it changes or why it was refused, and the digest of the text read."""
+        change, words, digest = self._reload_file()
+        return change is not None, words, digest
+
+    def _reload_file(self) -> tuple[TopologyChange | None, str, bytes]:
+        from relay.topology import load_text, read_text, text_digest
         from relay.topology.change import compare
 
         path = self.config.path
+        digest = b""
         try:
-            new = load(path)
+            text = read_text(path)
+            digest = text_digest(text)
+            new = load_text(text, path)
             core_config = new.core_config(self.id)
         except ConfigError as e:
-            self._refuse_reload(str(e))
-            return None
+            return None, self._refuse_reload(str(e)), digest
         change = compare(self.config, new, self.id, self.core.stream_names())
         if change.refused:
             refused = "; ".join(change.refused)
-            self._refuse_reload(f"{path}: {refused} (these apply only at a restart)")
-            return None
+            why = f"{path}: {refused} (these apply only at a restart)"
+            return None, self._refuse_reload(why), digest
         self.core.reload_topology(core_config)
         self.config = new
         self.spec = new.relays[self.id]
         if self._sockets is not None:
             self._subscribe_new(self._sockets)
         self.counters["topology_reloaded"] += 1
+        words = change.words()
         log.warning(
             "relay=%d reloaded %s: %s",
             self.id,
             path,
-            change.words(),
-            extra={"relay": self.id, "reload": change.words(), STATE_CHANGE: True},
+            words,
+            extra={"relay": self.id, "reload": words, STATE_CHANGE: True},
         )
-        return change
+        return change, words, digest
 
-    def _refuse_reload(self, why: str) -> None:
+    def _refuse_reload(self, why: str) -> str:
         self.counters["topology_reload_refused"] += 1
         log.error(
             "relay=%d reload refused, running on as before: %s",
@@ -1086,6 +1099,7 @@ class RelayNode:
             why,
             extra={"relay": self.id, "reload_refused": why, STATE_CHANGE: True},
         )
+        return why
 
     # --- the loop -----------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ links, so the simulated clients talk to the same code as real ones.
     shell's socket still queues for it) gets an ErrorResp "SlowConsumer" instead of
     entries, so a reader that does not read costs a relay a bounded amount of memory.
   - StatusReq: the relay's status as JSON.
+  - ReloadReq: read the topology file again, as on SIGHUP (`reload`), and say what it did.
   - StreamsReq: the streams this relay serves matching a pattern (those the client may
     consume), for a consumer of a pattern.
   A request that would open a stream (a new name of a pattern this relay serves) counts
@@ -27,7 +28,7 @@ links, so the simulated clients talk to the same code as real ones.
   With an access policy (CurveZMQ on: relay/access.py, docs/security.md) each request is
   first checked against the rights of the client named with it: a produce needs `produce`
   on its stream and a producer id of the client's own (else it is rejected,
-  `not_authorized`), a read `consume` on its stream, a status request `admin` (else an
+  `not_authorized`), a read `consume` on its stream, a status or reload request `admin` (else an
   ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`). The
   metadata stream is guarded by key: a metadata operation produced to it, and a MetaReq
   get, need `metadata` on the key; a list shows only such keys; a StreamsReq lists only
@@ -95,6 +96,8 @@ Envelope = list[bytes]  # how the shell addresses a client; [0] identifies it
 SendFn = Callable[[Envelope, bytes], bool]  # False: the response could not be sent
 WarnFn = Callable[..., None]  # (counter name, message, *args): a rate-limited warning
 StatusFn = Callable[[], dict[str, object]]
+# Read the topology file again (RelayNode.reload_answer): (taken, words, file digest).
+ReloadFn = Callable[[], tuple[bool, str, bytes]]
 UnreadFn = Callable[[bytes], int]
 
 ClockFn = Callable[[], float]  # seconds of a monotonic clock (produce latency)
@@ -128,6 +131,7 @@ class ClientService:
         access: AccessPolicy | None = None,
         unread: UnreadFn | None = None,
         clock: ClockFn | None = None,
+        reload: ReloadFn | None = None,
     ) -> None:
         """`members`: the relays serving a stream (`RelayCore.members`: by its
         configuration). `access`: the rights of identified clients (None: clients are not
@@ -135,7 +139,9 @@ class ClientService:
         still queues for a client (by its envelope's first part; None: the shell queues
         none).
         `clock`: the shell's monotonic clock in seconds, read once per produce frame and
-        once per batch of answers for the produce-latency histogram (None: not measured)."""
+        once per batch of answers for the produce-latency histogram (None: not measured).
+        `reload`: what a ReloadReq does (None: the relay reads no topology file, as in the
+        simulator; the request is answered as refused)."""
         self.core = core
         self._access = access
         self._unread = unread
@@ -149,6 +155,7 @@ class ClientService:
         self.counters = counters  # shared with the shell's own counters
         self._send = send
         self._status = status
+        self._reload = reload
         self._warn = warn
         self._relay_id = relay_id
         self.request_limit = wire.request_frame_limit(limits)
@@ -236,6 +243,17 @@ class ClientService:
                 return
             body = json.dumps(self._status(), default=str, sort_keys=True).encode()
             self._respond(envelope, wire.StatusResp(msg.request_id, body))
+        elif isinstance(msg, wire.ReloadReq):
+            denied = self._denied(client, Right.ADMIN)
+            if denied:
+                self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))
+                return
+            self.counters["reload_requests"] += 1
+            taken, words, digest = (
+                self._reload() if self._reload is not None else (False, "no topology file", b"")
+            )
+            words = words[: wire.MAX_TEXT_CHARS]
+            self._respond(envelope, wire.ReloadResp(msg.request_id, taken, words, digest))
         else:  # a response type sent as a request
             self.counters["client_frame_invalid"] += 1
             self.counters["client_not_a_request"] += 1

@@ -84,6 +84,15 @@ Requests (client -> relay) and their answers:
         are listed; internal streams (named `_relay.` ...) only for a pattern that starts
         with `_relay.`. A consumer of a pattern asks every relay and reads the union.
 
+    ReloadReq   [14, request_id]
+    ReloadResp  [15, request_id, taken, words, file_digest]
+        The relay reads its topology file again, as on SIGHUP (docs/deploy.md section 9;
+        the admin right). taken: bool, whether it took the file (only a change of which
+        relays serve which streams is taken while it runs); words: what the file changes,
+        or why it was refused (at most MAX_TEXT_CHARS); file_digest: the SHA-256 of the
+        file's bytes as the relay read them (32 bytes; empty if it could not read it), so
+        `relay reconfigure` can tell a relay that read another file than the operator's.
+
     ErrorResp   [7, request_id, error, message]
         The relay could not accept a frame: error is the name of the relay.errors class
         ("MalformedFrame", "FieldError", "OversizedFrame", "UnknownMessageType"; for a read
@@ -154,6 +163,8 @@ __all__ = [
     "ProduceResp",
     "ReadReq",
     "ReadResp",
+    "ReloadReq",
+    "ReloadResp",
     "StatusReq",
     "StatusResp",
     "StreamsReq",
@@ -310,6 +321,22 @@ class MetaResp:
 
 
 @dataclass(frozen=True, slots=True)
+class ReloadReq:
+    request_id: int
+
+
+FILE_DIGEST_BYTES = 32  # SHA-256
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResp:
+    request_id: int
+    taken: bool
+    words: str
+    file_digest: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
 class StreamsReq:
     request_id: int
     pattern: str
@@ -335,6 +362,8 @@ ClientMessage = (
     | MetaResp
     | StreamsReq
     | StreamsResp
+    | ReloadReq
+    | ReloadResp
 )
 
 TYPE_CODES: dict[type, int] = {
@@ -351,6 +380,8 @@ TYPE_CODES: dict[type, int] = {
     MetaResp: 11,
     StreamsReq: 12,
     StreamsResp: 13,
+    ReloadReq: 14,
+    ReloadResp: 15,
 }
 
 
@@ -414,6 +445,10 @@ def encode(msg: ClientMessage) -> bytes:
         body = (12, msg.request_id, msg.pattern)
     elif isinstance(msg, StreamsResp):
         body = (13, msg.request_id, msg.streams)
+    elif isinstance(msg, ReloadReq):
+        body = (14, msg.request_id)
+    elif isinstance(msg, ReloadResp):
+        body = (15, msg.request_id, msg.taken, msg.words, msg.file_digest)
     else:
         raise TypeError(f"not a client message: {type(msg).__name__}")
     return codec.ENCODER.encode(body)
@@ -690,6 +725,21 @@ def _dec_streams_resp(a: list[Any]) -> StreamsResp:
     )
 
 
+def _dec_reload_req(a: list[Any]) -> ReloadReq:
+    return ReloadReq(u63(a[1], "ReloadReq.request_id"))
+
+
+def _dec_reload_resp(a: list[Any]) -> ReloadResp:
+    if type(a[2]) is not bool:
+        _bad("ReloadResp.taken", "bool", a[2])
+    digest = _bytes(a[4], "ReloadResp.file_digest")
+    if len(digest) not in (0, FILE_DIGEST_BYTES):
+        _bad("ReloadResp.file_digest", f"0 or {FILE_DIGEST_BYTES} bytes", f"{len(digest)} bytes")
+    return ReloadResp(
+        u63(a[1], "ReloadResp.request_id"), a[2], _text(a[3], "ReloadResp.words"), digest
+    )
+
+
 # --- the hot frames, decoded in C (codec.decode_with) --------------------------------------
 
 _Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
@@ -769,6 +819,8 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Any]]] = {
     11: ("MetaResp", 8, _dec_meta_resp),
     12: ("StreamsReq", 3, _dec_streams_req),
     13: ("StreamsResp", 3, _dec_streams_resp),
+    14: ("ReloadReq", 2, _dec_reload_req),
+    15: ("ReloadResp", 5, _dec_reload_resp),
 }
 
 

@@ -19,6 +19,8 @@ import functools
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 import zmq
 
 from relay import wire
@@ -938,3 +941,63 @@ def read_from(relays: Mapping[int, str], stream: str, after: int, last: int) -> 
             if record.seq >= last:
                 break
     return records
+
+
+def reconfigure(path: Path, *args: str) -> tuple[int, str]:
+    """`relay reconfigure --config PATH ARGS` as an operator runs it: (exit code, output)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "relay", "reconfigure", "--config", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=CHANGE_S + 60,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_relay_reconfigure_plans_checks_and_drives_a_change(harness: Harness) -> None:
+    """`relay reconfigure --config NEW.yaml` says what NEW.yaml changes and changes nothing;
+    with --apply before NEW.yaml was copied to the relays it names every relay that read
+    another file (exit 1); once copied it drives the change (exit 0) and the stream runs on
+    the new relays; a file that changes limits is refused by every relay, by name (exit 1),
+    and nothing changes."""
+    mesh = harness.mesh([[STREAM, AUDIT]] * 3 + [[AUDIT]])
+    path = mesh.config_path
+    pump = harness.pump(topology=path)
+    pump.wait_for(10)
+    new = path.with_name("new.yaml")
+    new.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    resubscribe(new, {3: [STREAM, AUDIT]})
+
+    code, out = reconfigure(new)
+    assert code == 0, out
+    assert (
+        f"{STREAM}: relays 0, 1, 2 (configuration 1) -> relays 0, 1, 2, 3: adds relays 3 (1 step)"
+    ) in out, out
+    assert "nothing applied" in out, out
+    code, out = reconfigure(new, "--apply", "--wait", "2")
+    assert code == 1, out
+    for relay_id in mesh.relay_ids:
+        assert f"relay {relay_id}: read another file than {new}" in out, out
+    assert ((mesh.status(0) or {})["streams"][STREAM]["config"]["relays"]) == [0, 1, 2]
+
+    path.write_text(new.read_text(encoding="utf-8"), encoding="utf-8")  # copied to the hosts
+    code, out = reconfigure(path, "--apply")
+    assert code == 0, out
+    assert f"{STREAM}: on relays 0, 1, 2, 3 (configuration 2) after" in out, out
+    assert "done in" in out, out
+    wait_stream_on(mesh, STREAM, (0, 1, 2, 3))
+    pump.wait_for(pump.count() + 20)
+
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc["limits"] = {**(doc.get("limits") or {}), "max_tx_bytes": 1000}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    code, out = reconfigure(path, "--apply", "--wait", "2")
+    assert code == 1, out
+    for relay_id in mesh.relay_ids:
+        assert f"relay {relay_id}: refused: {path}: limits changes" in out, out
+    pump.wait_for(pump.count() + 20)  # the relays run on
+    pump.stop()
+    last = max(seq for _, seq in pump.committed)
+    records, _ = read_until(clients(mesh, 0), STREAM, last)
+    check_acknowledged(records, pump)

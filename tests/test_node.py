@@ -223,6 +223,9 @@ def test_wire_round_trip_and_garbage() -> None:
         wire.StatusReq(8),
         wire.StatusResp(9, b"{}"),
         wire.ErrorResp(-1, "MalformedFrame", "bad"),
+        wire.ReloadReq(10),
+        wire.ReloadResp(11, True, "orders: relays [0, 1] -> [0, 1, 2]", b"d" * 32),
+        wire.ReloadResp(12, False, "cannot read the topology", b""),
     ]
     for msg in messages:
         frame = wire.encode(msg)
@@ -243,6 +246,8 @@ def test_wire_round_trip_and_garbage() -> None:
         msgpack.packb([3, 1, "s", -1, 1, 10**9]),  # wait_ms too long
         msgpack.packb([5, 1, 2]),  # wrong length
         msgpack.packb([99, 1]),  # unknown type
+        msgpack.packb([15, 1, 1, "w", b""]),  # taken not a bool
+        msgpack.packb([15, 1, True, "w", b"short"]),  # a digest of neither 0 nor 32 bytes
         msgpack.packb({"a": 1}),
         msgpack.packb([5, 1]) + b"\x00",  # trailing data
     ]

@@ -80,6 +80,7 @@ module loads a topology through them.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from relay.errors import ConfigError
@@ -109,8 +110,11 @@ __all__ = [
     "is_ipv6",
     "is_pattern",
     "load",
+    "load_text",
     "loads",
     "pattern_refusal",
+    "read_text",
+    "text_digest",
 ]
 
 
@@ -124,10 +128,16 @@ def load(path: str | Path) -> MeshConfig:
     taken from the cache of checked topologies (relay/topology/cache.py): checking imports
     pydantic and builds its models, most of what a short command like `relay status`
     would spend."""
+    file = Path(path)
+    return load_text(read_text(file), file)
+
+
+def load_text(text: str, path: str | Path) -> MeshConfig:
+    """Check the text of the topology file at `path` (as `read_text` gave it), through the
+    cache of checked topologies as `load` does."""
     from relay.topology import cache
 
     file = Path(path)
-    text = _read(file)
     key = cache.key(file, text)
     config = cache.recall(file, key)
     if config is None:
@@ -143,7 +153,14 @@ def loads(text: str, path: str | Path = "<string>") -> MeshConfig:
     return check(text, Path(path))
 
 
-def _read(file: Path) -> str:
+def text_digest(text: str) -> bytes:
+    """The SHA-256 of a topology file's text (UTF-8): which file a relay read
+    (wire.ReloadResp), compared with the operator's by `relay reconfigure`."""
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def read_text(file: Path) -> str:
+    """A topology file's text; ConfigError naming the file if it cannot be read."""
     try:
         return file.read_text(encoding="utf-8")
     except FileNotFoundError:
