@@ -1075,7 +1075,18 @@ class RelayNode:
             refused = "; ".join(change.refused)
             why = f"{path}: {refused} (these apply only at a restart)"
             return None, self._refuse_reload(why), digest
+        clients = None
+        if change.clients and self._identity is not None:
+            try:  # the clients' public keys, inline or in keys_dir: all found, or nothing
+                clients = KeyRing(new).client_names()
+            except ConfigError as e:
+                return None, self._refuse_reload(str(e)), digest
         self.core.reload_topology(core_config)
+        if clients is not None:
+            # The handshakes from now on (the ZAP thread reads the entry), and the rights
+            # of every request.
+            self._allowed[CLIENT_DOMAIN] = clients
+            self.clients.set_access(new.access)
         self.config = new
         self.spec = new.relays[self.id]
         if self._sockets is not None:

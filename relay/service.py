@@ -260,6 +260,11 @@ class ClientService:
             wrong = MalformedFrame(f"{type(msg).__name__} is not a request")
             self.refuse(envelope, msg.request_id, wrong)
 
+    def set_access(self, access: AccessPolicy | None) -> None:
+        """Clients' rights from a reloaded topology: every request from now on is checked
+        against them (a request under way keeps the answer it had)."""
+        self._access = access
+
     def refuse(self, envelope: Envelope, request_id: int, error: FrameError) -> None:
         """Answer a frame that is not a valid request with an ErrorResp naming why."""
         name = type(error).__name__

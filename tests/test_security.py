@@ -439,3 +439,53 @@ def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
     )
     assert verify.returncode == 1, verify
     assert "NotAuthorized: client 'reader' has no admin right" in verify.stderr
+
+
+def test_rights_changed_in_the_file_apply_on_reload_without_a_restart(tmp_path: Path) -> None:
+    """docs/deploy.md section 9: rights are edited in the topology file and the relays
+    read it again (`relay reconfigure --apply`, as admin): from then on `reader` may
+    produce to audit, which it could not; taking the right away again refuses its next
+    produce by name. No relay restarts."""
+    import yaml
+
+    path = write_loopback_topology(
+        tmp_path, {r: ["orders.*", "audit"] for r in range(3)}, [STREAM, "audit"], access=ACCESS
+    )
+    mesh = Mesh(path, log_level="warning", log_dir=tmp_path / "logs")
+    try:
+        mesh.start(timeout_s=START_TIMEOUT_S)
+        pids = dict(mesh.pids)
+        reader, admin = key_file(mesh, "reader"), key_file(mesh, "admin")
+
+        def reader_produces() -> int:
+            with Producer(topology=mesh.config, key_file=reader, send_timeout_s=60) as producer:
+                return producer.send("audit", b"by reader")
+
+        def grant(produce: list[str]) -> None:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            doc["access"]["reader"]["produce"] = produce
+            path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+            command = [sys.executable, "-m", "relay", "reconfigure", "--config", str(path)]
+            done = subprocess.run(
+                [*command, "--apply", "--key-file", str(admin)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            for relay_id in range(3):
+                assert f"relay {relay_id}: took the file: rights of clients ['reader']" in (
+                    done.stdout
+                ), done.stdout
+
+        with pytest.raises(NotAuthorized, match="no produce right on stream 'audit'"):
+            reader_produces()
+        grant(["audit"])
+        assert reader_produces() > 0
+        grant([])
+        with pytest.raises(NotAuthorized, match="no produce right on stream 'audit'"):
+            reader_produces()
+        assert mesh.pids == pids  # nothing restarted
+    finally:
+        mesh.stop()

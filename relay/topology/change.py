@@ -2,11 +2,12 @@
 can take it while it runs (SIGHUP, docs/deploy.md section 9).
 
 A running relay takes a new file whose only changes are the streams each relay serves
-(relays' `streams`, declared `streams`): the mesh then changes the affected streams'
-relays (docs/protocol.md 5.15 changes). Anything else (relays added to or removed from
-the mesh, a relay's address, ports or key, limits, security, rights, the spool, the store,
-the data directory) is refused by name, and the relay runs on, unchanged, on its old file:
-those apply at a restart onto the new file.
+(relays' `streams`, declared `streams`), for which the mesh then changes the affected
+streams' relays (docs/protocol.md 5.15 changes), and clients' rights and keys (`access`),
+which apply to each request from then on. Anything else (relays added to or removed from
+the mesh, a relay's address, ports or key, limits, security settings, the spool, the
+store, the data directory) is refused by name, and the relay runs on, unchanged, on its
+old file: those apply at a restart onto the new file.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class TopologyChange:
     streams: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # stream -> (old, new) relays
     served: tuple[tuple[str, ...], tuple[str, ...]]  # this relay's `streams`: (old, new)
     declared: tuple[tuple[str, ...], tuple[str, ...]]  # the declared streams: (old, new)
+    clients: tuple[str, ...]  # the clients whose rights or keys change (added, removed too)
     refused: tuple[str, ...]  # what a running relay cannot take, one phrase each
 
     @property
@@ -33,6 +35,7 @@ class TopologyChange:
         old_declared, new_declared = self.declared
         return (
             not self.streams
+            and not self.clients
             and not self.refused
             and old_served == new_served
             and old_declared == new_declared
@@ -50,6 +53,8 @@ class TopologyChange:
             parts.append(f"this relay's streams {list(self.served[0])} -> {list(self.served[1])}")
         if self.declared[0] != self.declared[1]:
             parts.append(f"declared streams {list(self.declared[0])} -> {list(self.declared[1])}")
+        if self.clients:
+            parts.append(f"rights of clients {list(self.clients)}")
         return "; ".join(parts) if parts else "only what needs a restart"
 
 
@@ -79,7 +84,7 @@ def compare(
         for field in dataclasses.fields(before):
             if getattr(before, field.name) != getattr(after, field.name):
                 refused.append(f"relays[{rid}].{field.name} changes")
-    for name in ("limits", "spool", "store", "security", "access", "data_dir"):
+    for name in ("limits", "spool", "store", "security", "data_dir"):
         if getattr(old, name) != getattr(new, name):
             refused.append(f"{name} changes")
     names = set(old.streams) | set(new.streams) | set(tracked)
@@ -96,5 +101,12 @@ def compare(
         streams=streams,
         served=(served_old, served_new),
         declared=(old.streams, new.streams),
+        clients=tuple(
+            sorted(
+                name
+                for name in set(old.access.clients) | set(new.access.clients)
+                if old.access.clients.get(name) != new.access.clients.get(name)
+            )
+        ),
         refused=tuple(refused),
     )
