@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
-from relay import __version__
+from relay import __version__, peerprotocol
 from relay.acceptors import AcceptorFiles
 from relay.core import (
     FED_TICK_MS,
@@ -502,6 +502,11 @@ class RelayNode:
         self._reload_wanted = False  # SIGHUP came: read the topology file again (`reload`)
         self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
         self._readmitted = 0  # the core's `config_readmitted` when last subscribed
+        # Peers' protocol announcements (relay/peerprotocol.py), those with no protocol in
+        # common (their frames are dropped unread), and when this relay last announced.
+        self._peer_protocols: dict[int, peerprotocol.Announcement] = {}
+        self._incompatible: set[int] = set()
+        self._announced_ms = -peerprotocol.ANNOUNCE_MS
         # Whether the node is the only task of its event loop (looked at every STATE_LOG_MS):
         # then it waits in zmq_poll, else through the loop.
         self._alone_in_loop = False
@@ -598,6 +603,11 @@ class RelayNode:
             "curve": self._identity is not None,
             "handshakes_refused": self._handshakes_refused(),
             "counters": dict(self.counters),
+            "protocol": {
+                "version": peerprotocol.PROTOCOL_VERSION,
+                "speaks": list(peerprotocol.SPEAKS),
+            },
+            "peer_protocols": self._peer_protocol_status(),
             # For the metrics and the status page (relay/metrics.py, relay/page.html).
             "version": __version__,
             "wall_ms": wall_ms(),
@@ -980,7 +990,7 @@ class RelayNode:
     def _subscriptions(self) -> list[bytes]:
         prefixes = [subscription_prefix(p) for p in self.spec.streams]
         prefixes += [stream_topic(stream) for stream in self._recorded_streams]
-        prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC]
+        prefixes += [direct_topic(self.id), HEARTBEAT_TOPIC, peerprotocol.TOPIC]
         return list(dict.fromkeys(prefixes))
 
     def _subscribe_new(self, socks: _Sockets) -> None:
@@ -1248,6 +1258,7 @@ class RelayNode:
             self._count_client_connections()
             self._alone_in_loop = len(asyncio.all_tasks()) == 1
             self._watch_streams()
+            self._announce(socks, mono)
             readmitted = self.core.counters.get("config_readmitted", 0)
             if readmitted != self._readmitted:
                 self._readmitted = readmitted  # streams the relay was added to: subscribe
@@ -1334,6 +1345,12 @@ class RelayNode:
                     len(parts),
                 )
                 continue
+            if parts[0].startswith(peerprotocol.TOPIC):
+                self._on_announcement(relay, parts[0][len(peerprotocol.TOPIC) :])
+                continue
+            if relay in self._incompatible:
+                self.counters["peer_frames_other_protocol"] += 1
+                continue
             frame = strip_topic(parts[0])
             if frame is None:
                 self.counters["peer_bad_topic"] += 1
@@ -1352,6 +1369,62 @@ class RelayNode:
                     self._take_peer_frame(one, relay, now, mono)
             else:
                 self._take_peer_frame(frame, relay, now, mono)
+
+    def _on_announcement(self, relay: int, frame: bytes) -> None:
+        """A peer's protocol announcement (relay/peerprotocol.py): kept for the status; a
+        peer with no protocol in common is named once, and its other frames dropped
+        until it announces one this relay speaks."""
+        try:
+            heard = peerprotocol.parse(frame)
+        except ValueError as e:
+            self.counters["peer_bad_announcement"] += 1
+            self._warn("peer_bad_announcement", "relay=%d bad announcement: %s", self.id, e)
+            return
+        if heard.relay != relay:
+            self.counters["peer_sender_mismatch"] += 1
+            return
+        self._peer_protocols[relay] = heard
+        fits = heard.compatible()
+        if not fits and relay not in self._incompatible:
+            self._incompatible.add(relay)
+            self.counters["peer_protocol_mismatch"] += 1
+            log.error(
+                "relay=%d %s",
+                self.id,
+                peerprotocol.mismatch_words(heard),
+                extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+            )
+        elif fits and relay in self._incompatible:
+            self._incompatible.discard(relay)
+            log.warning(
+                "relay=%d relay %d speaks peer protocol %d now: its frames are taken again",
+                self.id,
+                relay,
+                heard.protocol,
+                extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+            )
+
+    def _announce(self, socks: _Sockets, mono: int) -> None:
+        """Every ANNOUNCE_MS, the protocol this relay speaks, to every peer."""
+        if mono - self._announced_ms < peerprotocol.ANNOUNCE_MS:
+            return
+        self._announced_ms = mono
+        try:
+            socks.pub.send(peerprotocol.TOPIC + peerprotocol.announcement(self.id), _NOBLOCK)
+        except zmq.ZMQError as e:
+            self.counters["publish_dropped"] += 1
+            self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
+
+    def _peer_protocol_status(self) -> dict[str, object]:
+        return {
+            str(relay): {
+                "protocol": heard.protocol,
+                "speaks": list(heard.speaks),
+                "release": heard.release,
+                "problem": "" if heard.compatible() else peerprotocol.mismatch_words(heard),
+            }
+            for relay, heard in sorted(self._peer_protocols.items())
+        }
 
     def _take_peer_frame(self, frame: bytes, relay: int, now: int, mono: int) -> None:
         if self._trace is not None:

@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("node", "client", "launcher", "storecmd", "sim"),
     ("incarnation", "hoptrace", "loop", "storerun", "opsserver"),
     ("service", "engines", "spool", "sockets", "acceptors", "security", "zap", "metasync"),
+    ("peerprotocol",),
     ("wire", "topology", "logs"),
     ("store",),  # the topology names the store's location (relay.store.location)
     ("segment", "access", "meta", "seqtext", "metrics", "produce_metrics", "streamhealth"),

@@ -906,3 +906,79 @@ def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
 
     with caplog.at_level("WARNING", logger="relay.node"):
         asyncio.run(scenario())
+
+
+# --- peer protocol versions (relay/peerprotocol.py) ----------------------------------------
+
+
+def test_a_peer_of_another_protocol_is_named_and_its_frames_are_dropped_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Relay 2 hears relay 1 announce the protocol it speaks, and (from a PUB at relay 3's
+    endpoint: relay 3 does not run) a relay 3 that speaks only protocol 99: it names both
+    versions once in its log and in its status, `relay status` names it as a problem, and
+    relay 3's other frames are dropped before the core sees them. Once relay 3 announces
+    this relay's protocol, its frames are taken again."""
+    from relay import peerprotocol
+    from relay.launcher import StatusReply
+    from relay.tools.status import mesh_status
+
+    streams = {1: ["duo"], 2: ["duo"], 3: ["solo"]}
+    other = msgpack.packb([3, 99, 99, 99, "9.0.0"])
+    ours = peerprotocol.announcement(3)
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, streams, start=(1, 2)) as (config, nodes, clients):
+            await wait_joined(clients, "duo")
+            ctx = zmq.asyncio.Context()
+            try:
+                rogue = ctx.socket(zmq.PUB)
+                rogue.setsockopt(zmq.LINGER, 0)
+                rogue.bind(config.relays[3].mesh_endpoint)
+                node = nodes[2]
+
+                async def named() -> bool:
+                    await rogue.send(peerprotocol.TOPIC + other)
+                    return 3 in node._incompatible  # sent again: the SUB may not be connected yet
+
+                await wait_until_async(named, "relay 2 to hear relay 3's protocol", poll_s=0.02)
+                before = dict(node.core.counters)
+
+                async def dropped() -> bool:
+                    await rogue.send(b"H|" + b"\x00" * 50)
+                    return node.counters["peer_frames_other_protocol"] > 0
+
+                await wait_until_async(dropped, "relay 3's frames dropped unread", poll_s=0.02)
+                assert node.core.counters["frame_malformed"] == before.get("frame_malformed", 0)
+                await wait_until_async(
+                    lambda: 1 in node._peer_protocols, "relay 1's announcement", poll_s=0.05
+                )
+                status = await clients[2].status()
+                peers = status["node"]["peer_protocols"]
+                assert peers["1"]["problem"] == "" and peers["1"]["protocol"] == (
+                    peerprotocol.PROTOCOL_VERSION
+                ), peers
+                words = peers["3"]["problem"]
+                assert words.startswith(
+                    "relay 3 speaks peer protocol 99 (release 9.0.0), this "
+                    f"relay {peerprotocol.PROTOCOL_VERSION} ("
+                ), words
+                doc = mesh_status("t.yaml", {2: StatusReply(2, "e", status)})
+                assert {"relay": 2, "stream": None, "problem": words} in doc["problems"], doc
+                lines = [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.getMessage().startswith("relay=2 relay 3 speaks peer protocol 99")
+                ]
+                assert len(lines) == 1, lines
+
+                async def taken_again() -> bool:
+                    await rogue.send(peerprotocol.TOPIC + ours)
+                    return 3 not in node._incompatible
+
+                await wait_until_async(taken_again, "relay 3 taken again", poll_s=0.02)
+            finally:
+                ctx.destroy(linger=0)
+
+    with caplog.at_level("WARNING", logger="relay.node"):
+        asyncio.run(scenario())

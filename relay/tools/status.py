@@ -68,8 +68,18 @@ KEY_COUNTERS = (
 # Several names under one meaning are added up.
 NOTE_COUNTERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (
-        ("frame_invalid", "peer_bad_parts", "peer_bad_topic", "peer_bad_bundle"),
+        (
+            "frame_invalid",
+            "peer_bad_parts",
+            "peer_bad_topic",
+            "peer_bad_bundle",
+            "peer_bad_announcement",
+        ),
         "malformed frames from peers, dropped",
+    ),
+    (
+        ("peer_frames_other_protocol",),
+        "frames from relays of another peer protocol, dropped unread",
     ),
     (("peer_recv_error", "client_recv_error"), "socket receive errors"),
     (("peer_sender_mismatch",), "peer frames whose sender was not the link's relay, dropped"),
@@ -127,6 +137,7 @@ def mesh_status(
             continue
         problems += [_problem(relay_id, name, p.words) for name, p in relay_problems(status)]
         problems += [_problem(relay_id, None, words) for words in _spool_problems(status)]
+        problems += [_problem(relay_id, None, words) for words in _protocol_problems(status)]
         notes += [
             {"relay": relay_id, "count": count, "note": words, "counters": list(names)}
             for names, count, words in _counter_notes(status)
@@ -161,6 +172,12 @@ def _spool_problems(status: Mapping[str, Any]) -> list[str]:
     for stream, why in sorted((spool.get("stopped_streams") or {}).items()):
         found.append(f"spool stopped stream {stream!r}: {why}")
     return found
+
+
+def _protocol_problems(status: Mapping[str, Any]) -> list[str]:
+    """Peers with no peer protocol in common with this relay (relay/peerprotocol.py)."""
+    peers = (status.get("node") or {}).get("peer_protocols") or {}
+    return [info["problem"] for _, info in sorted(peers.items()) if info.get("problem")]
 
 
 def _counter_notes(status: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int, str]]:
