@@ -2067,7 +2067,7 @@ def bench(
     multiple=True,
     metavar="NAME",
     help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, roll, "
-    "stale, or all (repeat or comma-separate; default all).",
+    "stale, replace, or all (repeat or comma-separate; default all).",
 )
 @click.option(
     "--duration-s",

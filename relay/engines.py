@@ -49,7 +49,10 @@ BACKOFF_BASE_S = 0.05  # pause after every relay failed once; doubles per round
 BACKOFF_MAX_S = 1.0
 CONNECT_POLL_S = 0.005  # while connecting: how often a send is tried again
 EMPTY_RETRY_S = 0.05  # pause after an empty answer that came early (not a full long poll)
-OUT_OF_RANGE_ROUNDS = 5  # rounds over all relays before out_of_range is final anyway
+# How long out_of_range answers may meet relays answering `fenced` or `not_ready` (which
+# may hold the position, once they can serve again: a relay of the stream waiting for its
+# quorum, as while a change of its relays goes on) before out_of_range is final anyway.
+OUT_OF_RANGE_WAIT_S = 60.0
 # A relay's `oldest` when its history starts at the stream's genesis (the core's
 # GENESIS_POINT; real seqs are flake ids, never 0). Anything above it is a base: the
 # history before it is not on that relay.
@@ -746,7 +749,7 @@ def _tried_text(notes: Iterable[str]) -> str:
 
 # Answers after which a relay cannot serve the position now (anything but fenced and
 # not_ready, which may clear): a round made only of these, with at least one out_of_range,
-# makes out_of_range final.
+# makes out_of_range final (else OUT_OF_RANGE_WAIT_S after the first out_of_range).
 _NOT_SERVING = frozenset({"out_of_range", "redirect", "unreachable", "timeout", "disconnected"})
 
 
@@ -814,6 +817,7 @@ class ReadEngine:
         self._tried: set[str] = set()
         self._round: dict[str, str] = {}  # endpoint -> what it answered in this round
         self._oldest: dict[str, int] = {}  # endpoint -> its oldest readable position
+        self._oldest_since = 0.0  # when the first of `_oldest` answered (monotonic)
         self._rounds = 0
         self._notes: deque[str] = deque(maxlen=MAX_NOTES)
         self._store_read: StoreRead | None = None  # asked of the driver, not answered yet
@@ -1043,6 +1047,8 @@ class ReadEngine:
         """`endpoint` holds nothing at or before the position (its history starts after
         `oldest`): try the store, then the other relays."""
         self.stats["out_of_range"] += 1
+        if not self._oldest:
+            self._oldest_since = now
         self._oldest[endpoint] = oldest
         self._leave(now, "out_of_range", note)
         self._ask_store()
@@ -1066,7 +1072,7 @@ class ReadEngine:
         self._rounds += 1
         if self._oldest and (
             all(s in _NOT_SERVING for s in self._round.values())
-            or self._rounds >= OUT_OF_RANGE_ROUNDS
+            or now - self._oldest_since >= OUT_OF_RANGE_WAIT_S
         ):
             oldest = min(self._oldest.values())
             if self.last == -1:  # from the beginning: what no one holds any more is gone

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import itertools
 import json
 import select
 import threading
@@ -707,3 +708,27 @@ def test_async_links_find_an_answer_whose_signal_a_send_took_in() -> None:
         thread.join(5)
         router.close(0)
         ctx.term()
+
+
+def test_out_of_range_waits_for_a_fenced_relay_that_may_hold_the_position() -> None:
+    """One relay's history starts after the position; the other answers `fenced` for many
+    rounds (a relay of the stream waiting for its quorum, as while a change of the
+    stream's relays goes on), then serves it: the consumer waits for it rather than
+    raising OutOfRange, and reads every record (engines.OUT_OF_RANGE_WAIT_S)."""
+    entries = [(s, None, b"v%d" % s, b"p", s, 0) for s in (60, 70, 80)]
+    fenced_for = 8  # rounds: more than a few failovers
+    holder_answers = read_answer(ReadStatus.OK, oldest=50, entries=entries)
+
+    def holder(msg: wire.ClientMessage) -> wire.ClientMessage | None:
+        assert isinstance(msg, wire.ReadReq)
+        if len(held.requests) <= fenced_for:
+            return wire.ReadResp(msg.request_id, ReadStatus.FENCED, (), (), -1, -1)
+        return holder_answers(msg)
+
+    with (
+        FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=100)) as young,
+        FakeRelay(holder) as held,
+    ):
+        with Consumer([young.endpoint, held.endpoint], timeout_s=30).subscribe("s", 10) as c:
+            assert [r.seq for r in itertools.islice(c, 3)] == [60, 70, 80]
+            assert c.stats["out_of_range"] > 1 and c.stats["fenced"] >= fenced_for, c.stats

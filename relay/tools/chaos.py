@@ -40,6 +40,8 @@ through another relay):
                      a time), or (5 relays) a partition of relays {0, 1} from {2, 3, 4}
                      (the split brain of issue 47); then the roll goes on, and the mesh
                      changes chaos.b's relays to what the files name (waited for)
+  replace            as roll, onto a file that moves chaos.b by one relay (3 relays: from
+                     relays 0-1 to 1-2; 5 relays: from 0-2 to 1-3), and back
   stale              one relay given that other file, held, then the right one again (by
                      restart or SIGHUP as in roll); half way, the fault of roll (kill -9
                      of another relay, or the partition); the relay must name the stale
@@ -61,7 +63,7 @@ max_gap_s (the longest time without a commit acknowledgement over all producers,
 their start to their stop), recover_s (heal to the next commit: max and median) and
 rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
 which that did not happen within the settle time; the next fault then waits for it, at
-most REJOIN_MAX_S after the heal), change_s (roll and stale: the longest time one
+most REJOIN_MAX_S after the heal), change_s (roll, stale and replace: the longest time one
 change of topology took, from the first relay moved to chaos.b running on the relays the
 files name, every relay ready) and, for them, the longest gap per stream (each producer
 writes one stream: a stream whose relays lost their majority, chaos.b on two relays with
@@ -127,14 +129,15 @@ SCENARIOS = (
     "mix",
     "roll",
     "stale",
+    "replace",
 )
 # Changes of topology by restarts, with a fault half way (`_inject_change`).
-CHANGE_SCENARIOS = frozenset({"roll", "stale"})
+CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace"})
 # What mix picks from: the single faults (kill-cut is two at once).
 FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
 STREAMS = ("chaos.a", "chaos.b")
-CHANGED_STREAM = "chaos.b"  # the stream whose relays roll and stale's other topology changes
+CHANGED_STREAM = "chaos.b"  # the stream whose relays roll, stale and replace change
 STOP_WAIT_S = 10.0  # a relay stopped with SIGTERM exits within this (its unit's TimeoutStopSec)
 MESH_PORT = 7100  # every relay has its own address, so all use the same ports
 CLIENT_PORT = 7200
@@ -211,20 +214,26 @@ def libfaketime() -> Path:
     raise ChaosError("libfaketime not found (bash scripts/chaos-deps.sh installs it)")
 
 
-def changed_relays(relays: int, other: bool) -> tuple[int, ...]:
+def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[int, ...]:
     """The relays a topology names for CHANGED_STREAM: the run's (`other` False) or the one
     roll and stale change to. With 3 relays, all three and then relays 0-1 (relay 2 drops
-    it); with more, relays 0-2 and then all of them (it grows, as in issue 47)."""
+    it); with more, relays 0-2 and then all of them (it grows, as in issue 47). replace
+    moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays)."""
     every = tuple(range(relays))
+    if scenario == "replace":
+        width = 2 if relays <= 3 else 3
+        return every[1 : width + 1] if other else every[:width]
     if relays <= 3:
         return every[:2] if other else every
     return every if other else every[:3]
 
 
-def write_topology(directory: Path, net: ChaosNet, *, other: bool = False) -> Path:
+def write_topology(
+    directory: Path, net: ChaosNet, *, other: bool = False, scenario: str = "roll"
+) -> Path:
     """A topology of the run: relay i at its namespace's address, chaos.a on every relay
     and CHANGED_STREAM on `changed_relays` (the run's, or with `other` the changed one)."""
-    serving = changed_relays(net.relays, other)
+    serving = changed_relays(net.relays, other, scenario)
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -718,7 +727,7 @@ class ScenarioResult:
     recover_median_s: float | None = None
     rejoin_s: float | None = None  # the longest heal-to-every-relay-ready time
     rejoin_missed: int = 0  # heals after which not every relay was ready within the settle time
-    # roll, stale: the longest change of topology, first restart to last relay ready
+    # roll, stale, replace: the longest change of topology, first restart to last relay ready
     change_s: float | None = None
     converged: bool = False
     stuck: list[str] = field(default_factory=list)  # relays not converged or not readable
@@ -742,7 +751,7 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     faketime = libfaketime() if name in CLOCK_SCENARIOS else None
     relays = RelayProcesses(
         net,
-        write_topology(directory, net),
+        write_topology(directory, net, scenario=name),
         directory,
         faketime=faketime,
         log_level=options.relay_log_level,
@@ -776,7 +785,7 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
         t0 = time.monotonic()
         end = t0 + options.duration_s
         if name in CHANGE_SCENARIOS:
-            other = write_topology(directory, net, other=True)
+            other = write_topology(directory, net, other=True, scenario=name)
             _inject_change(name, options, faults, rng, result, t0, end, other)
         else:
             _inject(name, options, faults, rng, result, t0, end)
@@ -870,7 +879,7 @@ def _inject_change(
     end: float,
     other: Path,
 ) -> None:
-    """roll and stale (module doc): changes of topology, one relay at a time, by restarts
+    """roll, replace and stale (module doc): changes of topology, one relay at a time, by restarts
     and by reloads in turn, each waited for as docs/deploy.md section 9 says, with a fault
     half way; then the wait for the mesh to change the stream's relays (or, for stale, to
     keep them); until `end`."""
@@ -884,7 +893,7 @@ def _inject_change(
             break
         how = "SIGHUP" if cycle % 2 else "restart"
         began = time.monotonic()
-        order = rng.sample(ids, len(ids)) if name == "roll" else [rng.choice(ids)]
+        order = rng.sample(ids, len(ids)) if name != "stale" else [rng.choice(ids)]
         steps = [(relay, files[onto]) for relay in order]
         if name == "stale":
             steps.append((order[0], files[0]))  # held on the stale file, then put right
@@ -899,7 +908,7 @@ def _inject_change(
         options.log(f"  {event.start_s:6.1f} s  {event.detail}")
         for i, (relay, topology) in enumerate(steps):
             if i == len(steps) // 2:
-                others = order[i:] if name == "roll" else [r for r in ids if r != order[0]]
+                others = order[i:] if name != "stale" else [r for r in ids if r != order[0]]
                 _fault_half_way(options, faults, rng, result, t0, others)
             relays.give_file(relay, topology)
             if how == "SIGHUP" and relays.alive(relay):
@@ -930,7 +939,7 @@ def _inject_change(
             f"  {event.heal_s:6.1f} s  {CHANGED_STREAM} on relays {list(target)}, "
             f"{event.rejoin_s:.2f} s after the first move"
         )
-        onto = 1 - onto if name == "roll" else 1
+        onto = 1 - onto if name != "stale" else 1
         _sleep_until(min(end, healed + rng.uniform(*SETTLE_S)))
     _sleep_until(end)
 
