@@ -728,7 +728,7 @@ def test_out_of_range_waits_for_a_fenced_relay_that_may_hold_the_position() -> N
     with (
         FakeRelay(read_answer(ReadStatus.OUT_OF_RANGE, oldest=100)) as young,
         FakeRelay(holder) as held,
+        Consumer([young.endpoint, held.endpoint], timeout_s=30).subscribe("s", 10) as c,
     ):
-        with Consumer([young.endpoint, held.endpoint], timeout_s=30).subscribe("s", 10) as c:
-            assert [r.seq for r in itertools.islice(c, 3)] == [60, 70, 80]
-            assert c.stats["out_of_range"] > 1 and c.stats["fenced"] >= fenced_for, c.stats
+        assert [r.seq for r in itertools.islice(c, 3)] == [60, 70, 80]
+        assert c.stats["out_of_range"] > 1 and c.stats["fenced"] >= fenced_for, c.stats
