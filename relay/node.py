@@ -81,7 +81,7 @@ import socket
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +292,7 @@ class _PeerLinks:
         subs: dict[int, tuple[zmq.Socket[Any], str]],
         grace_ms: int,
     ) -> None:
+        self.ctx = ctx
         self.subs = subs
         self.grace_ms = grace_ms
         self.reconnect_at: dict[int, int] = {}  # relay id -> monotonic ms
@@ -302,6 +303,11 @@ class _PeerLinks:
         except BaseException:
             self.close()
             raise
+
+    def add(self, relay: int, sub: zmq.Socket[Any], endpoint: str) -> None:
+        """Watch the link of a relay added to the mesh while the relay runs."""
+        self.subs[relay] = (sub, endpoint)
+        self.monitors[relay] = LinkMonitor(self.ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
 
     def sockets(self) -> list[zmq.Socket[Any]]:
         """The monitors' sockets, to wait on."""
@@ -500,6 +506,8 @@ class RelayNode:
         self._wake_w: socket.socket | None = None
         self._signalled: signal.Signals | None = None
         self._reload_wanted = False  # SIGHUP came: read the topology file again (`reload`)
+        self._ctx: zmq.asyncio.Context | None = None  # the sockets' context, once running
+        self._waiter_stale = False  # sockets were added: the loop's waiter is made again
         self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
         self._readmitted = 0  # the core's `config_readmitted` when last subscribed
         # Peers' protocol announcements (relay/peerprotocol.py), those with no protocol in
@@ -695,6 +703,7 @@ class RelayNode:
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
+        self._ctx = ctx
         previous: dict[signal.Signals, Any] = {}  # the signal handlers to put back
         previous_wakeup_fd: int | None = None
         self._wake_r, self._wake_w = socket.socketpair()
@@ -905,8 +914,6 @@ class RelayNode:
 
     def _open(self, ctx: zmq.asyncio.Context) -> _Sockets:
         max_frame = self.limits.max_frame_bytes
-        # a peer's frame may be another's passed on inside a Relayed (5.13)
-        max_peer_frame = peer_frame_limit(max_frame)
         timings = MeshLinkTimings.from_limits(self.limits)
         plain_ctx: zmq.Context[Any] = zmq.Context.shadow(ctx.underlying)
         identity = self._identity
@@ -934,19 +941,10 @@ class RelayNode:
             pub.bind(self.spec.mesh_bind_endpoint)  # peers connect to mesh_endpoint
 
             subs: dict[int, tuple[zmq.Socket[Any], str]] = {}  # plain views
-            for relay_id, spec in sorted(self.config.relays.items()):
-                if relay_id == self.id:
-                    continue
-                sub = mesh_subscriber(ctx, timings, max_msg_bytes=max_peer_frame + TOPIC_MAX_BYTES)
-                closers.append(sub)
-                if identity is not None:
-                    curve_client(sub, identity, self._peer_keys[relay_id])
-                for prefix in self._subscriptions():
-                    sub.setsockopt(zmq.SUBSCRIBE, prefix)
-                self._subscribed = self._subscriptions()
-                allow_ipv6(sub, spec.host)
-                sub.connect(spec.mesh_endpoint)
-                subs[relay_id] = (zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint)
+            self._subscribed = self._subscriptions()
+            for relay_id in sorted(self.config.relays):
+                if relay_id != self.id:
+                    subs[relay_id] = self._open_sub(ctx, relay_id, closers)
 
             router = ctx.socket(zmq.ROUTER)
             closers.append(router)
@@ -986,6 +984,39 @@ class RelayNode:
             authenticator=authenticator,
             client_events=client_events,
         )
+
+    def _open_sub(
+        self, ctx: zmq.asyncio.Context, relay_id: int, closers: list[zmq.Socket[Any]]
+    ) -> tuple[zmq.Socket[Any], str]:
+        """The SUB of the link from relay `relay_id` (its plain view and the endpoint it
+        connects to), subscribed to `_subscribed`; added to `closers`."""
+        spec = self.config.relays[relay_id]
+        timings = MeshLinkTimings.from_limits(self.limits)
+        # a peer's frame may be another's passed on inside a Relayed (5.13)
+        max_peer_frame = peer_frame_limit(self.limits.max_frame_bytes)
+        sub = mesh_subscriber(ctx, timings, max_msg_bytes=max_peer_frame + TOPIC_MAX_BYTES)
+        closers.append(sub)
+        if self._identity is not None:
+            curve_client(sub, self._identity, self._peer_keys[relay_id])
+        for prefix in self._subscribed:
+            sub.setsockopt(zmq.SUBSCRIBE, prefix)
+        allow_ipv6(sub, spec.host)
+        sub.connect(spec.mesh_endpoint)
+        return zmq.Socket.shadow(sub.underlying), spec.mesh_endpoint
+
+    def _add_peers(self, socks: _Sockets, added: Sequence[int], keys: dict[int, bytes]) -> None:
+        """Relays a reloaded file adds to the mesh (relay/topology/change.py): their keys
+        are let in (`keys`, with CurveZMQ), a SUB connects to each, watched like the others,
+        and the loop waits on it from its next turn (`_waiter_stale`)."""
+        assert self._ctx is not None
+        for relay_id in added:
+            if self._identity is not None:
+                self._peer_keys[relay_id] = keys[relay_id]
+                self._allowed[MESH_DOMAIN][keys[relay_id]] = relay_key_name(relay_id)
+            sub, endpoint = self._open_sub(self._ctx, relay_id, socks.closers)
+            socks.subs[sub] = relay_id
+            socks.links.add(relay_id, sub, endpoint)
+        self._waiter_stale = True
 
     def _subscriptions(self) -> list[bytes]:
         prefixes = [subscription_prefix(p) for p in self.spec.streams]
@@ -1086,9 +1117,12 @@ class RelayNode:
             why = f"{path}: {refused} (these apply only at a restart)"
             return None, self._refuse_reload(why), digest
         clients = None
-        if change.clients and self._identity is not None:
-            try:  # the clients' public keys, inline or in keys_dir: all found, or nothing
-                clients = KeyRing(new).client_names()
+        relay_keys: dict[int, bytes] = {}
+        if self._identity is not None and (change.clients or change.added_relays):
+            try:  # the public keys, inline or in keys_dir: all found, or nothing changes
+                ring = KeyRing(new)
+                clients = ring.client_names() if change.clients else None
+                relay_keys = ring.relay_public_keys() if change.added_relays else {}
             except ConfigError as e:
                 return None, self._refuse_reload(str(e)), digest
         self.core.reload_topology(core_config)
@@ -1100,6 +1134,8 @@ class RelayNode:
         self.config = new
         self.spec = new.relays[self.id]
         if self._sockets is not None:
+            if change.added_relays:
+                self._add_peers(self._sockets, change.added_relays, relay_keys)
             self._subscribe_new(self._sockets)
         self.counters["topology_reloaded"] += 1
         words = change.words()
@@ -1158,6 +1194,13 @@ class RelayNode:
                     self._reload_wanted = False
                     self.reload()
                 self._turn(socks, readable)
+                if self._waiter_stale:  # relays added to the mesh (`_add_peers`)
+                    self._waiter_stale = False
+                    waiter.close()
+                    waiter = ReadableWaiter(
+                        (*socks.subs, socks.router, *socks.links.sockets()),
+                        self._wake_r.fileno(),
+                    )
                 if not yielded and (
                     not self._alone_in_loop or mono_ms() - self._yielded_ms >= LOOP_YIELD_MS
                 ):

@@ -182,12 +182,13 @@ class Pump(Worker):
         topology: Path | None = None,
         stream: str = STREAM,
         send_timeout_s: float = 15.0,
+        producer_id: bytes | None = None,
     ) -> None:
         super().__init__("pump")
         self.producer_kwargs: dict[str, Any] = {"relays": relays, "topology": topology}
         self.stream = stream
         self.send_timeout_s = send_timeout_s
-        self.producer_id = os.urandom(16)
+        self.producer_id = producer_id or os.urandom(16)
         self.committed: list[tuple[int, int]] = []  # (pseq, seq)
         self.failed: list[tuple[int, str]] = []  # (pseq, error)
         self.stats: Counter[str] = Counter()
@@ -929,10 +930,22 @@ def test_a_streams_relays_change_on_sighup_under_writes(harness: Harness) -> Non
     assert STREAM in (status.get("not_member") or {}), status.get("not_member")
 
 
-def read_from(relays: Mapping[int, str], stream: str, after: int, last: int) -> list[Record]:
+def curve_of(topology: Path) -> dict[str, Any]:
+    """A client's `curve=` for the topology's default client key, when CurveZMQ is on."""
+    config = load(topology)
+    if not config.security.curve:
+        return {}
+    from relay.security import client_curve
+
+    return {"curve": client_curve(config, None)}
+
+
+def read_from(
+    relays: Mapping[int, str], stream: str, after: int, last: int, **kw: Any
+) -> list[Record]:
     """The records of `stream` after seq `after` up to `last`, read through `relays`."""
     records: list[Record] = []
-    with Consumer(relays, timeout_s=CATCH_UP_S, wait_ms=500) as consumer:
+    with Consumer(relays, timeout_s=CATCH_UP_S, wait_ms=500, **kw) as consumer:
         consumer.subscribe(stream, after)
         for record in consumer:
             if record.seq > last:
@@ -1001,3 +1014,80 @@ def test_relay_reconfigure_plans_checks_and_drives_a_change(harness: Harness) ->
     last = max(seq for _, seq in pump.committed)
     records, _ = read_until(clients(mesh, 0), STREAM, last)
     check_acknowledged(records, pump)
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_a_relay_added_to_the_mesh_joins_it_and_a_stream_without_a_restart(
+    harness: Harness, curve: bool
+) -> None:
+    """docs/deploy.md section 9, adding a relay: relays 0-2 run; the operator adds relay 3
+    to the topology (serving orders.eu too; with CurveZMQ, its key pair made by `relay
+    keygen`), starts it on the new file and runs `relay reconfigure --apply`: the running
+    relays connect to relay 3 and let it in, and the mesh adds it to orders.eu, under
+    writes; nothing acknowledged is lost, relay 3 serves the writes since it joined, and
+    no relay of the old three restarted."""
+    directory = harness.directory / "grow"
+    full = write_loopback_topology(
+        directory,
+        {relay_id: [STREAM, AUDIT] for relay_id in range(4)},
+        [STREAM, AUDIT],
+        access={"app": {"produce": ["*"], "consume": ["*"]}} if curve else None,
+    )
+    new_text = full.read_text(encoding="utf-8")
+    doc = yaml.safe_load(new_text)
+    doc["relays"] = [r for r in doc["relays"] if r["id"] != 3]
+    path = directory / "mesh.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    mesh = Mesh(path, log_level="info", log_dir=directory / "logs")
+    pids: set[int] = set()
+    harness.meshes.append((mesh, pids))
+    mesh.start(timeout_s=START_TIMEOUT_S)
+    pids |= set(mesh.pids.values())
+    before = dict(mesh.pids)
+    # (with CurveZMQ the topology's client is admin: its producer ids start so)
+    pump = harness.pump(topology=path, producer_id=b"admin/" + os.urandom(8))
+    pump.wait_for(20)
+
+    path.write_text(new_text, encoding="utf-8")  # the new file, on every host
+    new = load(path)
+    endpoint_3 = new.relays[3].client_endpoint
+    admin: list[str] = []
+    if curve:
+        made = subprocess.run(
+            [sys.executable, "-m", "relay", "keygen", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert made.returncode == 0, made.stdout + made.stderr
+        admin = ["--key-file", str(new.security.keys_dir / "client-admin.key_secret")]
+    with open(directory / "logs" / "relay-3.log", "ab") as log_3:
+        command = [sys.executable, "-m", "relay", "run", "--config", str(path)]
+        relay_3 = subprocess.Popen(
+            [*command, "--relay", "3", "--log-level", "info"],
+            stdout=log_3,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        pids.add(relay_3.pid)
+        code, out = reconfigure(path, "--apply", *admin)
+        assert code == 0, out
+        assert "relay 0: took the file: relays [3] join the mesh; " in out, out
+        assert f"{STREAM}: on relays 0, 1, 2, 3 (configuration 2) after" in out, out
+        grown = pump.count()
+        pump.wait_for(grown + 20)
+        first_on_3 = pump.committed[grown][1]
+        pump.stop()
+        last = max(seq for _, seq in pump.committed)
+        records, _ = read_until(clients(mesh, 0), STREAM, last, **curve_of(path))
+        check_acknowledged(records, pump)
+        on_3 = read_from({3: endpoint_3}, STREAM, first_on_3 - 1, last, **curve_of(path))
+        assert on_3 == [r for r in records if first_on_3 <= r.seq <= last]
+        assert dict(mesh.pids) == before  # nothing restarted
+    finally:
+        relay_3.terminate()
+        try:
+            relay_3.wait(20)
+        except subprocess.TimeoutExpired:
+            relay_3.kill()
+            relay_3.wait(20)

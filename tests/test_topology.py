@@ -609,7 +609,12 @@ def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> Non
     moved = topology.loads(_mesh_text({0: ["orders"], 1: ["orders"], 2: ["audit"]}, 7111))
     assert compare(old, moved, 0).refused == ("relays[1].mesh_port changes",)
     more = topology.loads(_mesh_text({0: ["orders"], 1: ["orders"], 2: ["audit"], 3: ["orders"]}))
-    assert compare(old, more, 0).refused == ("the mesh's relays change (adds relays [3])",)
+    grows = compare(old, more, 0)
+    assert grows.added_relays == (3,) and not grows.refused, grows
+    assert grows.words().startswith("relays [3] join the mesh; "), grows.words()
+    assert compare(more, old, 0).refused == (
+        "relays [3] leave the mesh (not while the relays run, yet)",
+    )
     limited = topology.loads(
         _mesh_text(
             {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},

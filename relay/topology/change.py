@@ -3,8 +3,9 @@ can take it while it runs (SIGHUP, docs/deploy.md section 9).
 
 A running relay takes a new file whose only changes are the streams each relay serves
 (relays' `streams`, declared `streams`), for which the mesh then changes the affected
-streams' relays (docs/protocol.md 5.15 changes), and clients' rights and keys (`access`),
-which apply to each request from then on. Anything else (relays added to or removed from
+streams' relays (docs/protocol.md 5.15 changes), clients' rights and keys (`access`),
+which apply to each request from then on, and relays added to the mesh (with their
+keys: the relay connects to them and lets them in). Anything else (relays removed from
 the mesh, a relay's address, ports or key, limits, security settings, the spool, the
 store, the data directory) is refused by name, and the relay runs on, unchanged, on its
 old file: those apply at a restart onto the new file.
@@ -27,6 +28,7 @@ class TopologyChange:
     served: tuple[tuple[str, ...], tuple[str, ...]]  # this relay's `streams`: (old, new)
     declared: tuple[tuple[str, ...], tuple[str, ...]]  # the declared streams: (old, new)
     clients: tuple[str, ...]  # the clients whose rights or keys change (added, removed too)
+    added_relays: tuple[int, ...]  # relays the new file adds to the mesh
     refused: tuple[str, ...]  # what a running relay cannot take, one phrase each
 
     @property
@@ -36,6 +38,7 @@ class TopologyChange:
         return (
             not self.streams
             and not self.clients
+            and not self.added_relays
             and not self.refused
             and old_served == new_served
             and old_declared == new_declared
@@ -45,7 +48,8 @@ class TopologyChange:
         """What the change does, on one line (the relay's log)."""
         if self.empty:
             return "nothing changes"
-        parts = [
+        parts = [f"relays {_ids(self.added_relays)} join the mesh"] if self.added_relays else []
+        parts += [
             f"{stream}: relays {_ids(old)} -> {_ids(new)}"
             for stream, (old, new) in sorted(self.streams.items())
         ]
@@ -69,15 +73,10 @@ def compare(
     those either file names exactly or declares, and `tracked` (the streams the relay
     has open: names that patterns admit)."""
     refused: list[str] = []
-    if set(old.relays) != set(new.relays):
-        added = sorted(set(new.relays) - set(old.relays))
-        removed = sorted(set(old.relays) - set(new.relays))
-        what = []
-        if added:
-            what.append(f"adds relays {added}")
-        if removed:
-            what.append(f"removes relays {removed}")
-        refused.append("the mesh's relays change (" + ", ".join(what) + ")")
+    added = tuple(sorted(set(new.relays) - set(old.relays)))
+    removed = sorted(set(old.relays) - set(new.relays))
+    if removed:
+        refused.append(f"relays {removed} leave the mesh (not while the relays run, yet)")
     for rid in sorted(set(old.relays) & set(new.relays)):
         before = dataclasses.replace(old.relays[rid], streams=())
         after = dataclasses.replace(new.relays[rid], streams=())
@@ -101,6 +100,7 @@ def compare(
         streams=streams,
         served=(served_old, served_new),
         declared=(old.streams, new.streams),
+        added_relays=added,
         clients=tuple(
             sorted(
                 name
