@@ -42,6 +42,11 @@ through another relay):
                      changes chaos.b's relays to what the files name (waited for)
   replace            as roll, onto a file that moves chaos.b by one relay (3 relays: from
                      relays 0-1 to 1-2; 5 relays: from 0-2 to 1-3), and back
+  add-relay          docs/deploy.md section 9's "Adding a relay to the mesh", once: the
+                     mesh starts without its last relay; that relay is started on a file
+                     that adds it (chaos.a and chaos.b grow onto it), then every other
+                     relay is given the file and sent SIGHUP, with a kill -9 half way of
+                     a relay not given it yet
   stale              one relay given that other file, held, then the right one again (by
                      restart or SIGHUP as in roll); half way, the fault of roll (kill -9
                      of another relay, or the partition); the relay must name the stale
@@ -130,9 +135,10 @@ SCENARIOS = (
     "roll",
     "stale",
     "replace",
+    "add-relay",
 )
 # Changes of topology by restarts, with a fault half way (`_inject_change`).
-CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace"})
+CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "add-relay"})
 # What mix picks from: the single faults (kill-cut is two at once).
 FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
@@ -218,8 +224,12 @@ def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[in
     """The relays a topology names for CHANGED_STREAM: the run's (`other` False) or the one
     roll and stale change to. With 3 relays, all three and then relays 0-1 (relay 2 drops
     it); with more, relays 0-2 and then all of them (it grows, as in issue 47). replace
-    moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays)."""
+    moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays). add-relay
+    grows it onto the relay added to the mesh: 0-1 to 0-2 (3), 0-2 to 0-2 and 4 (5)."""
     every = tuple(range(relays))
+    if scenario == "add-relay":  # the last relay is the one added
+        width = 2 if relays <= 3 else 3
+        return (*every[:width], every[-1]) if other else every[:width]
     if scenario == "replace":
         width = 2 if relays <= 3 else 3
         return every[1 : width + 1] if other else every[:width]
@@ -232,8 +242,10 @@ def write_topology(
     directory: Path, net: ChaosNet, *, other: bool = False, scenario: str = "roll"
 ) -> Path:
     """A topology of the run: relay i at its namespace's address, chaos.a on every relay
-    and CHANGED_STREAM on `changed_relays` (the run's, or with `other` the changed one)."""
+    and CHANGED_STREAM on `changed_relays` (the run's, or with `other` the changed one).
+    add-relay: the run's file leaves the last relay out of the mesh."""
     serving = changed_relays(net.relays, other, scenario)
+    ids = range(net.relays - 1 if scenario == "add-relay" and not other else net.relays)
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -243,7 +255,7 @@ def write_topology(
                 "client_port": CLIENT_PORT,
                 "streams": ["chaos.a", CHANGED_STREAM] if relay in serving else ["chaos.a"],
             }
-            for relay in range(net.relays)
+            for relay in ids
         ],
         "streams": list(STREAMS),
         "data_dir": str(directory / "data"),
@@ -407,7 +419,8 @@ class RelayProcesses:
         return self.procs[relay].poll() is None
 
     def statuses(self) -> dict[int, dict[str, Any] | None]:
-        replies = query_status({r: self.endpoint(r) for r in self.config.relays}, STATUS_TIMEOUT_S)
+        """The status of every relay started (add-relay: the added one once it is)."""
+        replies = query_status({r: self.endpoint(r) for r in self.procs}, STATUS_TIMEOUT_S)
         return {r: reply.status for r, reply in replies.items()}
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -749,20 +762,24 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     directory = Path(tempfile.mkdtemp(prefix=f"relay-chaos-{name}-"))
     log = options.log
     faketime = libfaketime() if name in CLOCK_SCENARIOS else None
+    base = write_topology(directory, net, scenario=name)
+    added = options.relays - 1 if name == "add-relay" else None
+    # add-relay: the processes know every relay's address (the file the mesh grows to),
+    # and the relays of the mesh read the file without the added one until it is added.
+    full = write_topology(directory, net, other=True, scenario=name) if added else base
     relays = RelayProcesses(
-        net,
-        write_topology(directory, net, scenario=name),
-        directory,
-        faketime=faketime,
-        log_level=options.relay_log_level,
+        net, full, directory, faketime=faketime, log_level=options.relay_log_level
     )
+    if added is not None:
+        relays.topology_of.update(dict.fromkeys(range(added), base))
     rng = random.Random(f"{seed}:{name}:{options.relays}")
     faults = Faults(relays, net, rng)
     producers: list[ProducerThread] = []
     consumers: list[ConsumerThread] = []
     try:
         for relay in range(options.relays):
-            relays.start(relay)
+            if relay != added:
+                relays.start(relay)
         relays.wait_ready(START_TIMEOUT_S)
         endpoints = {r: relays.endpoint(r) for r in range(options.relays)}
         for i in range(options.producers):
@@ -784,7 +801,9 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
             thread.start()
         t0 = time.monotonic()
         end = t0 + options.duration_s
-        if name in CHANGE_SCENARIOS:
+        if added is not None:
+            _inject_add(options, faults, rng, result, t0, end, full, added)
+        elif name in CHANGE_SCENARIOS:
             other = write_topology(directory, net, other=True, scenario=name)
             _inject_change(name, options, faults, rng, result, t0, end, other)
         else:
@@ -927,7 +946,7 @@ def _inject_change(
                 _check_stale_said(relays, relay, event, result)
         # The files agree now: the mesh changes the stream's relays to what they name.
         target = relays.config_of(order[0]).members(CHANGED_STREAM)
-        stands = _serving_until(relays, target, time.monotonic() + REJOIN_MAX_S)
+        stands = _serving_until(relays, CHANGED_STREAM, target, time.monotonic() + REJOIN_MAX_S)
         if stands:
             result.problems.append(f"{event.detail}: {CHANGED_STREAM} not on {list(target)}")
             options.log(f"           NOT changed: {stands}")
@@ -941,6 +960,56 @@ def _inject_change(
         )
         onto = 1 - onto if name != "stale" else 1
         _sleep_until(min(end, healed + rng.uniform(*SETTLE_S)))
+    _sleep_until(end)
+
+
+def _inject_add(
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    end: float,
+    full: Path,
+    added: int,
+) -> None:
+    """add-relay (module doc): docs/deploy.md section 9's "Adding a relay to the mesh",
+    once: the added relay started on the new file, then every other relay given it and
+    made to read it by SIGHUP in a random order, with a kill -9 half way; then the wait
+    for every stream to run on the relays the file names."""
+    relays = faults.relays
+    _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
+    began = time.monotonic()
+    order = rng.sample(sorted(relays.procs), len(relays.procs))
+    event = FaultEvent(
+        "add-relay", f"relay {added} started, then relays {order} by SIGHUP", round(began - t0, 3)
+    )
+    result.faults.append(event)
+    options.log(f"  {event.start_s:6.1f} s  {event.detail}")
+    relays.give_file(added, full)
+    relays.start(added)
+    for i, relay in enumerate(order):
+        if i == len(order) // 2:
+            _fault_half_way(options, faults, rng, result, t0, order[i:], kill=True)
+        relays.give_file(relay, full)
+        _reload(relays, relay, event, result)
+        waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
+        if waiting:
+            why = _why_not_ready(waiting)
+            result.problems.append(f"{event.detail}: not every relay ready ({why})")
+            options.log(f"           NOT every relay ready after relay {relay}: {why}")
+    config = load(full)
+    for stream in STREAMS:
+        target = config.members(stream)
+        stands = _serving_until(relays, stream, target, time.monotonic() + REJOIN_MAX_S)
+        if stands:
+            result.problems.append(f"{event.detail}: {stream} not on {list(target)}")
+            options.log(f"           NOT changed: {stream}: {stands}")
+    healed = time.monotonic()
+    event.heal_s = round(healed - t0, 3)
+    event.rejoin_s = round(healed - began, 3)
+    result.change_s = event.rejoin_s
+    options.log(f"  {event.heal_s:6.1f} s  every stream on its relays, {event.rejoin_s:.2f} s on")
     _sleep_until(end)
 
 
@@ -966,15 +1035,17 @@ def _reload(relays: RelayProcesses, relay: int, event: FaultEvent, result: Scena
     result.problems.append(f"{event.detail}: relay {relay} did not say it read its file")
 
 
-def _serving_until(relays: RelayProcesses, target: Sequence[int], deadline: float) -> str:
-    """Wait until CHANGED_STREAM runs on exactly `target` (each of them serves it, joined
-    and unfenced, under a configuration of those relays; no other relay serves it) or
+def _serving_until(
+    relays: RelayProcesses, stream: str, target: Sequence[int], deadline: float
+) -> str:
+    """Wait until `stream` runs on exactly `target` (each of them serves it, joined and
+    unfenced, under a configuration of those relays; no other relay serves it) or
     `deadline` passed: "" if it did, else what the last look found."""
     found = ""
     while time.monotonic() < deadline:
         seen = []
         for relay, status in sorted(relays.statuses().items()):
-            info = ((status or {}).get("streams") or {}).get(CHANGED_STREAM)
+            info = ((status or {}).get("streams") or {}).get(stream)
             if relay not in target:
                 if info is not None:
                     seen.append(f"relay {relay} still serves it")
@@ -1018,16 +1089,20 @@ def _fault_half_way(
     result: ScenarioResult,
     t0: float,
     candidates: Sequence[int],
+    *,
+    kill: bool = False,
 ) -> None:
     """The fault in the middle of a change: with 5 relays or more, the partition {0, 1} |
     the rest (two relays on either file may find themselves on the minority side); with
-    fewer, kill -9 of one of `candidates` (roll: a relay the change has not reached yet;
-    stale: another relay than the stale one), so one relay is down at a time: a restarting
-    relay joins only once every member answers it (docs/protocol.md 5.8)."""
+    fewer, or `kill`, kill -9 of one of `candidates` (roll: a relay the change has not
+    reached yet; stale: another relay than the stale one; add-relay, whose mesh of four
+    a partition would leave without a majority: a relay not given the file yet), so one
+    relay is down at a time: a restarting relay joins only once every member answers it
+    (docs/protocol.md 5.8)."""
     relays, net = faults.relays, faults.net
     ids = sorted(relays.procs)
     mend: Callable[[], None]
-    if len(ids) >= 5:
+    if len(ids) >= 5 and not kill:
         for a in (0, 1):
             for b in ids[2:]:
                 net.cut(a, b)
