@@ -800,11 +800,13 @@ def test_wanted_and_moving_to_are_relay_sets() -> None:
         with pytest.raises(FieldError, match="wanted"):
             decode(frame_of(4, 1, 2, 3, [status], 0, [], 0, False, False), MAX)
     request = [11, 1, 2, 3, 4, "s", "prepare", 5, 6, [0], None, 1, [0, 1, 2]]
-    assert decode(msgpack.packb([*request, [1, 2]]), MAX).moving_to == (1, 2)
+    view_request = decode(msgpack.packb([*request, [1, 2]]), MAX)
+    assert isinstance(view_request, ViewRequest) and view_request.moving_to == (1, 2)
     with pytest.raises(FieldError, match="moving_to"):
         decode(msgpack.packb([*request, [2, 1]]), MAX)
     reply = [12, 1, 2, 3, 4, "s", "promise", 5, 6, True, 7, 8, 9, 10, None, [], 0, []]
-    assert decode(msgpack.packb([*reply, 11]), MAX).holds == 11
+    view_reply = decode(msgpack.packb([*reply, 11]), MAX)
+    assert isinstance(view_reply, ViewReply) and view_reply.holds == 11
     with pytest.raises(FieldError, match="holds"):
         decode(msgpack.packb([*reply, -2]), MAX)
 

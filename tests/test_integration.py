@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]
 import zmq
 
 from relay import wire

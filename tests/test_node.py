@@ -871,7 +871,7 @@ def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
     restart applies (limits here), is refused with a line naming why, and the relay runs
     on as before; a file that names a new stream for the relay is taken, and the relay
     opens and serves it."""
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     async def scenario() -> None:
         async with mesh(tmp_path, {1: ["solo"], 2: ["solo"]}) as (config, nodes, clients):

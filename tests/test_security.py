@@ -446,7 +446,7 @@ def test_rights_changed_in_the_file_apply_on_reload_without_a_restart(tmp_path: 
     read it again (`relay reconfigure --apply`, as admin): from then on `reader` may
     produce to audit, which it could not; taking the right away again refuses its next
     produce by name. No relay restarts."""
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     path = write_loopback_topology(
         tmp_path, {r: ["orders.*", "audit"] for r in range(3)}, [STREAM, "audit"], access=ACCESS
