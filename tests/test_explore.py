@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from relay.cli import main
 from relay.core import commit, membership, view
 from relay.core.machine import RelayCore
-from relay.core.messages import PeerMessage, ViewPhase
+from relay.core.messages import PeerMessage, ViewPhase, ViewRequest
 from relay.core.state import GENESIS_POINT, PROVISIONAL, PeerState, StreamState
 from relay.sim.explore import ExploreResult, run_explore
 
@@ -206,6 +206,75 @@ def test_planted_configuration_bugs_are_caught(core_class: type[RelayCore], foun
     assert found in result.violations[0].message, result.violations[0].message
 
 
+# --- a change of a stream's relays (5.15 changes) -----------------------------------------
+
+
+def test_change_of_relays_finds_no_violation() -> None:
+    # Stream s is established on relays 0-2; each relay then reads a file that takes relay
+    # 2 off it (an explored action), and the mesh changes s to relays 0-1.
+    result = run_explore(max_states=6_000, topologies="change")
+    _assert_sound(result, 6_000)
+    # Not vacuous: the change was held while a file still named relay 2, decided and
+    # adopted (relays 0 and 1 under version 2, relay 2 gone), and commits were counted
+    # under it.
+    assert result.coverage.get("a relay read its new file", 0) > 0
+    assert result.coverage.get("relay 1 holds a change back (a file names other relays)", 0) > 0
+    assert result.counters.get("config_change_proposed", 0) > 0
+    assert result.counters.get("config_moved", 0) > 0
+    for r in (0, 1):
+        assert result.coverage.get(f"relay {r} holds 's' under version 2 (changed)", 0) > 0
+        assert result.coverage.get(f"relay {r} committed under version 2", 0) > 0
+    assert result.coverage.get("relay 2 left 's' (its configuration leaves it out)", 0) > 0
+
+
+class AloneChangeCore(RelayCore):
+    """Planted bug (5.15 changes): a relay decides a change of a stream's relays alone: it
+    asks none of the old configuration's relays to promise or accept, and takes its own
+    promise and acceptance for theirs. The others, not frozen, go on reporting under the
+    old configuration above the change's start, and adopt the change when they hear of it:
+    what a quorum of the old relays reported there (relay 2's transactions, which the
+    change cuts) is not in the history the new relays report."""
+
+    def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
+        if isinstance(msg, ViewRequest) and msg.moving_to:
+            return
+        super().send(msg, stream, busy=busy)
+
+    def tick(self, now_ms: int, mono_ms: int | None = None) -> None:
+        super().tick(now_ms, mono_ms)
+        for st in list(self.streams.values()):
+            prop = st.proposal
+            if prop is None or not prop.moving_to or self.id not in prop.promises:
+                continue
+            if prop.phase is ViewPhase.PREPARE:
+                for m in st.peers:
+                    prop.promises.setdefault(m, prop.promises[self.id])
+                view._advance(self, st, prop, self.now_ms)
+            if st.proposal is prop and prop.phase is ViewPhase.ACCEPT:
+                prop.accepted_by.update(st.members)
+                view._advance(self, st, prop, self.now_ms)
+
+
+def test_change_decided_alone_is_caught_across_configurations() -> None:
+    # Random walks reach it (after about 10,000 states with this seed); without the check
+    # across configurations this run finds nothing: the old relays' reports that the new
+    # history contradicts are void (5.12) where they adopted the change, and nobody had
+    # counted them yet.
+    result = run_explore(
+        max_states=20_000,
+        strategy="walk",
+        seed=2,
+        core_class=AloneChangeCore,
+        shrink=False,
+        topologies="change",
+    )
+    assert not result.ok
+    message = result.violations[0].message
+    assert "conflicting commits across configurations" in message, message
+    assert "a quorum of (2, (0, 1)) reported" in message, message
+    assert "a quorum of (1, (0, 1, 2)) reported there" in message, message
+
+
 def test_cli_prints_the_verdict() -> None:
     result = CliRunner().invoke(main, ["explore", "--max-states", "300"])
     assert result.exit_code == 0, result.output
@@ -214,6 +283,9 @@ def test_cli_prints_the_verdict() -> None:
     stale = CliRunner().invoke(main, ["explore", "--max-states", "300", "--topologies", "stale"])
     assert stale.exit_code == 0, stale.output
     assert "topologies=stale" in stale.output
+    change = CliRunner().invoke(main, ["explore", "--max-states", "300", "--topologies", "change"])
+    assert change.exit_code == 0, change.output
+    assert "topologies=change" in change.output
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ The entry point (`relay explore` passes its options):
         progress: Callable[[str], None] | None = None,
         core_class: type[RelayCore] = RelayCore,  # a subclass plants bugs (tests)
         shrink: bool = True,           # shorten a violation's trace (greedy, <= 30 s)
-        topologies: str = "same",      # "same" | "stale": the files the relays read
+        topologies: str = "same",      # "same" | "stale" | "change": the files the relays read
     ) -> ExploreResult   # .summary() prints the statistics; .ok
 
 What is explored. Each relay reads its own topology file (model.SETUPS):
@@ -47,6 +47,21 @@ What is explored. Each relay reads its own topology file (model.SETUPS):
            as a client's retries come after a backoff: at any time, all three were spent
            (fenced) before the first view could be decided. Give it more ticks than the
            default (max_ticks=12: joining and the first view take about three).
+  "change" all three read the file of "same", and the prefix is that of "same": the
+           configuration (1, (0, 1, 2)) is established. Then each relay reads, once, a file
+           in which relays 0 and 1 alone serve "s" (relay 2 keeps a pattern no stream
+           matches): the explored action `reload r` (RelayCore.reload_topology with the new
+           CoreConfig, as relay/sim/world.py `_reload` does), interleaved with everything
+           else, so the change (1, (0, 1, 2)) -> (2, (0, 1)) (5.15 changes) is wanted and
+           held back while a relay still reads the old file (`change_held_by`), proposed,
+           decided by a quorum of the old relays, adopted, and relay 2 leaves the stream.
+           Transaction k > 0 waits for k * (max_ticks // transactions) ticks of every
+           relay, as in "stale", so that some come after the change and commit under
+           version 2 (without the wait depth first produced all three before it, and
+           nothing new committed under version 2). `reload r` comes right after `produce`
+           in the order of actions, so depth first reads the files early and explores
+           around the change; walks read them at random times. The change takes two or
+           three ticks once every relay read its file: the default max_ticks will do.
 
 Frames are routed as the node's topics route them (relay/sim/script.py,
 `Mesh.subscribers`): a stream's frame goes to every other relay whose own topology or
@@ -61,15 +76,19 @@ state every interleaving of these actions is explored, within the bounds:
   drop a->b       the head frame of link a->b is lost          (at most max_drops)
   dup a->b        the head frame of link a->b is duplicated    (at most max_dups)
   tick r          relay r's clock advances tick_ms and tick() runs (max_ticks, max_skew)
+  reload r        relay r reads its new topology file ("change" only; once per relay)
   step r +-       relay r's wall clock (sequence numbers) steps by clock_step_ms, forward or
                   back, apart from its monotonic clock (timers)  (at most max_clock_steps)
 
 After every call into a core, `ready()` is drained by the shared loop of relay/core/shell.py
-(`drain`, routing as above): frames onto the links, replies to the producers' bookkeeping,
-deliveries to the relay's consumer log. A relay that does not hold the stream (not opened
-yet, or left) contributes no committed prefix and no reports to the checks below; the
-copies members issue for forwarded produces count as issued. Clocks are per relay, so the
-safety checks also hold under skew (G4).
+(`drain`, routing as above, each relay by the file it reads now): frames onto the links,
+replies to the producers' bookkeeping, deliveries to the relay's consumer log. A relay that
+does not hold the stream (not opened yet, or left) contributes no committed prefix to the
+checks below; the reports it made before it left stay counted (as its log held them before
+the step in which it left). Each report is tagged with the configuration it was made under
+(a core reports only in `ready()`, under the configuration it then holds, which its Reports
+state). The copies members issue for forwarded produces count as issued. Clocks are per
+relay, so the safety checks also hold under skew (G4).
 
 States are deduplicated by a fingerprint: each core is pickled (its shared, constant config
 and its diagnostics counters detached: the protocol never reads them) and the state hashes
@@ -88,19 +107,29 @@ Checked in every state (checks.py: the shared invariants of relay/sim/invariants
     log of each relay is exactly its committed prefix without skipped duplicates; no
     producer key (pid, pseq) is delivered twice on a relay.
   * nothing invented: every held, late or delivered (seq, tx) is a copy some relay issued.
-  * commits are real and never conflict: no point has two digests each reported by a
-    quorum (counting every report made, delivered or not, by the relays of the one
-    configuration that can be established, with its quorum: 2 of relays 0-2, or 2 of
-    relays 0-1 in "stale"); the prefixes behind the digests quorums reported at successive
-    points extend one another (each reported digest is mapped to the prefix it was
-    computed over); each relay's committed and known-committed (point, digest) above
-    genesis was reported by a quorum; every relay committed past a quorum-reported point
-    has that digest there.
+  * commits are real and never conflict, per configuration: for each configuration that
+    can be established, no point has two digests each reported by a quorum of its relays
+    under it (counting every report in the relays' report logs, delivered or not, with the
+    configuration's quorum: 2 of relays 0-2, 2 of relays 0-1 in "stale"; in "change" both);
+    the prefixes behind the digests quorums reported at successive points, under any of
+    them, extend one another (each reported digest is mapped to the prefix it was computed
+    over); each relay's committed and known-committed (point, digest) above genesis was
+    reported by a quorum of one configuration under it; every relay committed past a
+    quorum-reported point has that digest there.
+  * and across configurations ("change"): counting every report each relay sent, under
+    the configuration its Reports stated, void ones (5.12 step 5) included (section 6: no
+    digest a view changes reaches a quorum, so none can back a conflict), no point has
+    different digests each reported by a quorum of a configuration (of one or of two), and
+    the prefixes behind the digests quorums of either reported extend one another.
   * configurations (5.15): no relay holds an established configuration (version >= 1)
-    other than the one the files can establish ((1, (0, 1, 2)), or (1, (0, 1)) in
-    "stale"), so once anything committed every established relay holds that one; none it
-    leaves out holds the stream under it; a relay that reported or committed past genesis
-    holds it (a provisional relay reports nothing).
+    other than the ones the files can establish ((1, (0, 1, 2)); (1, (0, 1)) in "stale";
+    (1, (0, 1, 2)) and (2, (0, 1)) in "change"), and no two relays hold different ones of
+    one version (the one a relay left the stream under counted), so once anything
+    committed every relay under an established configuration of that version holds that
+    one; none that leaves a relay out is held by it, and a relay leaves the stream only
+    under one that leaves it out; a relay that reported or committed past genesis holds
+    one of them (a provisional relay reports nothing); a relay's established
+    configuration changes only to a later version.
   * G3: a producer gets at most one answer per request; `committed(seq)` names a copy of
     its own transaction, every relay committed past seq delivered that transaction at seq,
     and all committed answers for one key name the same seq; `rejected` copies are in no
@@ -114,13 +143,22 @@ Checked in every state (checks.py: the shared invariants of relay/sim/invariants
     outgoing frame decodes, is routed as its type requires, carries a non-decreasing floor;
     every transaction it issues lies above every floor it announced before; reports
     strictly increase, lie above every votes_final_through promise it announced before,
-    and each equals the reporter's own chain digest at that point.
+    each equals the reporter's own chain digest at that point, and its Reports state the
+    version of the configuration it holds.
 
 Not covered: crashes and restarts (incarnations; the relays keep no acceptor memory, so
 no record binds a configuration), eviction and rebasing, transactions on more than one
-stream (relay 2's "t" is only joined), topology files changed during a run, clock refusals
-(steps are far below the bound). Forwarding is covered in "stale" only (in "same" every
-relay is a member).
+stream (relay 2's "t" is only joined), clock refusals (steps are far below the bound).
+Topology files changed during a run only as "change" does: one change that removes a
+relay, in one step (held back, decided, adopted; with max_ticks=12 random walks also reach
+a change deferred because too few of the new relays held the history after
+`CHANGE_PROMISE_WAIT_MS`); not one that adds relays (steps, readmission, a relay joining
+under the new configuration), a change made while a relay is down (no crashes here), nor
+a file read again while a stream is provisional (`reprovision`). Forwarding is covered in
+"stale" and "change" (relay 2's produces once it left; a member coordinating a forwarded
+produce is reached in "stale" only), not in "same" (every relay is a member). Liveness
+(that the change is made at all) is the simulator's to check (section 7): the explorer
+checks safety only.
 
 Scale. The interleavings of six FIFO links are genuinely concurrent: even one transaction
 without faults or ticks has more than 10^5 distinct states, so realistic bounds are always
@@ -130,9 +168,9 @@ repairs, resets, late rejections and timeouts; "bfs" covers every short prefix. 
 order reduction (sleep sets: actions on different cores commute) would cut the work per
 state, not the number of states.
 
-The modules: model.py (the world as a value, copying cores, fingerprints), actions.py
-(enabled actions, applying one, the start state), checks.py (what is checked), trace.py
-(describing and shrinking a violation's path), search.py (the strategies).
+The modules: model.py (the world as a value, the setups, copying cores, fingerprints),
+actions.py (enabled actions, applying one, the start state), checks.py (what is checked),
+trace.py (describing and shrinking a violation's path), search.py (the strategies).
 """
 
 from relay.sim.explore.model import EXPLORE_LIMITS

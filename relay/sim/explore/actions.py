@@ -9,9 +9,10 @@ from relay.core import codec
 from relay.core.machine import RelayCore
 from relay.core.messages import Heartbeat, JoinRequest, Reports, TxBatch
 from relay.core.shell import Delivery, Outgoing, ProduceReply, ProduceRequest, drain
-from relay.core.state import GENESIS_POINT, target_of
-from relay.sim.explore.checks import chain_at, check_transition, inspect_core
+from relay.core.state import GENESIS_POINT, Configuration, target_of
+from relay.sim.explore.checks import chain_at, check_transition, inspect_core, votes_of
 from relay.sim.explore.model import (
+    ABSENT,
     LINK_INDEX,
     LINKS,
     RELAYS,
@@ -22,6 +23,8 @@ from relay.sim.explore.model import (
     Action,
     Bounds,
     Context,
+    CoreInfo,
+    Vote,
     World,
 )
 
@@ -33,6 +36,8 @@ def enabled(w: World, n_tx: int, a: Bounds) -> list[Action]:
     k = sum(1 for x in w.produced if x is not None)
     if k < n_tx and min(w.ticks) >= k * a.produce_gap_ticks:
         acts += [("produce", k, r) for r in RELAYS]
+    if a.reloads:
+        acts += [("reload", r) for r in RELAYS if not w.reloaded[r]]
     live = [i for i, q in enumerate(w.links) if q]
     acts += [("deliver", i) for i in live]
     low = min(w.ticks)
@@ -76,7 +81,11 @@ class _Observer:
         self.rebases = 0
         st = core.streams.get(STREAM)
         self.timeline = st.timeline if st is not None else None  # None: not held (5.15)
+        self.configuration = st.configuration if st is not None else None
+        self.version = st.config_version if st is not None else None
+        self.sent: list[Vote] = []  # its reports, as World.sent_votes keeps them
         self.serving = [c.info.serves for c in w.cores]
+        self.reloaded = w.reloaded
 
     def persist(self, records: list[tuple[str, bytes]]) -> None:
         """The explorer's relays keep no acceptor memory, so none comes."""
@@ -109,6 +118,13 @@ class _Observer:
         if isinstance(msg, Reports) and msg.stream == STREAM and tl is None:
             p.append(f"relay {rid} sent Reports of a stream it does not hold")
         elif isinstance(msg, Reports) and msg.stream == STREAM and tl is not None:
+            if msg.config != self.version:
+                # (so each report is made under the configuration it holds after the
+                # action: _tag_reports tags it so)
+                p.append(
+                    f"relay {rid} sent Reports under version {msg.config}, "
+                    f"holding version {self.version}"
+                )
             for point, d in msg.points:
                 if point <= self.last_report:
                     p.append(f"relay {rid} reported {point} after {self.last_report}")
@@ -117,6 +133,8 @@ class _Observer:
                         f"relay {rid} reported {point}, promised none through {self.final_sent}"
                     )
                 self.last_report = point
+                if self.ctx.across and self.configuration is not None:
+                    self.sent.append((point, d, self.configuration))
                 if d != chain_at(tl, point):
                     p.append(f"relay {rid} reported at {point} a digest not of its own prefix")
                 else:
@@ -134,7 +152,7 @@ class _Observer:
                 f"relay {rid}: floor went back from {self.floor_sent} to {msg.floor} on the wire"
             )
         self.floor_sent = max(self.floor_sent, msg.floor)
-        for dst in self.ctx.receivers(o, rid, self.serving):
+        for dst in self.ctx.receivers(o, rid, self.serving, self.reloaded):
             i = LINK_INDEX[(rid, dst)]
             self.links[i] = (*self.links[i], o.frame)
 
@@ -175,9 +193,21 @@ def _settle(
     drain(core, seen)
     p = seen.problems
     info, more = inspect_core(core, rid)
-    info = info._replace(counters=info.counters | w.cores[rid].info.counters)
+    old = w.cores[rid].info
+    info = _tag_reports(old, info._replace(counters=info.counters | old.counters))
     p += more
-    p += check_transition(rid, w.cores[rid].info, info)
+    p += check_transition(rid, old, info)
+    left_votes = w.left_votes
+    if old.config is not None and info.config is None and old.reports:
+        # It left the stream: its reports stay counted under their configurations.
+        left = list(left_votes)
+        left[rid] = left[rid] + votes_of(old)
+        left_votes = tuple(left)
+    sent_votes = w.sent_votes
+    if seen.sent:
+        sent = list(sent_votes)
+        sent[rid] = sent[rid] + tuple(seen.sent)
+        sent_votes = tuple(sent)
     forwarded = _forwarded_copies(w, core)
     snap = ctx.freeze(core, info)
     cores = list(w.cores)
@@ -199,9 +229,45 @@ def _settle(
             final_sent=tuple(fin),
             rebases=w.rebases + seen.rebases,
             forwarded=forwarded,
+            left_votes=left_votes,
+            sent_votes=sent_votes,
         ),
         p,
     )
+
+
+def _tag_reports(old: CoreInfo, new: CoreInfo) -> CoreInfo:
+    """`new` with the configuration each report of its log was made under: those its log
+    shares with `old`'s keep their tags (a log only grows, or loses a tail of void reports,
+    5.12); the ones added since were made under the configuration the relay holds now (a
+    core reports in `ready()` only, after the input: _Observer.publish checks that the
+    Reports say its version)."""
+    if new.config is None:
+        return new
+    kept = 0
+    runs: list[tuple[Configuration, int]] = []
+    if old.config is not None:
+        n = len(old.reports)
+        if new.reports[:n] == old.reports:
+            kept = n
+        else:
+            for before, after in zip(old.reports, new.reports, strict=False):
+                if before != after:
+                    break
+                kept += 1
+        left = kept
+        for config, count in old.report_configs:
+            if left <= 0:
+                break
+            runs.append((config, min(count, left)))
+            left -= count
+    added = len(new.reports) - kept
+    if added:
+        if runs and runs[-1][0] == new.config:
+            runs[-1] = (new.config, runs[-1][1] + added)
+        else:
+            runs.append((new.config, added))
+    return new._replace(report_configs=tuple(runs))
 
 
 def _forwarded_copies(w: World, core: RelayCore) -> tuple[tuple[int, int], ...]:
@@ -254,6 +320,14 @@ def apply(ctx: Context, w: World, act: Action, a: Bounds) -> tuple[World, list[s
         core = ctx.thaw(w.cores[rid], rid)
         core.tick(now[rid] + w.skew[rid], now[rid])
         w = w._replace(now=tuple(now), ticks=tuple(ticks))
+        return _settle(ctx, w, rid, core, links, replies)
+    if kind == "reload":
+        rid = act[1]
+        reloaded = list(w.reloaded)
+        reloaded[rid] = True
+        core = ctx.thaw(w.cores[rid], rid)
+        core.reload_topology(ctx.reload_configs[rid])
+        w = w._replace(reloaded=tuple(reloaded))
         return _settle(ctx, w, rid, core, links, replies)
     if kind == "produce":
         k, rid = act[1], act[2]
@@ -318,11 +392,12 @@ class _Prefix:
 
 
 def _settled(ctx: Context, cores: list[RelayCore]) -> bool:
-    """Whether the start state's prefix is done: with one topology, all three joined the
-    stream, are unfenced and committed nothing; with topologies that disagree, every stream
-    any relay opened at start is joined and unfenced, and none has opened the stream
-    (a pattern's: its first use, the join and its first view are explored)."""
-    if ctx.mode == "same":
+    """Whether the start state's prefix is done: with one topology at start ("same",
+    "change"), all three joined the stream, are unfenced and committed nothing; with
+    topologies that disagree ("stale"), every stream any relay opened at start is joined and
+    unfenced, and none has opened the stream (a pattern's: its first use, the join and its
+    first view are explored)."""
+    if not ctx.setup.opened_by_use:
         return all(c.joined(STREAM) and not c.fenced(STREAM) for c in cores) and all(
             c.committed_point(STREAM) == GENESIS_POINT for c in cores
         )
@@ -355,7 +430,9 @@ def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
         info, problems = inspect_core(cores[r], r)
         if problems:
             raise RuntimeError(f"initial state broken: {problems}")
-        snaps.append(ctx.freeze(cores[r], info))
+        snaps.append(ctx.freeze(cores[r], _tag_reports(ABSENT, info)))
+    # (what the prefix reported, none of it void: World.sent_votes)
+    sent = tuple(votes_of(snap.info) if ctx.across else () for snap in snaps)
     return World(
         cores=tuple(snaps),
         links=tuple(() for _ in LINKS),
@@ -369,4 +446,5 @@ def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
         last_report=tuple(s.last_report for s in sinks),
         floor_sent=tuple(s.floor_sent for s in sinks),
         final_sent=tuple(s.final_sent for s in sinks),
+        sent_votes=sent,
     )

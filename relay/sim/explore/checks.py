@@ -1,9 +1,11 @@
 """What the explorer checks in every state it reaches: the shared invariants
 (relay/sim/invariants.py) over the relays' committed prefixes, consumer logs and producer
-answers; that commits are real and never conflict; that only the one configuration that
-can be established is (5.15); and each core's internal consistency. A relay that does not
-hold the stream (not opened yet, or left) contributes no committed prefix and no reports.
-See the package docstring for the list."""
+answers; that commits are real and never conflict, under each configuration and across
+them; that only the configurations the files can establish are, and no two relays hold
+different ones of one version (5.15); and each core's internal consistency. A relay that
+does not hold the stream (not opened yet, or left) contributes no committed prefix; the
+reports it made before it left stay counted under their configurations. See the package
+docstring for the list."""
 
 from __future__ import annotations
 
@@ -19,7 +21,16 @@ from relay.core.seq import relay_of
 from relay.core.state import GENESIS_POINT, Configuration
 from relay.core.timeline import Timeline
 from relay.sim import invariants
-from relay.sim.explore.model import ABSENT, RELAYS, SETUPS, STREAM, TXS, CoreInfo, World
+from relay.sim.explore.model import (
+    ABSENT,
+    RELAYS,
+    SETUPS,
+    STREAM,
+    TXS,
+    CoreInfo,
+    Vote,
+    World,
+)
 
 
 def digest_at(info: CoreInfo, point: int) -> bytes | None:
@@ -33,6 +44,20 @@ def digest_at(info: CoreInfo, point: int) -> bytes | None:
 def holders(infos: Sequence[CoreInfo]) -> list[int]:
     """The relays that hold the stream (opened it, and did not leave it)."""
     return [r for r in RELAYS if infos[r].config is not None]
+
+
+def votes_of(info: CoreInfo) -> tuple[Vote, ...]:
+    """The relay's reports, each with the configuration it was made under."""
+    out: list[Vote] = []
+    i = 0
+    for config, count in info.report_configs:
+        out += [(point, d, config) for point, d in info.reports[i : i + count]]
+        i += count
+    return tuple(out)
+
+
+def can_be(allowed: Sequence[Configuration]) -> str:
+    return " or ".join(str(c) for c in allowed)
 
 
 def copies(w: World) -> dict[int, list[int]]:
@@ -50,10 +75,11 @@ def copies(w: World) -> dict[int, list[int]]:
 def check_world(
     w: World,
     prefix_of: Mapping[bytes, tuple[Entry, ...]] | None = None,
-    established: Configuration = SETUPS["same"].established,
+    established: tuple[Configuration, ...] = SETUPS["same"].established,
 ) -> list[str]:
-    """Cross-relay and client checks of one state; `established`: the only configuration
-    of the stream that can be established (its relays vote, by its quorum)."""
+    """Cross-relay and client checks of one state; `established`: the configurations of
+    the stream that can be established (the relays of each vote under it, by its
+    quorum)."""
     p: list[str] = []
     infos = [c.info for c in w.cores]
     have = holders(infos)
@@ -82,70 +108,95 @@ def check_world(
             if issued.get(s) != t:
                 p.append(f"invented: relay {r} holds ({s}, {invariants.describe(t)}), never issued")
     _check_configs(infos, established, p)
-    _check_commits(infos, prefix_of, established, p)
+    votes = [w.left_votes[r] + votes_of(infos[r]) for r in RELAYS]
+    _check_commits(infos, votes, prefix_of, established, p)
+    if len(established) > 1:
+        _check_across(w.sent_votes, prefix_of, established, p)
     _check_answers(w, infos, issued, p)
     return p
 
 
-def _check_configs(infos: list[CoreInfo], established: Configuration, p: list[str]) -> None:
-    """5.15: no relay holds an established configuration of the stream other than the one
-    the topologies can establish (so once anything committed, every relay under an
-    established configuration holds that one), and none that leaves it out holds the
-    stream under it (it stops serving the stream); a relay has reported or committed past
-    genesis only under it (a provisional relay reports nothing)."""
-    for r in holders(infos):
+def _check_configs(infos: list[CoreInfo], allowed: tuple[Configuration, ...], p: list[str]) -> None:
+    """5.15: no relay holds an established configuration of the stream other than those
+    the topologies can establish (with one, once anything committed every relay under an
+    established configuration holds that one), and no two relays hold different ones of
+    one version (counting the one a relay left the stream under); none that leaves a relay
+    out is held by it (it stops serving the stream), and a relay leaves only under one that
+    leaves it out; a relay has reported or committed past genesis only under one of them (a
+    provisional relay reports nothing)."""
+    can = can_be(allowed)
+    held: dict[int, dict[Configuration, list[int]]] = {}  # version -> configuration -> relays
+    for r in RELAYS:
         info = infos[r]
-        assert info.config is not None
+        if info.config is None:
+            left = info.left_under
+            if left is None:
+                continue
+            if left not in allowed:
+                p.append(f"relay {r}: left {STREAM!r} under {left}, but only {can} can be")
+            elif r in left[1]:
+                p.append(f"relay {r}: left {STREAM!r} under {left}, which has it")
+            held.setdefault(left[0], {}).setdefault(left, []).append(r)
+            continue
         version, members = info.config
-        if version > 0 and info.config != established:
-            p.append(
-                f"relay {r}: configuration {info.config} established, but only {established} can be"
-            )
+        if version > 0:
+            held.setdefault(version, {}).setdefault(info.config, []).append(r)
+        if version > 0 and info.config not in allowed:
+            p.append(f"relay {r}: configuration {info.config} established, but only {can} can be")
         elif version > 0 and r not in members:
             p.append(f"relay {r}: holds configuration {info.config}, which leaves it out")
-        elif info.config != established and (info.committed_point > GENESIS_POINT or info.reports):
+        elif info.config not in allowed and (info.committed_point > GENESIS_POINT or info.reports):
             what = "committed" if info.committed_point > GENESIS_POINT else "reported"
-            p.append(f"relay {r}: {what} under configuration {info.config}, not {established}")
+            p.append(f"relay {r}: {what} under configuration {info.config}, not {can}")
+    for version, configs in sorted(held.items()):
+        if len(configs) > 1:
+            who = "; ".join(f"{c} by relays {rs}" for c, rs in sorted(configs.items()))
+            p.append(f"two configurations of version {version} held: {who}")
 
 
 def _check_commits(
     infos: list[CoreInfo],
+    votes: list[tuple[Vote, ...]],
     prefix_of: Mapping[bytes, tuple[Entry, ...]] | None,
-    established: Configuration,
+    allowed: tuple[Configuration, ...],
     p: list[str],
 ) -> None:
-    """Commits are real (a quorum of the established configuration's relays reported them)
-    and never conflict."""
-    voters: dict[int, dict[bytes, set[int]]] = {}
-    relays = established[1]
-    q = quorum(len(relays))
-    for r in relays:
-        for point, d in infos[r].reports:  # every report of every relay is in its log
-            voters.setdefault(point, {}).setdefault(d, set()).add(r)
+    """Commits are real (a quorum of the relays of a configuration that can be established
+    reported them, under it) and never conflict: not within one configuration, nor across
+    them (`votes`: per relay, the reports in its log, and those it made before it left the
+    stream, each with the configuration it was made under)."""
+    backed = quorums(allowed, votes)
     quorate: dict[int, bytes] = {}
-    for point, by_digest in voters.items():
-        won = [d for d, who in by_digest.items() if len(who) >= q]
-        if len(won) > 1:
-            p.append(f"point {point}: {len(won)} different digests each reported by a quorum")
-        if won:
-            quorate[point] = won[0]
+    for point, under in backed.items():
+        for config in allowed:
+            won = sum(1 for cs in under.values() if config in cs)
+            if won > 1:
+                p.append(f"point {point}: {won} different digests each reported by a quorum")
+        configs = {c for cs in under.values() for c in cs}
+        if len(under) > 1 and len(configs) > 1:
+            p.append(
+                f"point {point}: {len(under)} different digests each reported by a quorum "
+                f"of one of the configurations {can_be(sorted(configs))}"
+            )
+        quorate[point] = next(iter(under))
     for r in holders(infos):
         info = infos[r]
         for what, (point, d) in (
             ("committed", (info.committed_point, info.committed_digest)),
             ("known commit", info.known_commit),
         ):
-            if point > GENESIS_POINT and quorate.get(point) != d:
+            if point > GENESIS_POINT and d not in backed.get(point, ()):
                 p.append(f"relay {r}: {what} {point} has a digest no quorum reported")
-        for point, d in quorate.items():
+        for point, under in backed.items():
             mine = digest_at(info, point)
-            if mine is not None and mine != d:
+            if mine is not None and mine not in under:
+                d = next(iter(under))
                 p.append(
                     f"relay {r}: committed past {point} with digest {mine.hex()[:8]} "
                     f"but a quorum reported {d.hex()[:8]} there"
                 )
     # The prefixes behind the digests a quorum reported (at any points, delivered anywhere
-    # or not) extend one another.
+    # or not, under any configuration) extend one another.
     if prefix_of is not None:
         chain = sorted(quorate.items())
         for (p1, d1), (p2, d2) in pairwise(chain):
@@ -157,6 +208,70 @@ def _check_commits(
                     f"conflicting commits: the prefix a quorum reported at {p2} differs "
                     f"at or below {p1} from the one a quorum reported there"
                 )
+
+
+def quorate_under(
+    config: Configuration, votes: Sequence[tuple[Vote, ...]]
+) -> dict[int, list[bytes]]:
+    """point -> the digests a quorum of `config`'s relays reported there, under it."""
+    voters: dict[int, dict[bytes, set[int]]] = {}
+    for r in config[1]:
+        for point, d, made_under in votes[r]:
+            if made_under == config:
+                voters.setdefault(point, {}).setdefault(d, set()).add(r)
+    q = quorum(len(config[1]))
+    out: dict[int, list[bytes]] = {}
+    for point, reporters in voters.items():
+        won = [d for d, who in reporters.items() if len(who) >= q]
+        if won:
+            out[point] = won
+    return out
+
+
+def quorums(
+    allowed: tuple[Configuration, ...], votes: Sequence[tuple[Vote, ...]]
+) -> dict[int, dict[bytes, list[Configuration]]]:
+    """point -> digest -> the configurations a quorum of whose relays reported it there,
+    under it."""
+    backed: dict[int, dict[bytes, list[Configuration]]] = {}
+    for config in allowed:
+        for point, digests in quorate_under(config, votes).items():
+            for d in digests:
+                backed.setdefault(point, {}).setdefault(d, []).append(config)
+    return backed
+
+
+def _check_across(
+    sent: Sequence[tuple[Vote, ...]],
+    prefix_of: Mapping[bytes, tuple[Entry, ...]] | None,
+    allowed: tuple[Configuration, ...],
+    p: list[str],
+) -> None:
+    """Commits never conflict across configurations (5.15 changes, section 6), counting
+    every report each relay sent (`sent`), under the configuration its Reports stated,
+    void ones included (section 6: no digest a view changes reaches a quorum, so none of
+    them can back a conflict): no point has different digests each reported by a quorum
+    of a configuration, and the prefixes behind the digests quorums reported, under any
+    of them, extend one another (checked between successive points: extending is
+    transitive)."""
+    backed = quorums(allowed, sent)
+    for point, under in backed.items():
+        if len(under) > 1:
+            who = "; ".join(f"{d.hex()[:8]} by {can_be(cs)}" for d, cs in under.items())
+            p.append(f"point {point}: different digests each reported by a quorum: {who}")
+    if prefix_of is None:
+        return
+    chain = sorted((point, d, under[d]) for point, under in backed.items() for d in under)
+    for (p1, d1, c1), (p2, d2, c2) in pairwise(chain):
+        e1, e2 = prefix_of.get(d1), prefix_of.get(d2)
+        if e1 is None or e2 is None:
+            p.append(f"no prefix known for a digest reported at {p1} or {p2}")
+        elif p1 < p2 and tuple(e for e in e2 if e[0] <= p1) != e1:
+            p.append(
+                f"conflicting commits across configurations: the prefix a quorum of "
+                f"{can_be(c2)} reported at {p2} differs at or below {p1} from the one a "
+                f"quorum of {can_be(c1)} reported there"
+            )
 
 
 def _check_answers(
@@ -224,7 +339,10 @@ def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
     counters = frozenset(k for k, v in core.counters.items() if v > 0)
     if st is None:
         return ABSENT._replace(
-            floor=core.clock.floor, counters=counters, serves=core.serves(STREAM)
+            floor=core.clock.floor,
+            counters=counters,
+            serves=core.serves(STREAM),
+            left_under=core.foreign.get(STREAM),
         ), p
     tl = st.timeline
     h = tl.head
@@ -297,18 +415,24 @@ def inspect_core(core: RelayCore, rid: int) -> tuple[CoreInfo, list[str]]:
         view=(st.view.number, st.view.start),
         config=st.configuration,
         serves=core.serves(STREAM),
+        change_held=bool(core.change_held_by(STREAM)),
     )
     return info, p
 
 
 def check_transition(rid: int, old: CoreInfo, new: CoreInfo) -> list[str]:
     """What may not go back across one step of the relay (its floor; and, while it holds
-    the stream before and after, its committed point and prefix, its report log)."""
+    the stream before and after, its configuration's version (an established one changes
+    only to a later version), its committed point and prefix, its report log)."""
     p: list[str] = []
     if old.config is None or new.config is None:
         if new.floor < old.floor:
             p.append(f"relay {rid}: floor went back from {old.floor} to {new.floor}")
         return p
+    if new.config != old.config and (
+        new.config[0] < old.config[0] or new.config[0] == old.config[0] > 0
+    ):
+        p.append(f"relay {rid}: configuration went from {old.config} to {new.config}")
     for name in ("committed_point", "reported", "floor"):
         if getattr(new, name) < getattr(old, name):
             p.append(

@@ -33,22 +33,50 @@ LINKS: tuple[tuple[int, int], ...] = tuple((a, b) for a in RELAYS for b in RELAY
 LINK_INDEX = {link: i for i, link in enumerate(LINKS)}
 START_UNIX_MS = 1_750_000_000_000
 REQUEST_BASE = 100  # request id of transaction k is REQUEST_BASE + k
+NO_RELOADS = (False,) * len(RELAYS)
+
+
+# "change": all three read TOPOLOGY_SUBSCRIPTIONS at start (the stream is established on
+# relays 0-2), then each reads, once, a file in which relays 0 and 1 alone serve "s" (relay 2
+# keeps only a pattern no stream matches: a file names at least one stream per relay).
+CHANGED_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {0: (STREAM,), 1: (STREAM,), 2: ("t*",)}
 
 
 class Setup(NamedTuple):
-    """What the relays read and what may come of it: each relay's topology file, and the
-    only configuration of STREAM (5.15) that can be established."""
+    """What the relays read and what may come of it: each relay's topology file, the
+    configurations of STREAM (5.15) that can be established, in version order (each the
+    change of the one before), and the file each relay reads while it runs (the explored
+    action `reload r`), if any."""
 
     subscriptions: tuple[dict[int, tuple[str, ...]], ...]  # per relay: its topology's
-    established: Configuration
+    established: tuple[Configuration, ...]
+    reloads: tuple[dict[int, tuple[str, ...]], ...] | None = None  # per relay
+    # the stream opens on its first use (a pattern's), not established at start
+    opened_by_use: bool = False
+    # transaction k > 0 waits until every relay ticked k * (max_ticks // transactions)
+    # times (Bounds.produce_gap_ticks), so that some come after the configuration changed
+    spread_produces: bool = False
 
 
 SETUPS: dict[str, Setup] = {
     # One shared topology; the start state has established the configuration already.
-    "same": Setup((TOPOLOGY_SUBSCRIPTIONS,) * len(RELAYS), (1, RELAYS)),
+    "same": Setup((TOPOLOGY_SUBSCRIPTIONS,) * len(RELAYS), ((1, RELAYS),)),
     # Relay 2's file disagrees: the first view, decided by every relay of its proposer's
     # configuration, can only establish relays 0 and 1.
-    "stale": Setup((STALE_SUBSCRIPTIONS, STALE_SUBSCRIPTIONS, FULL_SUBSCRIPTIONS), (1, (0, 1))),
+    "stale": Setup(
+        (STALE_SUBSCRIPTIONS, STALE_SUBSCRIPTIONS, FULL_SUBSCRIPTIONS),
+        ((1, (0, 1)),),
+        opened_by_use=True,
+        spread_produces=True,
+    ),
+    # Established on relays 0-2 at start; every relay then reads a file that takes relay 2
+    # off the stream: the mesh changes it to relays 0-1 (version 2) once the files agree.
+    "change": Setup(
+        (TOPOLOGY_SUBSCRIPTIONS,) * len(RELAYS),
+        ((1, RELAYS), (2, (0, 1))),
+        reloads=(CHANGED_SUBSCRIPTIONS,) * len(RELAYS),
+        spread_produces=True,
+    ),
 }
 TOPOLOGIES = tuple(SETUPS)
 
@@ -70,6 +98,7 @@ EXPLORE_LIMITS = Limits(
 )
 
 Action = tuple[Any, ...]  # ("produce", k, r) | ("deliver"|"drop"|"dup", link) | ("tick", r)
+# | ("step", r, sign) | ("reload", r)
 
 
 @dataclass
@@ -86,6 +115,7 @@ class Bounds:
     # transaction k > 0 is produced only once every relay ticked k * produce_gap_ticks
     # times (0: at any time)
     produce_gap_ticks: int = 0
+    reloads: bool = False  # each relay may read its new file once ("reload r")
 
 
 class CoreInfo(NamedTuple):
@@ -109,6 +139,13 @@ class CoreInfo(NamedTuple):
     # those of `ABSENT`
     config: Configuration | None = None
     serves: bool = True  # RelayCore.serves(STREAM): frames of the stream reach it
+    # The configuration each report of `reports` was made under, as runs (configuration,
+    # how many reports): the first n1 under c1, the next n2 under c2, ... (the explorer
+    # tags them, actions._tag_reports)
+    report_configs: tuple[tuple[Configuration, int], ...] = ()
+    # the configuration that left it out when it left the stream (RelayCore.foreign)
+    left_under: Configuration | None = None
+    change_held: bool = False  # a relay's file still names other relays (change_held_by)
 
 
 # What a relay that does not hold the stream contributes: no committed prefix, no reports.
@@ -134,6 +171,9 @@ class CoreSnap(NamedTuple):
     info: CoreInfo
 
 
+Vote = tuple[int, bytes, Configuration]  # a report (point, digest) and its configuration
+
+
 class World(NamedTuple):
     cores: tuple[CoreSnap, ...]
     links: tuple[tuple[bytes, ...], ...]  # LINKS order, head first
@@ -157,6 +197,14 @@ class World(NamedTuple):
     # (tx, seq)
     forwards: tuple[tuple[int, int, int], ...] = ()
     forwarded: tuple[tuple[int, int], ...] = ()
+    reloaded: tuple[bool, ...] = NO_RELOADS  # per relay: read its new file ("reload r")
+    # per relay: the reports it made while it held the stream before it left it, each with
+    # the configuration it was made under (they may be in a commit of that configuration)
+    left_votes: tuple[tuple[Vote, ...], ...] = ((), (), ())
+    # per relay: every report it sent, with the configuration its Reports stated, void ones
+    # (5.12) included; kept only where more than one configuration can be established
+    # (Context.across)
+    sent_votes: tuple[tuple[Vote, ...], ...] = ((), (), ())
 
 
 def world_fingerprint(w: World) -> bytes:
@@ -177,6 +225,10 @@ def world_fingerprint(w: World) -> bytes:
         w.steps,
         w.forwards,
         w.forwarded,
+        w.reloaded,
+        w.left_votes,
+        w.sent_votes,
+        tuple(c.info.report_configs for c in w.cores),
     )
     hsh = hashlib.blake2b(digest_size=16)
     for c in w.cores:
@@ -186,8 +238,9 @@ def world_fingerprint(w: World) -> bytes:
 
 
 class Context:
-    """What every state shares: each relay's configuration (its own topology, `SETUPS`),
-    the core class, and the prefix behind each reported digest."""
+    """What every state shares: each relay's configuration (its own topology, `SETUPS`,
+    and the one it reads while it runs, if any), the core class, and the prefix behind
+    each reported digest."""
 
     def __init__(
         self, limits: Limits, core_class: type[RelayCore] = RelayCore, topologies: str = "same"
@@ -197,19 +250,30 @@ class Context:
         setup = SETUPS[topologies]
         self.core_class = core_class
         self.mode = topologies
+        self.setup = setup
         made: dict[int, Topology] = {}  # relays reading one file share one Topology
-        for subs in setup.subscriptions:
+        for subs in (*setup.subscriptions, *(setup.reloads or ())):
             if id(subs) not in made:
                 made[id(subs)] = Topology(dict(subs))
         self.topologies = tuple(made[id(subs)] for subs in setup.subscriptions)
         self.configs = [CoreConfig(r, self.topologies[r], limits) for r in RELAYS]
+        # What each relay reads while it runs ("reload r"), as RelayCore.reload_topology
+        # takes it; the topologies in force, by which relays read theirs (for routing).
+        self.reload_configs = (
+            [CoreConfig(r, made[id(setup.reloads[r])], limits) for r in RELAYS]
+            if setup.reloads is not None
+            else []
+        )
+        self._in_force: dict[tuple[bool, ...], tuple[Topology, ...]] = {NO_RELOADS: self.topologies}
         self.limits = limits
-        # The only configuration of STREAM that can be established; the commit checks
-        # count votes of its relays, by its quorum.
+        # The configurations of STREAM that can be established; the commit checks count
+        # the votes made under each by its relays, by its quorum.
         self.established = setup.established
+        # Several can: the checks compare them, counting every report sent (World.sent_votes)
+        self.across = len(setup.established) > 1
         # The configuration every state shares is pickled as a reference into _SHARED
         # (chosen by type, in the pickler's C code: no call per other object pickled).
-        for shared in (*made.values(), limits, *self.configs):
+        for shared in (*made.values(), limits, *self.configs, *self.reload_configs):
             _SHARED[id(shared)] = shared
         self._detach: dict[type, Callable[[Any], Any]] = {
             kind: _by_reference for kind in (CoreConfig, Limits, Topology)
@@ -219,6 +283,17 @@ class Context:
         # of the digest (xxh3-128 collisions aside), so it lives outside the states.
         self.prefix_of: dict[bytes, tuple[Entry, ...]] = {dg.genesis(STREAM): ()}
 
+    def in_force(self, reloaded: tuple[bool, ...]) -> tuple[Topology, ...]:
+        """Each relay's topology once the relays `reloaded` says read their new file."""
+        found = self._in_force.get(reloaded)
+        if found is None:
+            found = tuple(
+                self.reload_configs[r].topology if reloaded[r] else self.topologies[r]
+                for r in RELAYS
+            )
+            self._in_force[reloaded] = found
+        return found
+
     def remember_prefix(self, tl: Timeline, point: int, digest: bytes) -> None:
         if tl.base_point != GENESIS_POINT or digest in self.prefix_of:
             return
@@ -226,23 +301,30 @@ class Context:
         entries = tuple((s, t) for s, t in zip(tl.seqs[h:], tl.txs[h:], strict=True) if s <= point)
         self.prefix_of[digest] = entries
 
-    def receivers(self, out: Outgoing, src: int, serving: Sequence[bool]) -> list[int]:
+    def receivers(
+        self,
+        out: Outgoing,
+        src: int,
+        serving: Sequence[bool],
+        reloaded: tuple[bool, ...] = NO_RELOADS,
+    ) -> list[int]:
         """Where `src`'s frame goes, as the node's topics take it (relay/sim/script.py,
         `Mesh.subscribers`): a stream's frame to every other relay whose own topology serves
         the stream or whose configuration does (`serving[d]`: RelayCore.serves(STREAM)); a
         targeted or mesh-wide one as `recipients` says by the sender's topology; and only to
-        a relay whose topology lists `src`."""
+        a relay whose topology lists `src`. Each relay's topology is the one in force
+        (`reloaded`: the relays that read their new file)."""
+        tops = self.in_force(reloaded)
         if out.stream is None:
-            targets: Sequence[int] = recipients(out, self.topologies[src], src)
+            targets: Sequence[int] = recipients(out, tops[src], src)
         else:
             stream = out.stream
             targets = [
                 d
                 for d in RELAYS
-                if d != src
-                and (self.topologies[d].serves(d, stream) or (stream == STREAM and serving[d]))
+                if d != src and (tops[d].serves(d, stream) or (stream == STREAM and serving[d]))
             ]
-        return [d for d in targets if src in self.topologies[d].subscriptions]
+        return [d for d in targets if src in tops[d].subscriptions]
 
     def thaw(self, snap: CoreSnap, rid: int) -> RelayCore:
         core: RelayCore = pickle.loads(snap.blob)

@@ -19,6 +19,7 @@ from relay.sim.explore.actions import apply, enabled, initial
 from relay.sim.explore.checks import check_world
 from relay.sim.explore.model import (
     EXPLORE_LIMITS,
+    SETUPS,
     STREAM,
     TOPOLOGIES,
     TXS,
@@ -100,8 +101,8 @@ class ExploreResult:
 
 
 def _configuration_coverage(w: World, infos: list[CoreInfo], ev: set[str]) -> None:
-    """Events of establishing the stream's configuration (5.15) and of serving it from a
-    relay it leaves out."""
+    """Events of establishing the stream's configuration (5.15), of changing it, and of
+    serving it from a relay it leaves out."""
     for r, info in enumerate(infos):
         if info.config is None:
             ev.add(f"relay {r} does not hold {STREAM!r}")
@@ -111,6 +112,15 @@ def _configuration_coverage(w: World, infos: list[CoreInfo], ev: set[str]) -> No
             ev.add(f"relay {r} holds {STREAM!r} provisionally")
         else:
             ev.add(f"relay {r} holds {STREAM!r} established")
+            if info.config[0] > 1:
+                ev.add(f"relay {r} holds {STREAM!r} under version {info.config[0]} (changed)")
+                if info.committed_point > info.view[1]:
+                    # (above its view's start only commits of that version count)
+                    ev.add(f"relay {r} committed under version {info.config[0]}")
+        if info.change_held:
+            ev.add(f"relay {r} holds a change back (a file names other relays)")
+    if any(w.reloaded):
+        ev.add("every relay read its new file" if all(w.reloaded) else "a relay read its new file")
     if w.forwards:
         ev.add("a produce forwarded")
     if w.forwarded:
@@ -191,11 +201,14 @@ def run_explore(
         raise ValueError(f"unknown topologies {topologies!r}")
     started = time.monotonic()
     shared = topologies == "same"
+    setup = SETUPS[topologies]
     # With topologies that disagree the stream opens on its first produce, which is
     # answered `fenced` (its first view is not decided yet): the later produces come
     # spread over the ticks, as a client's retries come after a backoff, so that some
-    # reach the stream once established (at any time, all were spent before).
-    produce_gap_ticks = 0 if shared else max_ticks // max(transactions, 1)
+    # reach the stream once established (at any time, all were spent before). While the
+    # stream's relays change, so that some come after the change (at any time, depth first
+    # went through all before it: nothing committed under the new configuration).
+    produce_gap_ticks = max_ticks // max(transactions, 1) if setup.spread_produces else 0
     args = Bounds(
         max_ticks,
         tick_ms,
@@ -205,6 +218,7 @@ def run_explore(
         max_clock_steps,
         clock_step_ms,
         produce_gap_ticks,
+        reloads=setup.reloads is not None,
     )
     ctx = Context(limits or EXPLORE_LIMITS, core_class, topologies)
     result = ExploreResult(
@@ -224,9 +238,8 @@ def run_explore(
             ),
             "strategy": strategy,
             **({"seed": seed} if strategy in ("random", "walk") else {}),
-            **(
-                {} if shared else {"topologies": topologies, "produce_gap_ticks": produce_gap_ticks}
-            ),
+            **({} if shared else {"topologies": topologies}),
+            **({"produce_gap_ticks": produce_gap_ticks} if setup.spread_produces else {}),
         }
     )
     rng = random.Random(seed)

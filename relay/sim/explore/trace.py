@@ -134,6 +134,9 @@ def describe_trace(ctx: Context, start: World, actions: Sequence[Action], a: Bou
                 text += f" (wall clock {w.skew[act[1]]:+d} ms off)"
         elif kind == "step":
             text = f"wall clock of relay {act[1]} steps {act[2] * a.clock_step_ms:+d} ms"
+        elif kind == "reload":
+            subs = ctx.reload_configs[act[1]].topology.subscriptions
+            text = f"relay {act[1]} reads its new topology file {subs}"
         else:
             text = f"produce tx {act[1]} ({show_tx(TXS[act[1]])}) at relay {act[2]}"
         before = w
