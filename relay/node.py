@@ -1388,14 +1388,19 @@ class RelayNode:
                     len(parts),
                 )
                 continue
-            if parts[0].startswith(peerprotocol.TOPIC):
-                self._on_announcement(relay, parts[0][len(peerprotocol.TOPIC) :])
-                continue
-            if relay in self._incompatible:
+            if (
+                self._incompatible
+                and relay in self._incompatible
+                and not parts[0].startswith(peerprotocol.TOPIC)
+            ):
                 self.counters["peer_frames_other_protocol"] += 1
                 continue
             frame = strip_topic(parts[0])
             if frame is None:
+                # (not on the hot path: the rare announcement's topic is no frame topic)
+                if parts[0].startswith(peerprotocol.TOPIC):
+                    self._on_announcement(relay, parts[0][len(peerprotocol.TOPIC) :])
+                    continue
                 self.counters["peer_bad_topic"] += 1
                 self._warn(
                     "peer_bad_topic", "relay=%d dropped a mesh message without topic", self.id

@@ -936,20 +936,13 @@ def _inject_change(
                 if relays.alive(relay):
                     relays.terminate(relay)
                 relays.start(relay)
-            waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
-            if waiting:
-                why = _why_not_ready(waiting)
-                result.problems.append(f"{event.detail}: not every relay ready ({why})")
-                options.log(f"           NOT every relay ready after relay {relay}: {why}")
+            _ready_after(relays, relay, event, result, options)
             if name == "stale" and i == 0:
                 _sleep_until(min(end, time.monotonic() + rng.uniform(*HOLD_S)))
                 _check_stale_said(relays, relay, event, result)
         # The files agree now: the mesh changes the stream's relays to what they name.
         target = relays.config_of(order[0]).members(CHANGED_STREAM)
-        stands = _serving_until(relays, CHANGED_STREAM, target, time.monotonic() + REJOIN_MAX_S)
-        if stands:
-            result.problems.append(f"{event.detail}: {CHANGED_STREAM} not on {list(target)}")
-            options.log(f"           NOT changed: {stands}")
+        _changed(relays, CHANGED_STREAM, target, event, result, options)
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
         event.rejoin_s = round(healed - began, 3)
@@ -993,18 +986,11 @@ def _inject_add(
             _fault_half_way(options, faults, rng, result, t0, order[i:], kill=True)
         relays.give_file(relay, full)
         _reload(relays, relay, event, result)
-        waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
-        if waiting:
-            why = _why_not_ready(waiting)
-            result.problems.append(f"{event.detail}: not every relay ready ({why})")
-            options.log(f"           NOT every relay ready after relay {relay}: {why}")
+        _ready_after(relays, relay, event, result, options)
     config = load(full)
     for stream in STREAMS:
         target = config.members(stream)
-        stands = _serving_until(relays, stream, target, time.monotonic() + REJOIN_MAX_S)
-        if stands:
-            result.problems.append(f"{event.detail}: {stream} not on {list(target)}")
-            options.log(f"           NOT changed: {stream}: {stands}")
+        _changed(relays, stream, target, event, result, options)
     healed = time.monotonic()
     event.heal_s = round(healed - t0, 3)
     event.rejoin_s = round(healed - began, 3)
@@ -1033,6 +1019,36 @@ def _reload(relays: RelayProcesses, relay: int, event: FaultEvent, result: Scena
             return
         time.sleep(POLL_S)
     result.problems.append(f"{event.detail}: relay {relay} did not say it read its file")
+
+
+def _ready_after(
+    relays: RelayProcesses,
+    relay: int,
+    event: FaultEvent,
+    result: ScenarioResult,
+    options: Options,
+) -> None:
+    """After relay `relay` moved: wait until every relay is ready, or name why not."""
+    waiting = relays.not_ready_until(time.monotonic() + REJOIN_MAX_S)
+    if waiting:
+        why = _why_not_ready(waiting)
+        result.problems.append(f"{event.detail}: not every relay ready ({why})")
+        options.log(f"           NOT every relay ready after relay {relay}: {why}")
+
+
+def _changed(
+    relays: RelayProcesses,
+    stream: str,
+    target: Sequence[int],
+    event: FaultEvent,
+    result: ScenarioResult,
+    options: Options,
+) -> None:
+    """Once the files agree: wait until `stream` runs on `target`, or name what stands."""
+    stands = _serving_until(relays, stream, target, time.monotonic() + REJOIN_MAX_S)
+    if stands:
+        result.problems.append(f"{event.detail}: {stream} not on {list(target)}")
+        options.log(f"           NOT changed: {stream}: {stands}")
 
 
 def _serving_until(
