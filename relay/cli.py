@@ -982,7 +982,8 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
     take), and with --apply drive the change (docs/deploy.md section 9): copy FILE to
     every relay's host first, at the path its `relay run --config` names; each relay
     reads it again (as on SIGHUP) and says whether it took it, and the command waits until
-    every stream runs on its new relays, printing each step.
+    every stream runs on its new relays, printing each step, and until every relay the
+    file removes from the mesh is let go by the others (stop it then).
 
     \b
     Exit codes:
@@ -996,7 +997,13 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
 
     from relay.errors import ConfigError
     from relay.launcher import query_status
-    from relay.tools.reconfigure import ask_reload, follow, plan
+    from relay.tools.reconfigure import (
+        ask_reload,
+        follow,
+        follow_leaving,
+        leaving_relays,
+        plan,
+    )
     from relay.topology import load, read_text, text_digest
 
     try:
@@ -1019,10 +1026,16 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
     if not answering:
         sys.exit(RECONFIGURE_EXIT_CODES["unreachable"])
     changes = plan(new, replies)
+    leaving = leaving_relays(new, replies)
     for change in changes:
         click.echo(f"  {change.words()}")
     if not changes:
         click.echo("  no stream's relays change")
+    if leaving:
+        click.echo(
+            f"  relays {list(leaving)} leave the mesh: each relay lets them go once no "
+            "stream there counts them (take them off every stream first)"
+        )
     if not apply_change:
         click.echo("nothing applied (--apply has every relay read its file again)")
         sys.exit(RECONFIGURE_EXIT_CODES["done"])
@@ -1045,8 +1058,11 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
     left = follow(new, changes, curve, began + wait_s, click.echo, began)
     for change in left:
         click.echo(f"  NOT done: {change.stream} is not on {list(change.target)} yet")
+    counted = follow_leaving(new, leaving, curve, began + wait_s, click.echo, began)
+    for relay, by in counted.items():
+        click.echo(f"  NOT done: relay {relay} is still counted by relays {by}: do not stop it")
     refused = [c for c in changes if c.refusal]
-    if failed or left or refused:
+    if failed or left or refused or counted:
         sys.exit(RECONFIGURE_EXIT_CODES["not done"])
     click.echo(
         f"done in {time.monotonic() - began:.1f} s: every stream runs on the relays the file names"
@@ -2058,10 +2074,10 @@ def bench(
 @click.option(
     "--relays",
     "relays",
-    type=click.Choice(["3", "5"]),
+    type=click.Choice(["3", "4", "5"]),
     default="3",
     show_default=True,
-    help="Relays in the mesh.",
+    help="Relays of the run (add-relay and replace-relay start the last one during it).",
 )
 @click.option(
     "--scenario",
@@ -2069,7 +2085,7 @@ def bench(
     multiple=True,
     metavar="NAME",
     help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, roll, "
-    "stale, replace, or all (repeat or comma-separate; default all).",
+    "stale, replace, add-relay, replace-relay, or all (repeat or comma-separate; default all).",
 )
 @click.option(
     "--duration-s",

@@ -309,6 +309,12 @@ class _PeerLinks:
         self.subs[relay] = (sub, endpoint)
         self.monitors[relay] = LinkMonitor(self.ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
 
+    def remove(self, relay: int) -> None:
+        """Stop watching the link of a relay let go (before its SUB closes)."""
+        del self.subs[relay]
+        self.reconnect_at.pop(relay, None)
+        self.monitors.pop(relay).close()
+
     def sockets(self) -> list[zmq.Socket[Any]]:
         """The monitors' sockets, to wait on."""
         return [monitor.socket for monitor in self.monitors.values()]
@@ -507,7 +513,10 @@ class RelayNode:
         self._signalled: signal.Signals | None = None
         self._reload_wanted = False  # SIGHUP came: read the topology file again (`reload`)
         self._ctx: zmq.asyncio.Context | None = None  # the sockets' context, once running
-        self._waiter_stale = False  # sockets were added: the loop's waiter is made again
+        self._waiter_stale = False  # sockets came or went: the loop's waiter is made again
+        # Relays a reloaded file removed from the mesh that a stream still counts: kept
+        # (link, key) until none does (`_forget_peers`).
+        self._leaving: set[int] = set()
         self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
         self._readmitted = 0  # the core's `config_readmitted` when last subscribed
         # Peers' protocol announcements (relay/peerprotocol.py), those with no protocol in
@@ -620,6 +629,8 @@ class RelayNode:
             "version": __version__,
             "wall_ms": wall_ms(),
             "peers": sorted(r for r in self.config.relays if r != self.id),
+            # removed from the mesh by a reload, still counted by a stream (`_forget_peers`)
+            "leaving": sorted(self._leaving),
             "http": {
                 str(rid): spec.http_url
                 for rid, spec in sorted(self.config.relays.items())
@@ -1018,6 +1029,35 @@ class RelayNode:
             socks.links.add(relay_id, sub, endpoint)
         self._waiter_stale = True
 
+    def _forget_peers(self, socks: _Sockets) -> None:
+        """Let go of the relays removed from the mesh that no stream here counts any
+        more (`RelayCore.forget_relays`): their SUB closed, their key no longer let in
+        (a handshake from now on is refused; a connection made before stays until the
+        relay stops, which the operator does once it has left, docs/deploy.md section 9)."""
+        gone = self.core.forget_relays(self._leaving)
+        for relay_id in gone:
+            self._leaving.discard(relay_id)
+            sub = next(s for s, r in socks.subs.items() if r == relay_id)
+            del socks.subs[sub]
+            socks.links.remove(relay_id)
+            owned = next(c for c in socks.closers if c.underlying == sub.underlying)
+            socks.closers.remove(owned)
+            owned.close(linger=0)
+            key = self._peer_keys.pop(relay_id, None)
+            if key is not None:
+                self._allowed[MESH_DOMAIN].pop(key, None)
+            self._peer_protocols.pop(relay_id, None)
+            self._incompatible.discard(relay_id)
+            self._links_down.discard(relay_id)
+            log.warning(
+                "relay=%d let relay %d go: it left the mesh and no stream here counts it",
+                self.id,
+                relay_id,
+                extra={"relay": self.id, "peer": relay_id, STATE_CHANGE: True},
+            )
+        if gone:
+            self._waiter_stale = True
+
     def _subscriptions(self) -> list[bytes]:
         prefixes = [subscription_prefix(p) for p in self.spec.streams]
         prefixes += [stream_topic(stream) for stream in self._recorded_streams]
@@ -1108,14 +1148,15 @@ class RelayNode:
             text = read_text(path)
             digest = text_digest(text)
             new = load_text(text, path)
-            core_config = new.core_config(self.id)
         except ConfigError as e:
             return None, self._refuse_reload(str(e)), digest
         change = compare(self.config, new, self.id, self.core.stream_names())
         if change.refused:
             refused = "; ".join(change.refused)
-            why = f"{path}: {refused} (these apply only at a restart)"
-            return None, self._refuse_reload(why), digest
+            if self.id not in change.removed_relays:
+                refused += " (these apply only at a restart)"
+            return None, self._refuse_reload(f"{path}: {refused}"), digest
+        core_config = new.core_config(self.id)
         clients = None
         relay_keys: dict[int, bytes] = {}
         if self._identity is not None and (change.clients or change.added_relays):
@@ -1134,9 +1175,14 @@ class RelayNode:
         self.config = new
         self.spec = new.relays[self.id]
         if self._sockets is not None:
-            if change.added_relays:
-                self._add_peers(self._sockets, change.added_relays, relay_keys)
+            # A relay named again before it was let go still has its link and key.
+            added = [r for r in change.added_relays if r not in self._leaving]
+            self._leaving.difference_update(change.added_relays)
+            if added:
+                self._add_peers(self._sockets, added, relay_keys)
             self._subscribe_new(self._sockets)
+            self._leaving.update(change.removed_relays)
+            self._forget_peers(self._sockets)
         self.counters["topology_reloaded"] += 1
         words = change.words()
         log.warning(
@@ -1194,7 +1240,7 @@ class RelayNode:
                     self._reload_wanted = False
                     self.reload()
                 self._turn(socks, readable)
-                if self._waiter_stale:  # relays added to the mesh (`_add_peers`)
+                if self._waiter_stale:  # relays added or let go (`_add_peers`, `_forget_peers`)
                     self._waiter_stale = False
                     waiter.close()
                     waiter = ReadableWaiter(
@@ -1307,6 +1353,8 @@ class RelayNode:
                 self._readmitted = readmitted  # streams the relay was added to: subscribe
                 self._subscribe_new(socks)
             self._unread.prune()
+            if self._leaving:
+                self._forget_peers(socks)
             if self.manage_gc:
                 self._tend_gc(mono)
                 self._trim_heap(mono)

@@ -46,6 +46,12 @@ def test_members_of_unknown_stream_is_empty() -> None:
     assert topo.serves(4, "payments")
 
 
+def test_a_relay_may_serve_no_stream() -> None:
+    # One being taken out of the mesh (docs/deploy.md section 9).
+    topo = Topology({0: (), 1: ("orders",)})
+    assert topo.members("orders") == (1,) and not topo.serves(0, "orders")
+
+
 def test_memoised_answers_stay_correct() -> None:
     topo = topology()
     for _ in range(3):
@@ -53,7 +59,7 @@ def test_memoised_answers_stay_correct() -> None:
         assert topo.members("nothing-serves-this") == (1,)
 
 
-@pytest.mark.parametrize("subscriptions", [{}, {1024: ("a",)}, {-1: ("a",)}, {1: ()}])
+@pytest.mark.parametrize("subscriptions", [{}, {1024: ("a",)}, {-1: ("a",)}, {1: ("",)}])
 def test_bad_topologies(subscriptions: dict[int, tuple[str, ...]]) -> None:
     with pytest.raises(ConfigError):
         Topology(subscriptions)

@@ -106,11 +106,14 @@ class Harness:
     def mesh(self, subscriptions: Sequence[Sequence[str]]) -> Mesh:
         directory = self.directory / f"mesh{len(self.meshes)}"
         declared = list(dict.fromkeys(s for streams in subscriptions for s in streams))
-        path = write_topology(directory, subscriptions, declared)
-        mesh = Mesh(path, log_level="warning", log_dir=directory / "logs")
+        return self.start(write_topology(directory, subscriptions, declared), "warning")
+
+    def start(self, path: Path, log_level: str = "info") -> Mesh:
+        """Every relay of the topology at `path`, logging next to it; stopped by `close`."""
+        mesh = Mesh(path, log_level=log_level, log_dir=path.parent / "logs")
         pids: set[int] = set()
         self.meshes.append((mesh, pids))
-        print(f"relay logs: {directory / 'logs'}")  # shown by pytest when the test fails
+        print(f"relay logs: {path.parent / 'logs'}")  # shown by pytest when the test fails
         mesh.start(timeout_s=START_TIMEOUT_S)
         pids |= set(mesh.pids.values())
         return mesh
@@ -1016,6 +1019,41 @@ def test_relay_reconfigure_plans_checks_and_drives_a_change(harness: Harness) ->
     check_acknowledged(records, pump)
 
 
+RUN = [sys.executable, "-m", "relay", "run"]
+
+
+def _keys_for_added_relays(path: Path) -> list[str]:
+    """`relay keygen --config PATH` (the key pairs the file's new relays lack), as the
+    operator runs it; the arguments that give `relay reconfigure` the admin key."""
+    made = subprocess.run(
+        [sys.executable, "-m", "relay", "keygen", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    return ["--key-file", str(load(path).security.keys_dir / "client-admin.key_secret")]
+
+
+def _start_relay(command_file: Path, relay_id: int, log: Path) -> subprocess.Popen[bytes]:
+    """`relay run` for one relay on its own topology file (its host's), logging to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [*RUN, "--config", str(command_file), "--relay", str(relay_id), "--log-level", "info"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(20)
+
+
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_a_relay_added_to_the_mesh_joins_it_and_a_stream_without_a_restart(
     harness: Harness, curve: bool
@@ -1038,11 +1076,7 @@ def test_a_relay_added_to_the_mesh_joins_it_and_a_stream_without_a_restart(
     doc["relays"] = [r for r in doc["relays"] if r["id"] != 3]
     path = directory / "mesh.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    mesh = Mesh(path, log_level="info", log_dir=directory / "logs")
-    pids: set[int] = set()
-    harness.meshes.append((mesh, pids))
-    mesh.start(timeout_s=START_TIMEOUT_S)
-    pids |= set(mesh.pids.values())
+    mesh = harness.start(path)
     before = dict(mesh.pids)
     # (with CurveZMQ the topology's client is admin: its producer ids start so)
     pump = harness.pump(topology=path, producer_id=b"admin/" + os.urandom(8))
@@ -1051,25 +1085,9 @@ def test_a_relay_added_to_the_mesh_joins_it_and_a_stream_without_a_restart(
     path.write_text(new_text, encoding="utf-8")  # the new file, on every host
     new = load(path)
     endpoint_3 = new.relays[3].client_endpoint
-    admin: list[str] = []
-    if curve:
-        made = subprocess.run(
-            [sys.executable, "-m", "relay", "keygen", "--config", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert made.returncode == 0, made.stdout + made.stderr
-        admin = ["--key-file", str(new.security.keys_dir / "client-admin.key_secret")]
-    with open(directory / "logs" / "relay-3.log", "ab") as log_3:
-        command = [sys.executable, "-m", "relay", "run", "--config", str(path)]
-        relay_3 = subprocess.Popen(
-            [*command, "--relay", "3", "--log-level", "info"],
-            stdout=log_3,
-            stderr=subprocess.STDOUT,
-        )
+    admin = _keys_for_added_relays(path) if curve else []
+    relay_3 = _start_relay(path, 3, directory / "logs" / "relay-3.log")
     try:
-        pids.add(relay_3.pid)
         code, out = reconfigure(path, "--apply", *admin)
         assert code == 0, out
         assert "relay 0: took the file: relays [3] join the mesh; " in out, out
@@ -1085,9 +1103,98 @@ def test_a_relay_added_to_the_mesh_joins_it_and_a_stream_without_a_restart(
         assert on_3 == [r for r in records if first_on_3 <= r.seq <= last]
         assert dict(mesh.pids) == before  # nothing restarted
     finally:
-        relay_3.terminate()
-        try:
-            relay_3.wait(20)
-        except subprocess.TimeoutExpired:
-            relay_3.kill()
-            relay_3.wait(20)
+        _stop(relay_3)
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_a_relay_replaced_by_a_new_one_leaves_the_mesh_without_a_restart(
+    harness: Harness, curve: bool
+) -> None:
+    """docs/deploy.md section 9, replacing a relay by one with a new id and host: relays
+    0-2 run; the operator adds relay 3 in relay 0's place (relay 0's entry kept, serving
+    no stream), starts relay 3 and runs `relay reconfigure --apply`: every stream moves
+    from relay 0 to relay 3. Then relay 0's entry goes from the file and `relay
+    reconfigure --apply` again: relays 1-3 let relay 0 go, and it is stopped. Under
+    writes: nothing acknowledged is lost, relay 3 holds what relay 1 holds from its base
+    on, no relay that stays restarted, and relay 0 started again on its old file is not
+    heard by the others (with CurveZMQ its key is refused)."""
+    directory = harness.directory / "replace"
+    full = write_loopback_topology(
+        directory,
+        {relay_id: [STREAM, AUDIT] for relay_id in range(4)},
+        [STREAM, AUDIT],
+        access={"app": {"produce": ["*"], "consume": ["*"]}} if curve else None,
+    )
+    doc = yaml.safe_load(full.read_text(encoding="utf-8"))
+    entries = {r["id"]: r for r in doc["relays"]}
+    path = directory / "mesh.yaml"
+
+    def write(relays: Sequence[dict[str, Any]], to: Path = path) -> None:
+        to.write_text(yaml.safe_dump({**doc, "relays": list(relays)}, sort_keys=False), "utf-8")
+
+    write([entries[0], entries[1], entries[2]])
+    mesh = harness.start(path)
+    before = dict(mesh.pids)
+    pump = harness.pump(topology=path, producer_id=b"admin/" + os.urandom(8))
+    pump.wait_for(20)
+
+    # Step 1: relay 3 in relay 0's place; relay 0 stays in the mesh, serving nothing.
+    drained = [{**entries[0], "streams": []}, entries[1], entries[2], entries[3]]
+    write(drained)
+    write(drained, directory / "host-0.yaml")  # relay 0's own copy, for its restart below
+    new = load(path)
+    admin = _keys_for_added_relays(path) if curve else []
+    relay_3 = _start_relay(path, 3, directory / "logs" / "relay-3.log")
+    relay_0: subprocess.Popen[bytes] | None = None
+    try:
+        code, out = reconfigure(path, "--apply", *admin)
+        assert code == 0, out
+        assert "relay 0: took the file: relays [3] join the mesh; " in out, out
+        for stream in (STREAM, AUDIT, METADATA_STREAM):
+            assert f"{stream}: on relays 1, 2, 3 (configuration" in out, out
+        moved = pump.count()
+        pump.wait_for(moved + 20)
+        first_on_3 = pump.committed[moved][1]  # relay 3 took a base before it
+
+        # Step 2: relay 0 leaves the mesh; the others let it go, then it is stopped.
+        write([entries[1], entries[2], entries[3]])
+        code, out = reconfigure(path, "--apply", *admin)
+        assert code == 0, out
+        assert "relays [0] leave the mesh" in out, out
+        assert "relay 1: took the file: relays [0] leave the mesh" in out, out
+        assert "relay 0: left the mesh after" in out, out
+        for relay_id in (1, 2):
+            node = (mesh.status(relay_id) or {})["node"]
+            assert node["leaving"] == [] and 0 not in node["peers"], node
+        assert mesh.kill(0, signal.SIGTERM) == 0
+        pump.wait_for(pump.count() + 20)
+
+        # Relay 0 started again on its host's old file: the others do not take it back.
+        refused_before = (mesh.status(1) or {})["node"]["handshakes_refused"]
+        relay_0 = _start_relay(directory / "host-0.yaml", 0, directory / "logs" / "relay-0.log")
+        if curve:
+            wait_until(
+                lambda: (mesh.status(1) or {})["node"]["handshakes_refused"] > refused_before,
+                "relay 1 refusing relay 0's key",
+                timeout_s=CHANGE_S,
+            )
+        pump.wait_for(pump.count() + 20)
+        for relay_id in (1, 2):
+            status = mesh.status(relay_id) or {}
+            assert 0 not in status["peers_heard"], status["peers_heard"]
+        pump.stop()
+
+        last = max(seq for _, seq in pump.committed)
+        records, _ = read_until(clients(mesh, 1), STREAM, last, **curve_of(path))
+        check_timeline(records)
+        check_acknowledged(records, pump)
+        endpoint_3 = {3: new.relays[3].client_endpoint}
+        on_3 = read_from(endpoint_3, STREAM, first_on_3 - 1, last, **curve_of(path))
+        assert on_3 == [r for r in records if first_on_3 <= r.seq <= last]
+        assert {r: p for r, p in mesh.pids.items() if r != 0} == {
+            r: p for r, p in before.items() if r != 0
+        }
+    finally:
+        for proc in (relay_3, relay_0):
+            if proc is not None:
+                _stop(proc)

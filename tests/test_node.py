@@ -982,3 +982,68 @@ def test_a_peer_of_another_protocol_is_named_and_its_frames_are_dropped_unread(
 
     with caplog.at_level("WARNING", logger="relay.node"):
         asyncio.run(scenario())
+
+
+def test_a_relay_removed_from_the_mesh_is_kept_while_a_stream_counts_it_then_let_go(
+    tmp_path: Path,
+) -> None:
+    """A reload that removes relay 3 from the mesh while `trio` (and the metadata stream)
+    still run on it: relay 1 keeps it (its link, its frames: `leaving` in the status),
+    and relay 3 refuses a file that leaves itself out. Named again, serving nothing
+    (docs/deploy.md section 9, step 1), no second link is opened, and the mesh takes relay
+    3 off every stream; the file without it (step 2) then has relays 1 and 2 let it go at
+    once: no peer, no link, and the stream commits on."""
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+
+    from relay.meta import METADATA_STREAM
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, {1: ["trio"], 2: ["trio"], 3: ["trio"]}) as (
+            config,
+            nodes,
+            clients,
+        ):
+            await wait_joined(clients, "trio")
+            path = config.path
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            entries = {entry["id"]: entry for entry in doc["relays"]}
+
+            def write(*relays: dict[str, Any]) -> None:
+                text = yaml.safe_dump({**doc, "relays": list(relays)}, sort_keys=False)
+                path.write_text(text, encoding="utf-8")
+
+            write(entries[1], entries[2])
+            change = nodes[1].reload()
+            assert change is not None and change.removed_relays == (3,), change
+            assert nodes[1]._leaving == {3} and 3 in nodes[1].core.peers
+            assert (await clients[1].status())["node"]["leaving"] == [3]
+            assert nodes[3].reload() is None  # a file without itself
+            assert nodes[3].counters["topology_reload_refused"] == 1
+
+            write(entries[1], entries[2], {**entries[3], "streams": []})
+            for node in nodes.values():
+                assert node.reload() is not None
+            sockets = nodes[1]._sockets
+            assert sockets is not None and sorted(sockets.subs.values()) == [2, 3]
+            assert not nodes[1]._leaving
+
+            async def moved() -> bool:
+                for r in (1, 2):
+                    streams = (await clients[r].status())["streams"]
+                    for stream in ("trio", METADATA_STREAM):
+                        if streams[stream]["config"]["relays"] != [1, 2]:
+                            return False
+                return True
+
+            await wait_until_async(moved, "every stream off relay 3", timeout_s=60)
+            write(entries[1], entries[2])
+            for r in (1, 2):
+                assert nodes[r].reload() is not None
+                sockets = nodes[r]._sockets
+                assert sockets is not None and list(sockets.subs.values()) == [3 - r]
+                assert 3 not in nodes[r].core.peers and not nodes[r]._leaving
+                assert nodes[r].core.counters["peers_forgotten"] == 1
+            resp = await produce_until_definite(clients[2], "trio", b"p", 1, b"after")
+            assert resp.outcome is Outcome.COMMITTED, resp
+
+    asyncio.run(scenario())

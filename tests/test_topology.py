@@ -455,8 +455,12 @@ def test_bind_conflicts_on_one_machine(tmp_path: Path) -> None:
 
 
 def test_relay_without_streams(tmp_path: Path) -> None:
-    message = error(tmp_path, mesh(relay(0), relay(1, streams=[]), relay(2)))
-    assert "relays[1].streams: the relay subscribes to no stream" in message
+    # A relay being taken out of the mesh serves no stream, not even the metadata one:
+    # allowed, with a warning that says what it does.
+    config = topology.loads(mesh(relay(0), relay(1, streams=[]), relay(2)))
+    assert config.relays[1].streams == ()
+    assert config.members(METADATA_STREAM) == (0, 2)
+    assert any("relays[1].streams: relay 1 serves no stream" in w for w in config.warnings)
     message = error(tmp_path, mesh(relay(0), relay(1, streams=["audit", "audit"]), relay(2)))
     assert "relays[1].streams[1]: 'audit' is listed twice (first as relays[1].streams[0])" in (
         message
@@ -612,9 +616,11 @@ def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> Non
     grows = compare(old, more, 0)
     assert grows.added_relays == (3,) and not grows.refused, grows
     assert grows.words().startswith("relays [3] join the mesh; "), grows.words()
-    assert compare(more, old, 0).refused == (
-        "relays [3] leave the mesh (not while the relays run, yet)",
-    )
+    shrinks = compare(more, old, 0)
+    assert shrinks.removed_relays == (3,) and not shrinks.refused, shrinks
+    assert shrinks.words().startswith("relays [3] leave the mesh; "), shrinks.words()
+    (itself,) = compare(more, old, 3).refused
+    assert itself.startswith("this relay (3) is not in it: give it a file in which it serves no")
     limited = topology.loads(
         _mesh_text(
             {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},

@@ -104,6 +104,7 @@ class Topology:
         for relay_id, patterns in self.subscriptions.items():
             if not isinstance(relay_id, int) or isinstance(relay_id, bool):
                 raise ConfigError(f"relay id {relay_id!r} must be an integer")
+            # No pattern is allowed: a relay serving no stream (being taken out of the mesh)
             if not isinstance(patterns, tuple | list) or not all(
                 isinstance(p, str) and p for p in patterns
             ):
@@ -113,8 +114,6 @@ class Topology:
                 )
             if not 0 <= relay_id <= MAX_RELAY_ID:
                 raise ConfigError(f"relay id {relay_id} outside 0..{MAX_RELAY_ID}")
-            if not patterns:
-                raise ConfigError(f"relay {relay_id} subscribes to no stream")
 
     @property
     def relay_ids(self) -> tuple[int, ...]:

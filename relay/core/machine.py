@@ -181,6 +181,34 @@ class RelayCore(RelayState):
                 membership.reprovision(self, st)
         self._open_named_streams()
 
+    def counted_relays(self) -> frozenset[int]:
+        """The peers this relay still has a use for: those its topology names, the
+        members of every stream it serves, and those its forwarded produces wait on. A
+        relay a reloaded file left out of the mesh stays a peer while one of these counts
+        it (5.15 changes: it votes until a change takes it off each stream)."""
+        used = set(self.topology.relay_ids)
+        for st in self.streams.values():
+            used.update(st.peers)
+        used.update(pending.target for pending in self.forwards.values())
+        used.discard(self.id)
+        return frozenset(used)
+
+    def forget_relays(self, relays: Iterable[int]) -> tuple[int, ...]:
+        """Forget the peers among `relays` that nothing counts any more
+        (`counted_relays`): a relay removed from the mesh. Their frames are not taken
+        from then on (the sender is no peer). Returns those forgotten, ascending."""
+        counted = self.counted_relays()
+        gone = tuple(sorted(r for r in set(relays) if r in self.peers and r not in counted))
+        for r in gone:
+            del self.peers[r]
+            self.route_via.pop(r, None)
+            self.spool_full_peers.discard(r)
+        if gone:
+            self.route_via = {p: via for p, via in self.route_via.items() if via not in gone}
+            self.counters["peers_forgotten"] += len(gone)
+        assert counted <= set(self.peers), "every peer counted is known"
+        return gone
+
     def change_held_by(self, stream: str) -> dict[int, tuple[int, ...]]:
         """The live relays whose topology files name other relays for the stream than
         ours does, holding a change of its relays (5.15 changes); {} when ours names its

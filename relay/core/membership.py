@@ -142,8 +142,9 @@ def set_config(core: RelayState, st: StreamState, version: int, members: tuple[i
         st.votes.settle_through(st.timeline.committed_point)
         st.own_unacked.clear()
         for m in st.peers:
-            # A relay the topology no longer lists is still a member: it is never heard
-            # (the shell has no address for it), and counts as down.
+            # A relay the topology no longer lists is still a member: unless the shell
+            # kept its link (removed by a reload: RelayCore.forget_relays), it is never
+            # heard (the shell has no address for it), and counts as down.
             if m not in core.peers:
                 core.peers[m] = PeerState()
         for peer, stated in list(st.disagree.items()):

@@ -47,6 +47,14 @@ through another relay):
                      that adds it (chaos.a and chaos.b grow onto it), then every other
                      relay is given the file and sent SIGHUP, with a kill -9 half way of
                      a relay not given it yet
+  replace-relay      docs/deploy.md section 9's "Replacing a relay", once: the mesh starts
+                     without its last relay, which is started on a file in which it serves
+                     relay 0's streams and relay 0 serves none; every other relay is given
+                     it and sent SIGHUP (a kill -9 half way of a relay not given it yet);
+                     once every stream (the metadata stream too) runs on its new relays,
+                     the file without relay 0 is given to the others and read, and relay 0
+                     is stopped once none of them counts it (4 relays: relays 0-2 become
+                     1-3; 5: 0-3 become 1-4, chaos.b 0-2 becomes 1, 2, 4)
   stale              one relay given that other file, held, then the right one again (by
                      restart or SIGHUP as in roll); half way, the fault of roll (kill -9
                      of another relay, or the partition); the relay must name the stale
@@ -108,6 +116,7 @@ from relay.client import Consumer, Producer
 from relay.core.quorum import quorum
 from relay.errors import ClientError, Fenced, Rejected, UnknownStream
 from relay.launcher import not_ready_reason, query_status, startup_streams
+from relay.meta import METADATA_STREAM
 from relay.streamhealth import relay_problems
 from relay.tools import chaos_history as history
 from relay.tools.netns import ChaosNet, NetError
@@ -136,9 +145,11 @@ SCENARIOS = (
     "stale",
     "replace",
     "add-relay",
+    "replace-relay",
 )
-# Changes of topology by restarts, with a fault half way (`_inject_change`).
-CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "add-relay"})
+# Changes of topology, with a fault half way (`_inject_change`, `_inject_add`,
+# `_inject_replace`).
+CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "add-relay", "replace-relay"})
 # What mix picks from: the single faults (kill-cut is two at once).
 FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
@@ -227,6 +238,8 @@ def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[in
     moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays). add-relay
     grows it onto the relay added to the mesh: 0-1 to 0-2 (3), 0-2 to 0-2 and 4 (5)."""
     every = tuple(range(relays))
+    if scenario == "replace-relay":  # the run's only: write_replace_topologies moves it
+        return every[: 2 if relays <= 3 else 3]
     if scenario == "add-relay":  # the last relay is the one added
         width = 2 if relays <= 3 else 3
         return (*every[:width], every[-1]) if other else every[:width]
@@ -243,9 +256,32 @@ def write_topology(
 ) -> Path:
     """A topology of the run: relay i at its namespace's address, chaos.a on every relay
     and CHANGED_STREAM on `changed_relays` (the run's, or with `other` the changed one).
-    add-relay: the run's file leaves the last relay out of the mesh."""
+    add-relay and replace-relay: the run's file leaves the last relay out of the mesh."""
     serving = changed_relays(net.relays, other, scenario)
-    ids = range(net.relays - 1 if scenario == "add-relay" and not other else net.relays)
+    later = scenario in ("add-relay", "replace-relay") and not other
+    streams = {
+        relay: ["chaos.a", CHANGED_STREAM] if relay in serving else ["chaos.a"]
+        for relay in range(net.relays - 1 if later else net.relays)
+    }
+    name = "topology-other.yaml" if other else "topology.yaml"
+    return _write_doc(directory / name, directory, net, streams)
+
+
+def write_replace_topologies(directory: Path, net: ChaosNet) -> tuple[Path, Path]:
+    """replace-relay's two files after the run's: the last relay in relay 0's place, with
+    relay 0 still in the mesh serving no stream; then the same without relay 0."""
+    base = {0: ["chaos.a", CHANGED_STREAM], **{r: ["chaos.a"] for r in range(1, net.relays)}}
+    for relay in changed_relays(net.relays, False, "replace-relay"):
+        base[relay] = ["chaos.a", CHANGED_STREAM]
+    drained = {**base, 0: [], net.relays - 1: base[0]}
+    final = {r: names for r, names in drained.items() if r != 0}
+    return (
+        _write_doc(directory / "topology-drained.yaml", directory, net, drained),
+        _write_doc(directory / "topology-final.yaml", directory, net, final),
+    )
+
+
+def _write_doc(path: Path, directory: Path, net: ChaosNet, streams: dict[int, list[str]]) -> Path:
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -253,14 +289,13 @@ def write_topology(
                 "host": net.address(relay),
                 "mesh_port": MESH_PORT,
                 "client_port": CLIENT_PORT,
-                "streams": ["chaos.a", CHANGED_STREAM] if relay in serving else ["chaos.a"],
+                "streams": names,
             }
-            for relay in ids
+            for relay, names in sorted(streams.items())
         ],
         "streams": list(STREAMS),
         "data_dir": str(directory / "data"),
     }
-    path = directory / ("topology-other.yaml" if other else "topology.yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
 
@@ -391,6 +426,13 @@ class RelayProcesses:
             raise ChaosError(
                 f"relay {relay} did not stop within {STOP_WAIT_S:g} s of SIGTERM"
             ) from None
+
+    def retire(self, relay: int) -> None:
+        """Stop a relay that left the mesh for good: from then on it is none of the run's
+        relays (statuses, readiness, the histories read at the end)."""
+        self.terminate(relay)
+        del self.procs[relay]
+        self.paused.discard(relay)
 
     def pause(self, relay: int) -> None:
         self.procs[relay].send_signal(signal.SIGSTOP)
@@ -763,10 +805,15 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     log = options.log
     faketime = libfaketime() if name in CLOCK_SCENARIOS else None
     base = write_topology(directory, net, scenario=name)
-    added = options.relays - 1 if name == "add-relay" else None
-    # add-relay: the processes know every relay's address (the file the mesh grows to),
-    # and the relays of the mesh read the file without the added one until it is added.
-    full = write_topology(directory, net, other=True, scenario=name) if added else base
+    added = options.relays - 1 if name in ("add-relay", "replace-relay") else None
+    # add-relay and replace-relay: the processes know every relay's address (the file the
+    # mesh grows to), and the relays of the mesh read the file without the added one until
+    # it is added.
+    full = base
+    if name == "add-relay":
+        full = write_topology(directory, net, other=True, scenario=name)
+    elif name == "replace-relay":
+        full, final = write_replace_topologies(directory, net)
     relays = RelayProcesses(
         net, full, directory, faketime=faketime, log_level=options.relay_log_level
     )
@@ -801,7 +848,9 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
             thread.start()
         t0 = time.monotonic()
         end = t0 + options.duration_s
-        if added is not None:
+        if name == "replace-relay":
+            _inject_replace(options, faults, rng, result, t0, end, (full, final), added or 0)
+        elif added is not None:
             _inject_add(options, faults, rng, result, t0, end, full, added)
         elif name in CHANGE_SCENARIOS:
             other = write_topology(directory, net, other=True, scenario=name)
@@ -977,16 +1026,7 @@ def _inject_add(
     event = FaultEvent(
         "add-relay", f"relay {added} started, then relays {order} by SIGHUP", round(began - t0, 3)
     )
-    result.faults.append(event)
-    options.log(f"  {event.start_s:6.1f} s  {event.detail}")
-    relays.give_file(added, full)
-    relays.start(added)
-    for i, relay in enumerate(order):
-        if i == len(order) // 2:
-            _fault_half_way(options, faults, rng, result, t0, order[i:], kill=True)
-        relays.give_file(relay, full)
-        _reload(relays, relay, event, result)
-        _ready_after(relays, relay, event, result, options)
+    _start_and_reload(options, faults, rng, result, t0, event, order, added, full)
     config = load(full)
     for stream in STREAMS:
         target = config.members(stream)
@@ -997,6 +1037,98 @@ def _inject_add(
     result.change_s = event.rejoin_s
     options.log(f"  {event.heal_s:6.1f} s  every stream on its relays, {event.rejoin_s:.2f} s on")
     _sleep_until(end)
+
+
+def _inject_replace(
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    end: float,
+    files: tuple[Path, Path],
+    added: int,
+    removed: int = 0,
+) -> None:
+    """replace-relay (module doc): docs/deploy.md section 9's "Replacing a relay", once:
+    relay `added` started on the first of `files`, in which it serves relay `removed`'s
+    streams and `removed` serves none; every other relay given it and made to read it by
+    SIGHUP in a random order, with a kill -9 half way; once every stream runs on the
+    relays it names, the second file (without `removed`) given to the others and read,
+    and relay `removed` stopped once none of them counts it."""
+    relays = faults.relays
+    drained, final = files
+    _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
+    began = time.monotonic()
+    order = rng.sample(sorted(relays.procs), len(relays.procs))
+    event = FaultEvent(
+        "replace-relay",
+        f"relay {added} started in relay {removed}'s place, relays {order} by SIGHUP, "
+        f"then relay {removed} removed",
+        round(began - t0, 3),
+    )
+    _start_and_reload(options, faults, rng, result, t0, event, order, added, drained)
+    config = load(drained)
+    for stream in (*STREAMS, METADATA_STREAM):
+        _changed(relays, stream, config.members(stream), event, result, options)
+    staying = sorted(r for r in relays.procs if r != removed)
+    for relay in staying:
+        relays.give_file(relay, final)
+        _reload(relays, relay, event, result)
+    deadline = time.monotonic() + REJOIN_MAX_S
+    while (counting := _counting(relays, staying, removed)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if counting:
+        result.problems.append(f"{event.detail}: relays {counting} still count relay {removed}")
+        options.log(f"           NOT let go: relay {removed} still counted by {counting}")
+    relays.retire(removed)
+    _ready_after(relays, removed, event, result, options)
+    healed = time.monotonic()
+    event.heal_s = round(healed - t0, 3)
+    event.rejoin_s = round(healed - began, 3)
+    result.change_s = event.rejoin_s
+    options.log(
+        f"  {event.heal_s:6.1f} s  relay {removed} stopped, every stream on its relays, "
+        f"{event.rejoin_s:.2f} s on"
+    )
+    _sleep_until(end)
+
+
+def _start_and_reload(
+    options: Options,
+    faults: Faults,
+    rng: random.Random,
+    result: ScenarioResult,
+    t0: float,
+    event: FaultEvent,
+    order: Sequence[int],
+    added: int,
+    topology: Path,
+) -> None:
+    """`event` begins: relay `added` started on `topology`, then each relay of `order`
+    given it and made to read it by SIGHUP, each waited for, with a kill -9 half way of a
+    relay not given it yet."""
+    relays = faults.relays
+    result.faults.append(event)
+    options.log(f"  {event.start_s:6.1f} s  {event.detail}")
+    relays.give_file(added, topology)
+    relays.start(added)
+    for i, relay in enumerate(order):
+        if i == len(order) // 2:
+            _fault_half_way(options, faults, rng, result, t0, order[i:], kill=True)
+        relays.give_file(relay, topology)
+        _reload(relays, relay, event, result)
+        _ready_after(relays, relay, event, result, options)
+
+
+def _counting(relays: RelayProcesses, staying: Sequence[int], removed: int) -> list[int]:
+    """The relays of `staying` that still count relay `removed` (or do not answer)."""
+    statuses = relays.statuses()
+    return [
+        r
+        for r in staying
+        if removed in (((statuses.get(r) or {}).get("node") or {}).get("leaving", [removed]))
+    ]
 
 
 def _reload(relays: RelayProcesses, relay: int, event: FaultEvent, result: ScenarioResult) -> None:

@@ -13,7 +13,8 @@ checked against the running mesh and driven through it (docs/deploy.md section 9
    whether it took the file, and the digest of the text it read must be the new file's:
    a relay that read another file is named (its host has another file).
 4. Then it waits, printing each stream's progress, until every stream of the plan runs on
-   the relays the new file names (`follow`), or the time is up.
+   the relays the new file names (`follow`), and until no relay counts a relay the file
+   removes from the mesh (`follow_leaving`: the operator stops it then), or the time is up.
 """
 
 from __future__ import annotations
@@ -111,6 +112,58 @@ def plan(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[StreamChan
                 at = step
         out.append(StreamChange(stream, version, relays, target, tuple(steps), refusal))
     return out
+
+
+def leaving_relays(new: MeshConfig, replies: Mapping[int, StatusReply]) -> tuple[int, ...]:
+    """The relays the running relays know (their files' peers, and those they still let
+    go of) that the new file leaves out of the mesh."""
+    known: set[int] = set()
+    for relay, reply in replies.items():
+        node = (reply.status or {}).get("node") or {}
+        known.add(relay)
+        known.update(int(r) for r in (*(node.get("peers") or ()), *(node.get("leaving") or ())))
+    return tuple(sorted(known - set(new.relays)))
+
+
+def counted_by(replies: Mapping[int, StatusReply], relays: Iterable[int]) -> dict[int, list[int]]:
+    """Per relay of `relays`: the relays that answered and still count it (their
+    status's `leaving`: a stream there has it among its relays)."""
+    wanted = set(relays)
+    found: dict[int, list[int]] = {}
+    for relay, reply in sorted(replies.items()):
+        node = (reply.status or {}).get("node") or {}
+        for gone in node.get("leaving") or ():
+            if int(gone) in wanted:
+                found.setdefault(int(gone), []).append(relay)
+    return found
+
+
+def follow_leaving(
+    new: MeshConfig,
+    leaving: Iterable[int],
+    curve: ClientCurve | None,
+    deadline: float,
+    say: Callable[[str], None],
+    began: float,
+) -> dict[int, list[int]]:
+    """Wait until no relay of the new file counts any of `leaving` (each let it go: it
+    serves no stream there), saying when each is; returns those still counted at
+    `deadline` (monotonic), with the relays that count them."""
+    endpoints = {r: spec.client_endpoint for r, spec in new.relays.items()}
+    waiting = set(leaving)
+    counted: dict[int, list[int]] = {}
+    while waiting:
+        counted = counted_by(query_status(endpoints, 1.0, curve), waiting)
+        for relay in sorted(waiting - set(counted)):
+            waiting.discard(relay)
+            say(
+                f"  relay {relay}: left the mesh after {time.monotonic() - began:.1f} s "
+                "(no relay counts it any more): stop it now"
+            )
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(FOLLOW_POLL_S)
+    return {r: counted.get(r, []) for r in sorted(waiting)}
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,13 @@ can take it while it runs (SIGHUP, docs/deploy.md section 9).
 A running relay takes a new file whose only changes are the streams each relay serves
 (relays' `streams`, declared `streams`), for which the mesh then changes the affected
 streams' relays (docs/protocol.md 5.15 changes), clients' rights and keys (`access`),
-which apply to each request from then on, and relays added to the mesh (with their
-keys: the relay connects to them and lets them in). Anything else (relays removed from
-the mesh, a relay's address, ports or key, limits, security settings, the spool, the
-store, the data directory) is refused by name, and the relay runs on, unchanged, on its
-old file: those apply at a restart onto the new file.
+which apply to each request from then on, relays added to the mesh (with their keys: the
+relay connects to them and lets them in), and relays removed from it (the relay lets them
+go once no stream it serves counts them: node `_forget_peers`). Anything else (a relay's
+address, ports or key, limits, security settings, the spool, the store, the data
+directory) is refused by name, and the relay runs on, unchanged, on its old file: those
+apply at a restart onto the new file. A relay may not take a file that leaves itself out:
+it serves no stream first (its `streams` empty), then it is stopped.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class TopologyChange:
     declared: tuple[tuple[str, ...], tuple[str, ...]]  # the declared streams: (old, new)
     clients: tuple[str, ...]  # the clients whose rights or keys change (added, removed too)
     added_relays: tuple[int, ...]  # relays the new file adds to the mesh
+    removed_relays: tuple[int, ...]  # ... and those it leaves out
     refused: tuple[str, ...]  # what a running relay cannot take, one phrase each
 
     @property
@@ -39,6 +42,7 @@ class TopologyChange:
             not self.streams
             and not self.clients
             and not self.added_relays
+            and not self.removed_relays
             and not self.refused
             and old_served == new_served
             and old_declared == new_declared
@@ -49,6 +53,8 @@ class TopologyChange:
         if self.empty:
             return "nothing changes"
         parts = [f"relays {_ids(self.added_relays)} join the mesh"] if self.added_relays else []
+        if self.removed_relays:
+            parts.append(f"relays {_ids(self.removed_relays)} leave the mesh")
         parts += [
             f"{stream}: relays {_ids(old)} -> {_ids(new)}"
             for stream, (old, new) in sorted(self.streams.items())
@@ -74,9 +80,12 @@ def compare(
     has open: names that patterns admit)."""
     refused: list[str] = []
     added = tuple(sorted(set(new.relays) - set(old.relays)))
-    removed = sorted(set(old.relays) - set(new.relays))
-    if removed:
-        refused.append(f"relays {removed} leave the mesh (not while the relays run, yet)")
+    removed = tuple(sorted(set(old.relays) - set(new.relays)))
+    if relay_id in removed:
+        refused.append(
+            f"this relay ({relay_id}) is not in it: give it a file in which it serves no "
+            "stream first, and stop it once none runs on it (docs/deploy.md section 9)"
+        )
     for rid in sorted(set(old.relays) & set(new.relays)):
         before = dataclasses.replace(old.relays[rid], streams=())
         after = dataclasses.replace(new.relays[rid], streams=())
@@ -101,6 +110,7 @@ def compare(
         served=(served_old, served_new),
         declared=(old.streams, new.streams),
         added_relays=added,
+        removed_relays=removed,
         clients=tuple(
             sorted(
                 name

@@ -229,15 +229,10 @@ class _RelayModel(BaseModel):
     mesh_port: Annotated[int, AfterValidator(_check_port)]
     client_port: Annotated[int, AfterValidator(_check_port)]
     http_port: Annotated[int, AfterValidator(_check_port)] | None = None
+    # May be empty: a relay that serves no stream only forwards produces and redirects
+    # reads (one being taken out of the mesh, docs/deploy.md section 9).
     streams: list[_StreamName]
     public_key: _PublicKey | None = None
-
-    @field_validator("streams")
-    @classmethod
-    def _some_stream(cls, value: list[str]) -> list[str]:
-        if not value:
-            raise ValueError("the relay subscribes to no stream; list at least one")
-        return value
 
     @property
     def advertised(self) -> str | None:
@@ -476,6 +471,15 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             field, text = problem
             problems.append((f"{at}.{field}" if field else at, text))
         problems.extend(listeners.add(relay, at))
+        if not relay.streams:
+            warnings.append(
+                (
+                    f"{at}.streams",
+                    f"relay {relay.id} serves no stream (not even {METADATA_STREAM}): it "
+                    "only forwards produces and redirects reads, as a relay being taken "
+                    "out of the mesh does",
+                )
+            )
         problems.extend(_duplicates(f"{at}.streams", relay.streams))
         problems.extend(_long_names(f"{at}.streams", relay.streams, max_name))
 
@@ -491,9 +495,11 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             bind=r.bind,
             mesh_port=r.mesh_port,
             client_port=r.client_port,
-            # Every relay also serves the metadata stream (docs/metadata.md): durable
-            # consumers' marks and other metadata are committed by, and readable from, all.
-            streams=tuple(dict.fromkeys((*r.streams, METADATA_STREAM))),
+            # Every relay that serves a stream also serves the metadata stream
+            # (docs/metadata.md): durable consumers' marks and other metadata are
+            # committed by, and readable from, all. One that serves none (it is being
+            # taken out of the mesh) serves not that one either.
+            streams=tuple(dict.fromkeys((*r.streams, METADATA_STREAM))) if r.streams else (),
             public_key=r.public_key,
             http_port=r.http_port,
         )
