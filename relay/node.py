@@ -74,6 +74,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import signal
@@ -81,7 +82,7 @@ import socket
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,11 +310,12 @@ class _PeerLinks:
         self.subs[relay] = (sub, endpoint)
         self.monitors[relay] = LinkMonitor(self.ctx, sub, _DISCONNECTED | _CONNECT_RETRIED)
 
-    def remove(self, relay: int) -> None:
-        """Stop watching the link of a relay let go (before its SUB closes)."""
+    def remove(self, relay: int) -> LinkMonitor:
+        """Stop watching the link of a relay let go; returns its monitor, for the caller
+        to close once the loop no longer waits on it."""
         del self.subs[relay]
         self.reconnect_at.pop(relay, None)
-        self.monitors.pop(relay).close()
+        return self.monitors.pop(relay)
 
     def sockets(self) -> list[zmq.Socket[Any]]:
         """The monitors' sockets, to wait on."""
@@ -517,6 +519,7 @@ class RelayNode:
         # Relays a reloaded file removed from the mesh that a stream still counts: kept
         # (link, key) until none does (`_forget_peers`).
         self._leaving: set[int] = set()
+        self._closing: list[Callable[[], None]] = []  # their sockets, closed between turns
         self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
         self._readmitted = 0  # the core's `config_readmitted` when last subscribed
         # Peers' protocol announcements (relay/peerprotocol.py), those with no protocol in
@@ -1039,10 +1042,11 @@ class RelayNode:
             self._leaving.discard(relay_id)
             sub = next(s for s, r in socks.subs.items() if r == relay_id)
             del socks.subs[sub]
-            socks.links.remove(relay_id)
+            # Closed once the loop's waiter, which may be waiting on them, is made again.
+            self._closing.append(socks.links.remove(relay_id).close)
             owned = next(c for c in socks.closers if c.underlying == sub.underlying)
             socks.closers.remove(owned)
-            owned.close(linger=0)
+            self._closing.append(functools.partial(owned.close, linger=0))
             key = self._peer_keys.pop(relay_id, None)
             if key is not None:
                 self._allowed[MESH_DOMAIN].pop(key, None)
@@ -1078,10 +1082,17 @@ class RelayNode:
                 sock.setsockopt(zmq.SUBSCRIBE, prefix)
         self._subscribed += new
 
+    def _close_let_go(self) -> None:
+        """Close the sockets of the relays let go (`_forget_peers`)."""
+        closing, self._closing = self._closing, []
+        for close in closing:
+            close()
+
     def _shutdown(self) -> None:
         socks = self._sockets
         if socks is None:
             return
+        self._close_let_go()
         self.clients.close()  # best effort: waiting producers hear `unknown` (safe to retry)
         self._sockets = None
         socks.links.close()
@@ -1243,6 +1254,7 @@ class RelayNode:
                 if self._waiter_stale:  # relays added or let go (`_add_peers`, `_forget_peers`)
                     self._waiter_stale = False
                     waiter.close()
+                    self._close_let_go()
                     waiter = ReadableWaiter(
                         (*socks.subs, socks.router, *socks.links.sockets()),
                         self._wake_r.fileno(),

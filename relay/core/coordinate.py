@@ -298,6 +298,11 @@ def forward(
 ) -> None:
     if waiter.origin is not None:  # never forward twice
         return answer(core, waiter, Outcome.FENCED, redirect=members)
+    if not core.topology.subscriptions.get(core.id):
+        # A relay whose file lists no stream for it is being taken out of the mesh
+        # (5.15): the others may have let it go already, so its forwards could go
+        # unanswered; the client goes to the stream's relays at once instead.
+        return answer(core, waiter, Outcome.FENCED, redirect=members)
     forward_id = core.request_id()
     target = _forward_target(core, members, forward_id, now_ms)
     if target < 0:
@@ -316,11 +321,13 @@ def _forward_target(
     that gets nothing from us (a one-way cut, and no relay in between, 5.13) would never
     get it. (Not ourselves: a change of the stream's relays may have added us since the
     forward was first sent, 5.15.)"""
+    peers = core.peers
     live = [
         m
         for m in members
         if m not in (avoid, core.id)
-        and is_live(core, core.peers[m], now_ms)
+        and m in peers  # (a relay let go of is none: RelayCore.forget_relays)
+        and is_live(core, peers[m], now_ms)
         and hears_us(core, m, now_ms)
     ]
     return live[forward_id % len(live)] if live else -1

@@ -183,13 +183,17 @@ class RelayCore(RelayState):
 
     def counted_relays(self) -> frozenset[int]:
         """The peers this relay still has a use for: those its topology names, the
-        members of every stream it serves, and those its forwarded produces wait on. A
+        members of every stream it serves or will open under its acceptor record, and
+        those its forwarded produces wait on. A
         relay a reloaded file left out of the mesh stays a peer while one of these counts
         it (5.15 changes: it votes until a change takes it off each stream)."""
         used = set(self.topology.relay_ids)
         for st in self.streams.values():
             used.update(st.peers)
-        used.update(pending.target for pending in self.forwards.values())
+        for _, members in self.recorded.values():  # streams to open under their records
+            used.update(members)
+        # (a forward not sent yet has no target: -1)
+        used.update(pending.target for pending in self.forwards.values() if pending.target >= 0)
         used.discard(self.id)
         return frozenset(used)
 

@@ -770,6 +770,10 @@ class RelayState:
             st = self.streams[stream] = StreamState(
                 stream, config, self.id, self.config, self.memory
             )
+            for m in st.peers:
+                # A recorded member the topology no longer lists (membership.set_config)
+                if m not in self.peers:
+                    self.peers[m] = PeerState()
             self.note_busy(self.now_ms)  # it has to join
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]

@@ -508,7 +508,9 @@ def _proposer_gone(core: RelayState, acc: Acceptor, now_ms: int) -> bool:
     relay, incarnation = acc.promised_to
     if relay < 0 or relay == core.id:
         return False
-    peer = core.peers[relay]
+    peer = core.peers.get(relay)
+    if peer is None:  # let go of: removed from the mesh (RelayCore.forget_relays)
+        return True
     return peer.incarnation != incarnation or not is_live(core, peer, now_ms)
 
 

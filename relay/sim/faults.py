@@ -28,6 +28,10 @@ FAULT_KINDS: tuple[str, ...] = (
     # 5.15 changes: the operator gives every relay a new topology file, one relay after
     # another, and each reads it while it runs: the mesh changes the streams' relays
     "reconfigure",
+    # 5.15 changes: the operator takes one relay off every stream (every relay reads a
+    # file in which it serves none), then removes it from the mesh (the others read a file
+    # without it, and forget it once no stream counts it); then it is stopped for good
+    "retire",
 )
 
 # Bounds. Offsets stay well below the core's max_clock_ahead_ms (5000): any two relays'
@@ -42,6 +46,13 @@ RETOPOLOGY_DOWN_MS = (20, 600)
 RETOPOLOGY_BACK_CHANCE = 0.3
 # reconfigure: the time between two relays reading the new file
 RECONFIGURE_STAGGER_MS = (0, 200)
+# retire: the chance a run retires a relay (with at least RETIRE_MIN_RELAYS: fewer would
+# leave streams of two), when in the safety phase its drain starts, and how long after
+# the last relay read the drained file the others read the one without it
+RETIRE_CHANCE = 0.5
+RETIRE_MIN_RELAYS = 4
+RETIRE_START_FRACTION = 0.5
+RETIRE_REMOVE_AFTER_MS = (200, 1_200)
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class FaultConfig:
     retopology: bool = False
     stale: bool = False
     reconfigure: bool = False
+    retire: bool = False
 
     @classmethod
     def all(cls) -> FaultConfig:

@@ -29,15 +29,19 @@ class Subscriber(Protocol):
     @property
     def core(self) -> RelayCore | None: ...
 
+    def listens_to(self, src: int) -> bool:
+        """Whether it has a link from relay `src` (its file lists it, or it kept it)."""
+        ...
+
 
 def subscribers(nodes: Mapping[int, Subscriber], src: int, stream: str) -> list[int]:
     """The relays a stream's frames from `src` reach, as the node's subscriptions do
     (relay/node.py): those whose own topology serves the stream, or whose running core
     does (by its configuration: an acceptor record, docs/protocol.md 5.15), and that
-    subscribe to `src` at all (their topology lists it)."""
+    subscribe to `src` at all (`listens_to`)."""
     out = []
     for d, node in nodes.items():
-        if d == src or src not in node.config.topology.subscriptions:
+        if d == src or not node.listens_to(src):
             continue
         core = node.core
         if node.config.topology.serves(d, stream) or (core is not None and core.serves(stream)):

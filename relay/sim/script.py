@@ -164,6 +164,10 @@ class Node:
     paused: bool = False
     disk: dict[str, bytes] = field(default_factory=dict)  # its acceptor records
 
+    def listens_to(self, src: int) -> bool:
+        """Whether it has a link from relay `src`: its file lists it."""
+        return src in self.config.topology.subscriptions
+
 
 @dataclass
 class Request:

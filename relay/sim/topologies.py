@@ -6,7 +6,7 @@ Stream `all` is on every relay; the groups `a.*`, `b.*`, `c.*` are on seeded sub
 *alternate* topology moves some groups by one relay (one more, one fewer, or one in place
 of another); a *grown* one adds relays to one group, as a rolling reconfiguration does.
 Every topology lists every relay id (a relay subscribes only to the relays its file lists:
-here, all of them).
+here, all of them), but for a relay retired from the mesh (`retired_topology`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from relay.core.config import Topology
 GROUPS = ("a.*", "b.*", "c.*")
 EVERYWHERE = "all"
 GROW_BY = 2  # a rolling reconfiguration's group gains this many relays (or all of them)
+RETIRE_MIN_GROUP = 2  # a group a retired relay leaves keeps at least this many relays
 
 
 def build_topology(rng: random.Random, relay_count: int) -> Topology:
@@ -83,6 +84,25 @@ def grown_topology(rng: random.Random, topology: Topology) -> Topology:
     others = [r for r in ids if r not in groups[g]]
     groups[g].update(rng.sample(others, min(GROW_BY, len(others))))
     return topology_of(ids, groups)
+
+
+def retired_topology(topology: Topology, relay: int, *, removed: bool) -> Topology:
+    """`topology` with `relay` serving no stream (docs/deploy.md section 9, step 1), or,
+    `removed`, without it (step 2)."""
+    subs = dict(topology.subscriptions)
+    patterns = subs.get(relay, ())
+    if removed:
+        subs.pop(relay, None)
+    else:
+        subs[relay] = ()
+    for pattern in patterns:
+        # A group it leaves with one relay gets another in its place (a replaced relay):
+        # a change down to one relay is not what this fault is about.
+        holding = [r for r, p in subs.items() if pattern in p]
+        spare = [r for r in sorted(subs) if r != relay and r not in holding]
+        if len(holding) < RETIRE_MIN_GROUP and spare:
+            subs[spare[0]] = (*subs[spare[0]], pattern)
+    return Topology(subs)
 
 
 def describe(topology: Topology) -> str:

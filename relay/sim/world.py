@@ -56,6 +56,10 @@ from relay.sim.faults import (
     MAX_STEP_MS,
     MAX_TOTAL_OFFSET_MS,
     RECONFIGURE_STAGGER_MS,
+    RETIRE_CHANCE,
+    RETIRE_MIN_RELAYS,
+    RETIRE_REMOVE_AFTER_MS,
+    RETIRE_START_FRACTION,
     RETOPOLOGY_BACK_CHANCE,
     RETOPOLOGY_DOWN_MS,
     FaultConfig,
@@ -70,12 +74,20 @@ from relay.sim.single import (
     strongly_connected,
 )
 from relay.sim.spools import SimSpool
-from relay.sim.topologies import alternate_topology, build_topology, describe, grown_topology
+from relay.sim.topologies import (
+    alternate_topology,
+    build_topology,
+    describe,
+    grown_topology,
+    retired_topology,
+)
 
 BASE_UNIX_MS = 1_750_000_000_000  # the simulation's time 0, before the per-seed offset
 CLIENT_LINK_MS = 1  # one way on a client link (clients and relays on one host)
 REQUEST, RESPONSE, DISCONNECT = 0, 1, 2  # what a client link carries
 FENCE_SAMPLE_EVERY_MS = 5
+# retire: how often the world, as each node does, has the relays forget the removed one
+FORGET_EVERY_MS = 100
 # Lulls: every producer stops issuing for a while, so the mesh goes quiet (5.11) and must
 # wake up. A random run has one in its safety phase with LULL_CHANCE; a single-fault run
 # of an odd seed has one from SINGLE_LULL_BEFORE_MS before its fault to
@@ -125,6 +137,13 @@ class Node:
     fed_tick_due: int = NO_FED_TICK
     spool: SimSpool = field(default_factory=SimSpool)  # kept across crashes, like a disk
     spool_anomaly: bool = False  # a broken spool promise was reported already
+    # Relays its file no longer lists whose link it kept (removed from the mesh while a
+    # stream still counts them: node `_forget_peers`); a restart knows only its file
+    kept_links: set[int] = field(default_factory=set)
+
+    def listens_to(self, src: int) -> bool:
+        """Whether it has a link from relay `src`: its file lists it, or it kept it."""
+        return src in self.config.topology.subscriptions or src in self.kept_links
 
 
 def configuration_of(core: RelayCore, stream: str) -> Configuration:
@@ -164,7 +183,7 @@ class _WorldSink:
         )
         for d in targets:
             node = nodes[d]
-            if src in node.config.topology.subscriptions:  # it subscribes to the relays it lists
+            if node.listens_to(src):  # it subscribes to the relays it lists (or kept)
                 world.network.send(world.now, src, d, out.frame, node.epoch)
 
     def answer(self, replies: list[ProduceReply]) -> None:
@@ -249,6 +268,12 @@ class World:
         self.spool_rng = random.Random(master.getrandbits(64))  # drawn late: others unchanged
         self.config_rng = random.Random(master.getrandbits(64))  # 5.15 faults: drawn last
         self.reconfigure_rng = random.Random(master.getrandbits(64))  # (later still)
+        self.retire_rng = random.Random(master.getrandbits(64))  # (and later)
+        # The retire fault: the relay taken off every stream, whether the others' files
+        # no longer list it, whether it was stopped for good (every other relay forgot it)
+        self.retiring: int | None = None
+        self.retire_removed = False
+        self.retired = False
         self.spool_stuck: set[int] = set()  # relays whose spool a single fault filled
 
         # The seed's topology: every relay's file, the clients' too, but for the relays the
@@ -279,6 +304,7 @@ class World:
             "clock_steps": 0,
             "retopologies": 0,
             "reloads": 0,
+            "retired": 0,
         }
         if self.faults.stale:  # one relay was deployed with another file from the start
             stale = self.config_rng.choice(self.ids)
@@ -419,6 +445,15 @@ class World:
                 for r in rrng.sample(self.ids, len(self.ids)):
                     self._at(at, "reload", r, topology)
                     at = min(at + rrng.randint(*RECONFIGURE_STAGGER_MS), span - 1)
+        if f.retire and len(self.ids) >= RETIRE_MIN_RELAYS:
+            trng = self.retire_rng
+            if trng.random() < RETIRE_CHANCE:
+                at = trng.randint(0, int(span * RETIRE_START_FRACTION))
+                victim = trng.choice(self.ids)
+                for r in trng.sample(self.ids, len(self.ids)):
+                    self._at(at, "drain", r, victim)
+                    at = min(at + trng.randint(*RECONFIGURE_STAGGER_MS), span - 1)
+                self._at(min(at + trng.randint(*RETIRE_REMOVE_AFTER_MS), span - 1), "remove")
         if f.retopology:
             crng = self.config_rng
             for _ in range(crng.randint(1, per_kind)):
@@ -503,6 +538,22 @@ class World:
             self._apply_retopology(args[0])
         elif kind == "reload":
             self._reload(*args)
+        elif kind == "drain":
+            r, self.retiring = args
+            self._reload(r, self.nodes[r].config.topology)
+        elif kind == "remove":
+            assert self.retiring is not None
+            if self._counted_anywhere(self.retiring):
+                # Step 2 only once step 1 is done, as `relay reconfigure` waits for it:
+                # no stream any relay tracks runs on the relay (until the heal)
+                self._at(now + FORGET_EVERY_MS, "remove")
+                return
+            self.retire_removed = True
+            for r in self.ids:
+                if r != self.retiring:
+                    if self.nodes[r].core is not None:
+                        self.nodes[r].kept_links.add(self.retiring)
+                    self._reload(r, self.nodes[r].config.topology)
         elif kind == "restart":
             r, epoch = args
             node = self.nodes[r]
@@ -554,6 +605,44 @@ class World:
         if node.core is not None:
             node.core.reload_topology(node.config)
 
+    def _counted_anywhere(self, victim: int) -> bool:
+        """Whether a running relay runs a stream, or keeps a record of one, whose
+        relays include `victim` (what `relay status` shows the operator)."""
+        for r in self.ids:
+            core = self.nodes[r].core
+            if core is None:
+                continue
+            if any(victim in st.members for st in core.streams.values()):
+                return True
+            if any(victim in members for _, members in core.recorded.values()):
+                return True
+        return False
+
+    def _forget_retired(self) -> None:
+        """As each node does (node `_forget_peers`): every running relay forgets the
+        removed one once no stream there counts it; once every relay did (all run), it is
+        stopped for good, as the operator stops it when `relay reconfigure` says so."""
+        victim = self.retiring
+        assert victim is not None
+        kept = False
+        for r in self.ids:
+            core = self.nodes[r].core
+            if r == victim:
+                continue
+            if core is None or (victim in core.peers and not core.forget_relays((victim,))):
+                kept = True
+            else:
+                self.nodes[r].kept_links.discard(victim)
+        if kept:
+            return
+        self.retired = True
+        self.stats["retired"] += 1
+        self.events.append(f"{self.now} retired {victim}")
+        if self.nodes[victim].core is not None:
+            self._crash(victim)
+        else:
+            self.nodes[victim].epoch += 1  # a restart planned for it does not happen
+
     def _crash_victim(self, rng: random.Random, kind: str) -> int | None:
         """A running relay, drawn from `rng`, that `kind` may crash: None if none runs, or
         the tolerated fault model does not let it crash (`may_crash`: refused, counted)."""
@@ -568,8 +657,13 @@ class World:
         return r
 
     def _retopologize(self, r: int, topology: Topology) -> None:
-        """Relay `r` reads `topology` from its next start on (it is down, or not started)."""
+        """Relay `r` reads `topology` from its next start on (it is down, or not started).
+        Once a relay is retiring, every file leaves it serving nothing, and once it is
+        removed, every other relay's file leaves it out (the operator's later files)."""
         node = self.nodes[r]
+        if self.retiring is not None:
+            removed = self.retire_removed and r != self.retiring
+            topology = retired_topology(topology, self.retiring, removed=removed)
         node.config = CoreConfig(r, topology, self.limits)
         self.events.append(f"{self.now} topology {r} {describe(topology)}")
 
@@ -731,6 +825,7 @@ class World:
     def _crash(self, r: int) -> None:
         node = self.nodes[r]
         node.core = None
+        node.kept_links.clear()
         node.epoch += 1
         node.paused_until = -1
         node.inbox.clear()
@@ -809,7 +904,7 @@ class World:
         for r in self.ids:
             node = self.nodes[r]
             node.spool.free()
-            if node.core is None:
+            if node.core is None and not (self.retired and r == self.retiring):
                 self._restart(r)
             elif node.paused_until >= 0:
                 self._resume(r)
@@ -914,6 +1009,8 @@ class World:
                 node.service.flush()
         if self.rolled:
             self._roll_on(now)
+        if self.retire_removed and not self.retired and now % FORGET_EVERY_MS == 0:
+            self._forget_retired()
         if now % FENCE_SAMPLE_EVERY_MS == 0 or now == bound:
             self._sample()
 
