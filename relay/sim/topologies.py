@@ -19,7 +19,7 @@ from relay.core.config import Topology
 GROUPS = ("a.*", "b.*", "c.*")
 EVERYWHERE = "all"
 GROW_BY = 2  # a rolling reconfiguration's group gains this many relays (or all of them)
-RETIRE_MIN_GROUP = 2  # a group a retired relay leaves keeps at least this many relays
+RETIRE_MIN_GROUP = 3  # a group a retired relay leaves keeps at least this many relays
 
 
 def build_topology(rng: random.Random, relay_count: int) -> Topology:
@@ -96,8 +96,9 @@ def retired_topology(topology: Topology, relay: int, *, removed: bool) -> Topolo
     else:
         subs[relay] = ()
     for pattern in patterns:
-        # A group it leaves with one relay gets another in its place (a replaced relay):
-        # a change down to one relay is not what this fault is about.
+        # A group it leaves with fewer than RETIRE_MIN_GROUP relays gets another in its
+        # place (a replaced relay): a stream of one relay, or of two that a spool or a
+        # pause stops, is not what this fault is about.
         holding = [r for r, p in subs.items() if pattern in p]
         spare = [r for r in sorted(subs) if r != relay and r not in holding]
         if len(holding) < RETIRE_MIN_GROUP and spare:
