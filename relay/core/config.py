@@ -104,7 +104,7 @@ class Topology:
         for relay_id, patterns in self.subscriptions.items():
             if not isinstance(relay_id, int) or isinstance(relay_id, bool):
                 raise ConfigError(f"relay id {relay_id!r} must be an integer")
-            # No pattern is allowed: a relay serving no stream (being taken out of the mesh)
+            # An empty list is allowed: a relay serving no stream (being taken out of the mesh)
             if not isinstance(patterns, tuple | list) or not all(
                 isinstance(p, str) and p for p in patterns
             ):

@@ -29,7 +29,6 @@ from relay.core.state import (
     FIRST_INCARNATION,
     PROVISIONAL,
     JoinState,
-    PeerState,
     RelayState,
     StreamState,
 )
@@ -141,12 +140,7 @@ def set_config(core: RelayState, st: StreamState, version: int, members: tuple[i
         st.votes = VoteTally(members, core.limits.max_pending_vote_points)
         st.votes.settle_through(st.timeline.committed_point)
         st.own_unacked.clear()
-        for m in st.peers:
-            # A relay the topology no longer lists is still a member: unless the shell
-            # kept its link (removed by a reload: RelayCore.forget_relays), it is never
-            # heard (the shell has no address for it), and counts as down.
-            if m not in core.peers:
-                core.peers[m] = PeerState()
+        core.know_peers(st.peers)
         for peer, stated in list(st.disagree.items()):
             if compatible(st, *stated):
                 del st.disagree[peer]

@@ -770,10 +770,7 @@ class RelayState:
             st = self.streams[stream] = StreamState(
                 stream, config, self.id, self.config, self.memory
             )
-            for m in st.peers:
-                # A recorded member the topology no longer lists (membership.set_config)
-                if m not in self.peers:
-                    self.peers[m] = PeerState()
+            self.know_peers(st.peers)  # a recorded member the topology no longer lists
             self.note_busy(self.now_ms)  # it has to join
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]
@@ -782,6 +779,14 @@ class RelayState:
                 self.recorded_committed.discard(stream)
                 st.committed_before = True
         return st
+
+    def know_peers(self, relays: tuple[int, ...]) -> None:
+        """Every one of `relays` is a peer: a member the topology no longer lists (or
+        a relay let go of since, RelayCore.forget_relays) is still one; it is never
+        heard unless the shell kept its link, and counts as down."""
+        for m in relays:
+            if m not in self.peers:
+                self.peers[m] = PeerState()
 
     def members(self, stream: str) -> tuple[int, ...]:
         """R(S): the relays of the stream's configuration (5.15), from its state once it
