@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from relay.acceptors import COMPACT_MIN_BYTES, LEGACY_SUFFIX, LOG_NAME, AcceptorFiles
-from relay.core import CoreConfig, Limits, RelayCore, Topology, codec
+from relay.core import CoreConfig, Limits, RelayCore, Topology, codec, membership
 from relay.core.messages import Interval, ViewValue
 from relay.core.state import FIRST_INCARNATION
 from relay.core.view import forgot_acceptor
@@ -111,8 +111,9 @@ def test_files_of_the_earlier_layout_are_taken_over(tmp_path: Path) -> None:
 def test_acceptor_record_round_trips_with_an_accepted_value() -> None:
     value = ViewValue(3, 1_000, 900, (Interval(0, 1, 0), Interval(1, 2, 50, 1_000)))
     decoded = codec.decode_acceptor(record(4, 2049, 2049, value), 1 << 20)
-    assert decoded == (4, 2049, 2049, value, 1, (0, 1, 2), False)
-    assert codec.decode_acceptor(record(1, -1), 1 << 20) == (1, -1, -1, None, 1, (0, 1, 2), False)
+    assert decoded == (4, 2049, 2049, value, 1, (0, 1, 2), False, None)
+    empty = codec.decode_acceptor(record(1, -1), 1 << 20)
+    assert empty == (1, -1, -1, None, 1, (0, 1, 2), False, None)
 
 
 @pytest.mark.parametrize("junk", [b"", b"\x00", b"\x92\x01\x02", b"not msgpack at all"])
@@ -158,7 +159,7 @@ def test_a_changed_acceptor_is_handed_to_the_shell_only_when_it_keeps_memory() -
     assert stream == "s"
     assert codec.decode_acceptor(kept, 1 << 20)[0] == keeping.streams["s"].acceptor.number
     # with the stream's configuration as it stands (5.15): provisional, not yet kept
-    assert codec.decode_acceptor(kept, 1 << 20)[4:] == (0, (0, 1, 2), False)
+    assert codec.decode_acceptor(kept, 1 << 20)[4:] == (0, (0, 1, 2), False, None)
 
 
 def test_a_recorded_configuration_outlives_the_topology() -> None:
@@ -192,3 +193,23 @@ def test_an_accepted_establishing_value_binds_its_relays_across_a_restart() -> N
     other = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
     other.remember_acceptors({"s": record(1, 1025, config=(0, (0, 1, 2)))})
     assert other.streams["s"].configuration == (0, (0, 1, 2, 3))
+
+
+def test_a_stream_left_by_a_change_stays_left_across_a_restart() -> None:
+    """5.15 changes: a record whose configuration leaves the relay out is a stream it
+    left. After a restart it serves the stream no more, even where its topology still
+    names it (`not a member`); a relay behind the change does not readmit it to an
+    earlier version; and the decided view that took it off is kept, to tell a relay the
+    change kept that missed it (view.tell_left)."""
+    left = ViewValue(4, 9, 5, (Interval(1, 1, 5),), (), 2, (1,))
+    kept = codec.encode_acceptor(codec.AcceptorRecord(5, -1, -1, None, 2, (1,), True, left))
+    for topology in (TOPOLOGY, Topology({0: ("t",), 1: ("s", "t"), 2: ("t",)})):
+        core = RelayCore(CoreConfig(0, topology, Limits()), FIRST_INCARNATION + 1, T0)
+        core.remember_acceptors({"s": kept})
+        assert "s" not in core.streams and not core.serves("s")
+        assert core.foreign == {"s": (2, (1,))}
+        assert core.left_views == {"s": left}
+        assert not membership.readmit(core, "s", 1, (0, 1))  # (1, [0, 1]): behind us
+        assert membership.readmit(core, "s", 3, (0, 1))  # a later change adds us again
+        assert core.streams["s"].configuration == (3, (0, 1))
+        assert "s" not in core.left_views and "s" not in core.foreign

@@ -492,3 +492,15 @@ def test_restart_faults_keep_the_configurations(spoil: Any, word: str) -> None:
     spoil(h, info)
     found = single_fault_liveness(h, info)
     assert any(v.startswith(word) for v in found), found
+
+
+def test_a_retire_must_end_with_the_relay_let_go() -> None:
+    """The retire single fault: the relay taken off every stream must also have been let
+    go of by every other relay and stopped by the end."""
+    h, info = restarted("retire")
+    info.restarts = []
+    info.retired = 3
+    assert single_fault_liveness(h, info) == []
+    info.retired = -1
+    found = single_fault_liveness(h, info)
+    assert any(v.startswith("not retired:") for v in found), found

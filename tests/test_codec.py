@@ -443,13 +443,24 @@ def test_wire_layout() -> None:
 
 def test_acceptor_record_round_trip() -> None:
     value = ViewValue(5, 6, 7, (Interval(1, 2, 3),), ((7, T),), 1, (0, 1, 2))
+    left = ViewValue(4, 6, 7, (Interval(1, 2, 3),), (), 2, (1, 2))
     for accepted in (None, value):
-        for config in ((0, (0, 1, 2)), (1, (0, 1, 2))):
+        for version, members in ((0, (0, 1, 2)), (1, (0, 1, 2)), (2, (1, 2))):
             for committed in (False, True):
                 record = AcceptorRecord(
-                    5, 1026, 1026 if accepted else -1, accepted, *config, committed=committed
+                    5,
+                    1026,
+                    1026 if accepted else -1,
+                    accepted,
+                    version,
+                    members,
+                    committed,
+                    left if version == 2 else None,
                 )
                 assert decode_acceptor(encode_acceptor(record), MAX) == record
+    # A record of code 21 (before a left stream's view was kept) reads without one.
+    unleft = msgspec.msgpack.encode([21, 5, 1026, -1, None, 2, [1, 2], True])
+    assert decode_acceptor(unleft, MAX) == AcceptorRecord(5, 1026, -1, None, 2, (1, 2), True)
     # A record an earlier release wrote (code 20, a view without its configuration) reads
     # as one without a configuration, and with nothing committed.
     legacy_value = [5, 6, 7, [[1, 2, 3, -1]], []]

@@ -288,6 +288,15 @@ def test_seeds_with_other_topologies(kind: str, seed_window: tuple[int, int]) ->
             assert sum(world.nodes[r].config.topology != world.topology for r in world.ids) == 1
 
 
+def test_a_relay_retired_from_the_running_mesh_goes_unnoticed() -> None:
+    """The retire single fault (relay/sim/single.py): taking a relay off every stream by
+    reloaded files, then out of the mesh, is held to the single-fault bound throughout,
+    and every stream ends on the relays the files name."""
+    results = list(run_many(range(500, 506), 0, jobs=JOBS, single=("retire",)))
+    assert all(r.ok for r in results), _report(results)
+    assert [r.stats["retired"] for r in results] == [1] * len(results)
+
+
 @pytest.mark.parametrize("kind", RESTART_FAULTS)
 def test_restarts_onto_other_topologies_go_unnoticed(kind: str) -> None:
     """The roll and stale single faults (relay/sim/single.py): each restart onto another

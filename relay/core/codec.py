@@ -570,10 +570,12 @@ assert set(_ENCODERS) == set(TYPE_CODES) == set(_DECODER_OF)
 assert len(set(TYPE_CODES.values())) == len(TYPE_CODES)
 
 
-# Not messages: a relay's acceptor memory on its own disk. Code 21 also keeps the stream's
-# configuration and whether anything committed under it (5.15); a record of code 20 (an
-# earlier release's) has neither.
-ACCEPTOR_RECORD_CODE = 21
+# Not messages: a relay's acceptor memory on its own disk. Code 22 also keeps the stream's
+# configuration, whether anything committed under it, and the decided view that took this
+# relay off the stream (5.15); a record of code 21 (an earlier release's) has no such view,
+# and one of code 20 has none of the three.
+ACCEPTOR_RECORD_CODE = 22
+UNLEFT_ACCEPTOR_RECORD_CODE = 21
 LEGACY_ACCEPTOR_RECORD_CODE = 20
 
 
@@ -585,6 +587,7 @@ class AcceptorRecord(NamedTuple):
     config: int = 0  # the configuration's version (0: provisional, or none recorded)
     members: tuple[int, ...] = ()
     committed: bool = False  # something committed above the genesis under it
+    left: ViewValue | None = None  # the decided change that removed us (RelayState.left_views)
 
 
 def encode_acceptor(record: AcceptorRecord) -> bytes:
@@ -600,14 +603,15 @@ def encode_acceptor(record: AcceptorRecord) -> bytes:
         record.config,
         record.members,
         record.committed,
+        enc_value(record.left),
     )
     return ENCODER.encode(body)
 
 
 def decode_acceptor(record: bytes, max_frame_bytes: int) -> AcceptorRecord:
-    """`encode_acceptor`'s record from its bytes (version 0, no relays and nothing
-    committed for a record of code 20); raises only `FrameError` subclasses, for any
-    input."""
+    """`encode_acceptor`'s record from its bytes (no view that removed us for a record of
+    code 21; version 0, no relays and nothing committed either for one of code 20);
+    raises only `FrameError` subclasses, for any input."""
     out: AcceptorRecord = decode_with(
         record, max_frame_bytes, _ACCEPTOR_DECODERS, "acceptor record"
     )
@@ -628,11 +632,13 @@ def _dec_acceptor(a: list[Any]) -> AcceptorRecord:
         fields.u63(a[5], "AcceptorRecord.config"),
         fields.members(a[6], "AcceptorRecord.members"),
         fields.boolean(a[7], "AcceptorRecord.committed"),
+        dec_value(a[8], "AcceptorRecord.left") if a[0] == ACCEPTOR_RECORD_CODE else None,
     )
 
 
 _ACCEPTOR_DECODERS = {
-    ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 8, _dec_acceptor),
+    ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 9, _dec_acceptor),
+    UNLEFT_ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 8, _dec_acceptor),
     LEGACY_ACCEPTOR_RECORD_CODE: ("AcceptorRecord", 5, _dec_acceptor),
 }
 

@@ -140,13 +140,24 @@ class RelayCore(RelayState):
                 members = value.members if value is not None and bound else ()
             if members and self.id in members:  # (none in a record of an earlier release)
                 self.recorded[stream] = (version, members)
+            elif members and version > PROVISIONAL:
+                # An established configuration without us: we left the stream (`leave`),
+                # and know that it runs on without us (a member behind does not readmit
+                # us to an earlier version, membership.readmit)
+                self.foreign[stream] = (version, members)
+                if record.left is not None:
+                    self.left_views[stream] = record.left
             if record.committed:
                 self.recorded_committed.add(stream)
         self.acceptor_memory = memory
         self.acceptor_forgotten = set(broken)
-        for stream, st in self.streams.items():
+        for stream, st in list(self.streams.items()):
             if stream in memory:
                 st.acceptor = memory[stream]
+            if stream in self.foreign:  # (opened because the topology names it)
+                membership.set_config(self, st, *self.foreign[stream])
+                membership.leave(self, st)
+                continue
             recorded = self.recorded.pop(stream, None)
             if recorded is not None:
                 st.config_recorded = True
@@ -636,7 +647,10 @@ class RelayCore(RelayState):
         stream: str | None = cast(Any, msg).stream if type(msg) in STREAM_MESSAGES else None
         if stream is not None and not self.can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
-        if stream is not None and not isinstance(msg, Forward):
+        told_left = (
+            type(msg) is ViewRequest and stream in self.left_views and stream not in self.streams
+        )  # (view.tell_left answers its sender, or counts it as not a member)
+        if stream is not None and not isinstance(msg, Forward) and not told_left:
             members = self.members(stream)
             if isinstance(msg, ViewDecided) and self._later_configuration(stream, msg.value):
                 # A change of the stream's relays decided without us knowing it yet
@@ -731,7 +745,10 @@ class RelayCore(RelayState):
         elif isinstance(msg, RepairReply):
             self._on_repair_reply(self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewRequest):
-            view.on_request(self, self.stream(msg.stream), msg, now_ms)
+            if msg.stream in self.left_views and msg.stream not in self.streams:
+                view.tell_left(self, msg)
+            else:
+                view.on_request(self, self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewReply):
             view.on_reply(self, self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewDecided):

@@ -220,6 +220,7 @@ def readmit(core: RelayState, stream: str, version: int, members: tuple[int, ...
         return False
     core.counters["config_readmitted"] += 1
     core.foreign.pop(stream, None)
+    core.left_views.pop(stream, None)
     # It opens under that configuration (as under an acceptor record's), and joins: it
     # holds nothing of the stream. Unless it may have forgotten what it did under that
     # version (restarted without acceptor memory), it never reported under it, so it

@@ -664,6 +664,11 @@ class RelayState:
         self.recorded_committed: set[str] = set()  # of those, the ones that committed
         self.foreign: dict[str, Configuration] = {}
         self.left_link_seq: dict[str, int] = {}  # of those: our last link counter there
+        # 5.15 changes: stream -> the decided view that took this relay off it (kept in its
+        # acceptor record too), told to a relay the view kept that asks for a view of the
+        # old relays (`view.tell_left`): when every other old relay left as well (a
+        # stream of two shrunk to one), nobody else can tell it the change was decided.
+        self.left_views: dict[str, ViewValue] = {}
 
     def send(self, msg: PeerMessage, stream: str | None = None, *, busy: bool = True) -> None:
         """Publish `msg`: to the stream's members when `stream` is set, else to its target,
@@ -722,6 +727,7 @@ class RelayState:
             acc.accepted,
             *st.configuration,
             committed=st.committed_before,
+            left=self.left_views.get(st.stream),
         )
         st.config_recorded = True
         self.outbox.acceptors.append((st.stream, codec.encode_acceptor(record)))

@@ -625,7 +625,7 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
         st.proposal = None
         # (a change's new relays learn it too: they join the stream under it)
         for m in sorted({*st.peers, *value.members} - {core.id}):
-            _send_decided(core, st, m, value)
+            _send_decided(core, st.stream, m, value)
         adopt(core, st, value, now_ms)
 
 
@@ -689,6 +689,19 @@ def on_decided(core: RelayState, st: StreamState, msg: ViewDecided, now_ms: int)
     return adopt(core, st, msg.value, now_ms, msg.sender) or msg.stream in core.streams
 
 
+def tell_left(core: RelayState, msg: ViewRequest) -> None:
+    """A request for a view of a stream a decided change took us off (5.15 changes): its
+    sender, a relay the change kept, missed the decision, and may have nobody else to
+    learn it from (every other old relay left too); the change is what was decided in
+    that instance and every one before it, so we tell it. Anything else is counted."""
+    left = core.left_views[msg.stream]
+    if msg.sender not in left.members or msg.view > left.number:
+        core.counters["frame_not_member"] += 1  # as if we knew nothing of the stream
+        return
+    core.counters["view_left_told"] += 1
+    _send_decided(core, msg.stream, msg.sender, left)
+
+
 def push_view(
     core: RelayState, st: StreamState, peer: int, now_ms: int, *, force: bool = False
 ) -> None:
@@ -700,17 +713,17 @@ def push_view(
     if not force and not retry_due(now_ms, last, max(resends, 0), core.limits.repair_retry_ms):
         return
     st.view_pushed[peer] = (now_ms, resends + 1)
-    _send_decided(core, st, peer, st.view)
+    _send_decided(core, st.stream, peer, st.view)
 
 
-def _send_decided(core: RelayState, st: StreamState, peer: int, value: ViewValue) -> None:
+def _send_decided(core: RelayState, stream: str, peer: int, value: ViewValue) -> None:
     core.send(
         ViewDecided(
             sender=core.id,
             incarnation=core.incarnation,
             floor=core.clock.floor,
             target=peer,
-            stream=st.stream,
+            stream=stream,
             value=value,
         )
     )
@@ -787,6 +800,7 @@ def adopt(
             # there, if at all, without us: its producers hear `unknown` now and retry
             # there (dedupe answers with the seq it committed at), not at their deadline.
             coordinate.abandon_pending(core, st)
+            core.left_views[st.stream] = value  # (recorded by the move, `tell_left`)
         return membership.move(core, st, value.config, value.members)
     return True
 

@@ -27,6 +27,10 @@ stays to the end of the run (nothing heals), and the producers keep writing.
                          reconfiguration; once every relay runs the new file, the
                          mesh changes the grown streams to its relays)
     stale                one relay restarts onto another topology (5.15)
+    retire               every relay in turn reads a file in which one relay serves no
+                         stream; once none counts it, the others read one without it,
+                         forget it and it stops (docs/deploy.md section 9: 5.15 changes
+                         take it off every stream, then the mesh lets it go)
 
 The checker: for every stream, the relays that are up, not stepped, hold their memory, have
 room in their spools and form a strongly connected group (over the links that still work)
@@ -61,10 +65,14 @@ SINGLE_FAULTS: tuple[str, ...] = (
     "spool-full",
     "roll",
     "stale",
+    "retire",
 )
 # Faults made of restarts onto another topology (5.15): each restart is checked as a
 # single fault of its own (see `single_fault_liveness`)
 RESTART_FAULTS = ("roll", "stale")
+# Faults that change the mesh's files (5.15): the others must not notice them (checked
+# from the fault on), and each stream ends with the relays every file names
+CHANGE_FAULTS = (*RESTART_FAULTS, "retire")
 CLOCK_STEP_MS = 120_000  # "minutes": far beyond max_clock_ahead_ms
 CRASH_AFTER_CUT_MS = (20, 1_500)  # cut-then-crash: how long the cut relay coordinates on
 # Commits resume within suspect_timeout_ms plus a few round trips of the fault (retries
@@ -80,8 +88,9 @@ REJOIN_BOUND_MS = RESUME_BOUND_MS
 
 def fault_ms(kind: str, relay_count: int, base_ms: int) -> int:
     """How long a single-fault run of `kind` runs after its fault: `base_ms`, and for a
-    roll as long again as it takes to restart every relay in turn."""
-    return base_ms + (relay_count * ROLL_STEP_MS if kind == "roll" else 0)
+    roll or a retire as long again as it takes to restart, or change, every relay in
+    turn."""
+    return base_ms + (relay_count * ROLL_STEP_MS if kind in ("roll", "retire") else 0)
 
 
 def parse_single(text: str) -> tuple[str, ...]:
@@ -121,6 +130,8 @@ class SingleFaultInfo:
     # roll: the mesh changes the stream to them, 5.15 changes), else those it had (one
     # stale file changes nothing)
     configs_wanted: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # retire: the relay retired and stopped by the end (-1: none was, or another kind)
+    retired: int = -1
 
 
 def strongly_connected(nodes: set[int], works: set[tuple[int, int]]) -> list[set[int]]:
@@ -154,9 +165,9 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
     """Produces sent to a stream's connected majority commit promptly after the fault
     (RESTART_FAULTS: `restart_faults` as well)."""
     out: list[str] = []
-    restarting = info.kind in RESTART_FAULTS
+    changing = info.kind in CHANGE_FAULTS
     # (the others must not notice a restart onto another topology: checked at once)
-    start = info.fault_at_ms + (0 if restarting else RESUME_BOUND_MS)
+    start = info.fault_at_ms + (0 if changing else RESUME_BOUND_MS)
     late: dict[str, int] = {}
     first: dict[str, str] = {}
     committed_ms: dict[tuple[bytes, int], int] = {}
@@ -198,20 +209,23 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
             f"connected majority {sorted(info.majorities[stream])} of {stream} not committed "
             f"within {ANSWER_BOUND_MS} ms (first: {first[stream]})"
         )
-    if restarting:
-        out.extend(restart_faults(history, info))
+    if changing:
+        out.extend(change_faults(history, info))
     return out
 
 
-def restart_faults(history: History, info: SingleFaultInfo) -> list[str]:
-    """RESTART_FAULTS (5.15): the mesh was warm (every stream established) when the fault
-    struck; every relay of the roll restarted, each joined every stream it serves again
-    within REJOIN_BOUND_MS; every stream ends with the relays it must (`configs_wanted`:
-    after a roll, those of the file every relay runs, to which the mesh changed it; after
-    one stale file, those it was established with, whatever that file says), each of them
+def change_faults(history: History, info: SingleFaultInfo) -> list[str]:
+    """CHANGE_FAULTS (5.15): the mesh was warm (every stream established) when the fault
+    struck; every relay of a roll restarted, each joined every stream it serves again
+    within REJOIN_BOUND_MS; a retired relay was let go of by every other and stopped;
+    every stream ends with the relays it must (`configs_wanted`: after a roll or a
+    retire, those of the files every relay runs, to which the mesh changed it; after one
+    stale file, those it was established with, whatever that file says), each of them
     serving it (joined, unfenced), and no relay ends with a stream held for another
     configuration (`config_mismatch`)."""
     out: list[str] = []
+    if info.kind == "retire" and info.retired < 0:
+        out.append(f"not retired: {info.kind}: the relay was still counted at the end")
     for stream in sorted(info.configs_after.keys() | info.configs_before.keys()):
         before = info.configs_before.get(stream, ())
         after = info.configs_after.get(stream, ())

@@ -722,6 +722,16 @@ class World:
             self.single_victims = tuple(self.roll)
             self.configs_before = {stream: self.established(stream) for stream in STREAMS}
             self._roll_next()
+        elif kind == "retire":
+            # docs/deploy.md section 9 as the random fault does it: every relay reads a
+            # file in which the victim serves no stream, in turn; once no relay counts
+            # it, the others read one without it, and it is stopped once they forgot it.
+            self.configs_before = {stream: self.established(stream) for stream in STREAMS}
+            at = self.now
+            for r in rng.sample(self.ids, len(self.ids)):
+                self._at(at, "drain", r, victim)
+                at += rng.randint(*RECONFIGURE_STAGGER_MS)
+            self._at(at + rng.randint(*RETIRE_REMOVE_AFTER_MS), "remove")
         elif kind == "restart-clock-back":
             node.step -= CLOCK_STEP_MS
             self.stepped.add(victim)
@@ -774,11 +784,16 @@ class World:
         info = SingleFaultInfo(self.single, self.safety_end, self.liveness_end)
         info.restarts = [(r, at, rejoined) for r, at, rejoined in self.rolled]
         info.not_restarted = tuple(self.roll)
-        if self.rolled:
+        if self.rolled or self.single == "retire":
             info.configs_before = dict(self.configs_before)
             info.configs_after = {stream: self.established(stream) for stream in STREAMS}
             if self.single == "roll" and self.roll_topology is not None and not self.roll:
                 info.configs_wanted = {s: self.roll_topology.members(s) for s in STREAMS}
+        if self.single == "retire" and self.retiring is not None:
+            # what every file names at the end: the others', which leave the victim out
+            left = retired_topology(self.topology, self.retiring, removed=True)
+            info.configs_wanted = {s: left.members(s) for s in STREAMS}
+            info.retired = self.retiring if self.retired else -1
         for stream in STREAMS:
             # the stream's established configuration (5.15): its topology's, unless a
             # relay that began it read another file
