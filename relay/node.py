@@ -187,6 +187,11 @@ GC_YOUNG_THRESHOLD = 50_000
 # At most one warning per kind of bad frame per second, and one line per stream and kind
 # of configuration news (5.15: a disagreement, a topology naming other relays, ...).
 BAD_FRAME_LOG_MS = 1_000
+# Binding the mesh port again after unbinding it (`_rebind_mesh_port`): libzmq closes the
+# old listener on its I/O thread, so the port is busy for a moment (about a millisecond
+# here); the relay tries this often, this far apart, then again at its next state turn.
+REBIND_TRIES = 200
+REBIND_PAUSE_S = 0.001
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
 # Answers at least this large count towards what a client leaves unread (`_UnreadReplies`),
 # so that one that does not read is refused more (limits.max_unread_reply_bytes).
@@ -520,6 +525,7 @@ class RelayNode:
         # (link, key) until none does (`_forget_peers`).
         self._leaving: set[int] = set()
         self._closing: list[Callable[[], None]] = []  # their sockets, closed between turns
+        self._mesh_unbound = False  # the mesh port is to be bound again (`_bind_mesh_port`)
         self._subscribed: list[bytes] = []  # the SUB sockets' prefixes (`_subscriptions`)
         self._readmitted = 0  # the core's `config_readmitted` when last subscribed
         # Peers' protocol announcements (relay/peerprotocol.py), those with no protocol in
@@ -1038,6 +1044,8 @@ class RelayNode:
         (a handshake from now on is refused; a connection made before stays until the
         relay stops, which the operator does once it has left, docs/deploy.md section 9)."""
         gone = self.core.forget_relays(self._leaving)
+        if self._mesh_unbound:
+            self._bind_mesh_port(socks)
         for relay_id in gone:
             self._leaving.discard(relay_id)
             sub = next(s for s, r in socks.subs.items() if r == relay_id)
@@ -1061,6 +1069,47 @@ class RelayNode:
             )
         if gone:
             self._waiter_stale = True
+            if socks.authenticator is not None:
+                self._rebind_mesh_port(socks)
+
+    def _rebind_mesh_port(self, socks: _Sockets) -> None:
+        """Drop every connection to our PUB: libzmq closes those a listener accepted when
+        it is unbound. A relay let go then gets nothing more of ours over a connection it
+        made before (its key is no longer let in, so it cannot connect again); the
+        others reconnect within reconnect_ivl_ms and fill what they missed meanwhile as
+        any lost frame (docs/protocol.md 5.2). Only with CurveZMQ: without it anyone may
+        connect, so there is nothing to keep out."""
+        endpoint = socks.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        socks.pub.unbind(endpoint)
+        self._mesh_unbound = True
+        self._bind_mesh_port(socks)
+
+    def _bind_mesh_port(self, socks: _Sockets) -> None:
+        """Bind the mesh port again (`_rebind_mesh_port`), or say why not and try again
+        at the next state turn: meanwhile no peer hears us, and we are suspected."""
+        error: zmq.ZMQError | None = None
+        for _ in range(REBIND_TRIES):
+            try:
+                socks.pub.bind(self.spec.mesh_bind_endpoint)
+            except zmq.ZMQError as e:
+                error = e
+                time.sleep(REBIND_PAUSE_S)
+                continue
+            self._mesh_unbound = False
+            log.info(
+                "relay=%d mesh port bound again: connections made before are closed",
+                self.id,
+                extra={"relay": self.id},
+            )
+            return
+        log.error(
+            "relay=%d cannot bind the mesh port %s again (%s): no peer hears this relay "
+            "until it can; trying again",
+            self.id,
+            self.spec.mesh_bind_endpoint,
+            error,
+            extra={"relay": self.id},
+        )
 
     def _subscriptions(self) -> list[bytes]:
         prefixes = [subscription_prefix(p) for p in self.spec.streams]

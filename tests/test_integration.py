@@ -1166,6 +1166,14 @@ def test_a_relay_replaced_by_a_new_one_leaves_the_mesh_without_a_restart(
         for relay_id in (1, 2):
             node = (mesh.status(relay_id) or {})["node"]
             assert node["leaving"] == [] and 0 not in node["peers"], node
+        if curve:
+            # The relays that let relay 0 go closed the connections it had made to them
+            # (their mesh ports bound again), and refuse its key: it hears nobody.
+            wait_until(
+                lambda: (mesh.status(0) or {}).get("peers_heard") == [],
+                "relay 0, let go, hearing no relay",
+                timeout_s=CHANGE_S,
+            )
         assert mesh.kill(0, signal.SIGTERM) == 0
         pump.wait_for(pump.count() + 20)
 
