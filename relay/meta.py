@@ -124,10 +124,16 @@ def check_version(version: object, name: str = "expected_version") -> int:
     return version
 
 
+def _is_int(value: object, expected: int) -> bool:
+    return type(value) is int and value == expected
+
+
 def encode_op(op: MetaOp) -> bytes:
     """The transaction value of `op`, checked first (InvalidMetaOp)."""
     check_key(op.key)
     check_version(op.expected_version)
+    if type(op.op) is not int:
+        raise InvalidMetaOp(f"op is an int, not {type(op.op).__name__}")
     if op.op == OP_WRITE:
         if not isinstance(op.value, bytes) or len(op.value) > MAX_META_VALUE_BYTES:
             raise InvalidMetaOp(
@@ -150,9 +156,14 @@ def decode_op(value: bytes) -> MetaOp:
         raw: Any = msgpack.unpackb(value, raw=False, strict_map_key=True, max_bin_len=len(value))
     except Exception as e:
         raise InvalidMetaOp(f"not msgpack: {e}") from None
-    if not isinstance(raw, list) or len(raw) != 5 or raw[0] != META_FORMAT:
+    if not isinstance(raw, list) or len(raw) != 5 or not _is_int(raw[0], META_FORMAT):
         raise InvalidMetaOp(f"expected [{META_FORMAT}, op, key, expected_version, value]")
     _, op, key, expected, data = raw
+    if not any(_is_int(op, known) for known in (OP_WRITE, OP_DELETE, OP_READ)):
+        # (exactly an int: 2.0 or True compare equal to an op, and are not one)
+        raise InvalidMetaOp(
+            f"op is {OP_WRITE} (write), {OP_DELETE} (delete) or {OP_READ} (read), not {op!r:.20}"
+        )
     meta = MetaOp(op, check_key(key), check_version(expected), data)
     if op == OP_WRITE and isinstance(data, bytes) and len(data) <= MAX_META_VALUE_BYTES:
         return meta
@@ -356,7 +367,7 @@ def decode_mark(value: bytes) -> Mark:
     if (
         isinstance(raw, list)
         and len(raw) == 4
-        and raw[0] == MARK_FORMAT
+        and _is_int(raw[0], MARK_FORMAT)
         and (raw[1] is None or (type(raw[1]) is int and -1 <= raw[1] <= MAX_U63))
         and isinstance(raw[2], str)
         and len(raw[2]) <= MAX_HOLDER_CHARS

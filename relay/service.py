@@ -401,27 +401,31 @@ class ClientService:
         checked = ""  # the items of a batch mostly share one stream: look it up once
         denied = ""
         taken: list[ProduceRequest] = []  # for the core, in one call
-        for item_id, stream, producer_seq, key, value, kind in req.items:
-            if stream == METADATA_STREAM:  # each operation names its own key
-                why = self._meta_refusal(client, producer_id, kind, value)
-            else:
-                if stream != checked:
-                    checked = stream
-                    denied = self._produce_refusal(envelope, client, stream, producer_id)
-                    if not denied and not self._members(stream):
-                        self.counters["client_unknown_stream"] += 1
-                why = denied
-            if why:
-                self._answer_produce(
-                    envelope, item_id, True, Outcome.REJECTED, -1, why, stream=stream
-                )
-                continue
-            core_id = self._register(envelope, item_id, stream, True, arrived)
-            if core_id >= 0:
-                tx = Transaction(producer_id, producer_seq, key, value, kind)
-                taken.append(ProduceRequest(core_id, stream, tx))
-        self._hand_to_core(taken, now_ms, mono_ms)
-        self._track_produces(first, mono_ms)
+        try:
+            for item_id, stream, producer_seq, key, value, kind in req.items:
+                if stream == METADATA_STREAM:  # each operation names its own key
+                    why = self._meta_refusal(client, producer_id, kind, value)
+                else:
+                    if stream != checked:
+                        checked = stream
+                        denied = self._produce_refusal(envelope, client, stream, producer_id)
+                        if not denied and not self._members(stream):
+                            self.counters["client_unknown_stream"] += 1
+                    why = denied
+                if why:
+                    self._answer_produce(
+                        envelope, item_id, True, Outcome.REJECTED, -1, why, stream=stream
+                    )
+                    continue
+                core_id = self._register(envelope, item_id, stream, True, arrived)
+                if core_id >= 0:
+                    tx = Transaction(producer_id, producer_seq, key, value, kind)
+                    taken.append(ProduceRequest(core_id, stream, tx))
+        finally:
+            # Should a check fail on a later item (a bug), the items registered before it
+            # still reach the core and get their deadline: none is left pending for good.
+            self._hand_to_core(taken, now_ms, mono_ms)
+            self._track_produces(first, mono_ms)
 
     def _register(
         self, envelope: Envelope, request_id: int, stream: str, batched: bool, arrived: float

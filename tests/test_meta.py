@@ -99,6 +99,41 @@ def test_any_bytes_decode_to_an_operation_or_a_named_error(value: bytes) -> None
         assert str(e)
 
 
+# Wrong types where integers belong: equal to an op or a version (2.0 == 2, True == 1),
+# huge, or not numbers at all.
+_loose = (
+    st.floats(allow_nan=True)
+    | st.booleans()
+    | st.none()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.sampled_from([0.0, 1.0, 2.0, -1.0])
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 4), _loose, st.sampled_from([OP_WRITE, OP_DELETE, OP_READ]))
+def test_an_operation_of_loose_types_is_refused_by_name(
+    which: int, loose: object, known: int
+) -> None:
+    """issue 48: an op of 2.0 passed as the read barrier's 2, then failed in the relay's
+    client service. Whatever one field holds (the others right for the op), an operation
+    decodes with exactly the types MetaOp names, or is refused with a named error."""
+    fields: list[object] = [1, known, "k", -1, b"v" if known == OP_WRITE else None]
+    fields[which] = loose
+    raw = msgpack.packb(fields, use_bin_type=True)
+    try:
+        decoded = decode_op(raw)
+    except InvalidMetaOp as e:
+        assert str(e)
+        return
+    assert type(decoded.op) is int and decoded.op in (OP_WRITE, OP_DELETE, OP_READ)
+    assert type(decoded.expected_version) is int and type(decoded.key) is str
+    assert decoded.value is None or type(decoded.value) is bytes
+    assert decode_op(encode_op(decoded)) == decoded
+
+
 @pytest.mark.parametrize(
     "op, problem",
     [
@@ -109,6 +144,7 @@ def test_any_bytes_decode_to_an_operation_or_a_named_error(value: bytes) -> None
         (MetaOp(OP_WRITE, "k", 0, None), "metadata value"),
         (MetaOp(OP_DELETE, "k", 0, b"v"), "op is"),
         (MetaOp(7, "k", 0, None), "op is"),
+        (MetaOp(2.0, "k", 0, None), "op is"),  # type: ignore[arg-type]
     ],
 )
 def test_a_bad_operation_is_refused_before_it_is_sent(op: MetaOp, problem: str) -> None:

@@ -63,7 +63,7 @@ from relay.core.messages import (
 )
 from relay.errors import FrameError, Rejected, UnknownStream
 from relay.launcher import Mesh, query_status, write_loopback_topology
-from relay.meta import METADATA_STREAM
+from relay.meta import KIND_META, META_FORMAT, METADATA_STREAM
 from relay.metasync import META_SYNC_MARK
 from relay.node import TOPIC_MAX_BYTES
 from relay.security import ClientCurve, KeyRing, curve_server
@@ -143,6 +143,25 @@ class RawClient:
                 raise AssertionError(f"{self.endpoint} sent an undecodable frame: {e}") from e
             if answer.request_id == msg.request_id:
                 return answer
+
+    def produce_batch(
+        self, msg: wire.ProduceBatchReq, timeout_s: float = ANSWER_TIMEOUT_S
+    ) -> dict[int, wire.BatchResult]:
+        """Send a produce batch; return each item's result by item id (they may come in
+        several ProduceBatchResp frames). Fails the test if one does not come in time."""
+        self.sock.send(wire.encode(msg))
+        wanted = {item[0] for item in msg.items}
+        results: dict[int, wire.BatchResult] = {}
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= results.keys():
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            assert left_ms > 0, f"{self.endpoint} left items {wanted - results.keys()} unanswered"
+            if not self.sock.poll(left_ms):
+                continue
+            answer = wire.decode(self.sock.recv_multipart()[-1], 64 * 1024 * 1024)
+            if isinstance(answer, wire.ProduceBatchResp):
+                results.update((r[0], r) for r in answer.results if r[0] in wanted)
+        return results
 
     def status(self) -> dict[str, Any]:
         import json
@@ -682,6 +701,33 @@ def test_an_unknown_stream_gets_a_clear_error(live: Live) -> None:
             next(consumer)
     replies = query_status(endpoints, 2.0, live.curve)
     assert all(reply.reachable for reply in replies.values())
+
+
+# --- metadata operations of loose types ---------------------------------------------------------
+
+
+def test_a_metadata_operation_of_a_loose_type_is_refused_and_its_batch_goes_on(
+    live: Live,
+) -> None:
+    """issue 48, 1: an operation whose op was 2.0 (equal to the read barrier's 2) passed
+    the checks; in a batch, the items before it were left pending for good (25 such
+    batches held a relay at max_pending_produces). Now it is refused by name, and the
+    items beside it commit."""
+    client = live.clients[1]
+    op = msgpack.packb([META_FORMAT, 2.0, "k", -1, None], use_bin_type=True)
+    first = client.next_id()
+    items: list[wire.BatchItem] = [
+        (first + i, "orders.eu", int(time.time_ns()) + i, None, b"beside a loose op", 0)
+        for i in range(3)
+    ]
+    items.append((first + 3, METADATA_STREAM, int(time.time_ns()) + 3, None, op, KIND_META))
+    for _ in items[1:]:
+        client.next_id()
+    results = client.produce_batch(wire.ProduceBatchReq(client.next_id(), PRODUCER, tuple(items)))
+    meta = results.pop(first + 3)
+    assert meta[1] is Outcome.REJECTED and meta[3].startswith("invalid: op is"), meta
+    assert {r[1] for r in results.values()} <= {Outcome.COMMITTED, Outcome.FENCED}, results
+    assert client.status()["node"]["pending_produces"] == 0
 
 
 # --- and at the end ----------------------------------------------------------------------------
