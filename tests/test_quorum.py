@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from relay.core.membership import history_suffices, next_step
 from relay.core.quorum import VoteTally, quorum
 
 D1, D2, D3 = b"1" * 16, b"2" * 16, b"3" * 16
@@ -126,3 +127,53 @@ def test_conflicting_votes_are_counted() -> None:
     tally.add(0, 5, D2)
     assert tally.conflicts == 1
     assert tally.reporters(5, D2) == []
+
+
+# --- changes of a stream's relays (relay/core/membership.py, docs/protocol.md 5.15) -------------
+
+
+@pytest.mark.parametrize(
+    ("members", "target", "steps"),
+    [
+        ((0,), (0, 1, 2), [(0, 1), (0, 1, 2)]),  # a stream of one grows by one first
+        ((0, 1), (0, 1, 2, 3), [(0, 1, 2), (0, 1, 2, 3)]),
+        ((0, 1, 2), (0, 1, 2, 3, 4), [(0, 1, 2, 3, 4)]),
+        ((0, 1, 2), (3, 4, 5), [(0, 1, 2, 3, 4), (0, 1, 2, 3, 4, 5), (3, 4, 5)]),
+        ((0, 1, 2), (0, 1), [(0, 1)]),
+        ((0, 1), (1,), [(1,)]),
+    ],
+)
+def test_a_change_goes_by_steps_whose_quorums_meet_the_relays_holding_it(
+    members: tuple[int, ...], target: tuple[int, ...], steps: list[tuple[int, ...]]
+) -> None:
+    """Every step keeps relays of the set before it in every quorum of the set after it,
+    and (but growing a stream of one) a quorum of them: the relays that hold the history
+    decide the step and commit on while the added ones catch up."""
+    at, taken = members, []
+    while at != target:
+        after = next_step(at, target)
+        kept = set(at) & set(after)
+        for q_set in itertools.combinations(after, quorum(len(after))):
+            assert kept & set(q_set), (at, after)
+        assert history_suffices(at, after, kept)
+        taken.append(after)
+        at = after
+    assert taken == steps
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "holding", "enough"),
+    [
+        ((0,), (0, 1), {0}, True),  # every quorum of two holds relay 0
+        ((0,), (0, 1), set(), False),
+        ((0, 1), (0, 1, 2), {0, 1}, True),
+        ((0, 1), (0, 1, 2), {0}, False),  # relay 0 alone is no quorum of three
+        ((0, 1, 2), (0, 1), {0}, False),  # removing: a quorum of the rest must hold it
+        ((0, 1, 2), (0, 1), {0, 1}, True),
+        ((0, 1), (1,), {1}, True),
+    ],
+)
+def test_which_holders_let_a_change_be_made(
+    old: tuple[int, ...], new: tuple[int, ...], holding: set[int], enough: bool
+) -> None:
+    assert history_suffices(old, new, holding) is enough

@@ -294,25 +294,30 @@ def change_held_by(core: RelayState, st: StreamState, now_ms: int) -> dict[int, 
     return held
 
 
-def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
+def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
     """The next configuration on the way from `members` to `target`. A change is decided
     by a quorum of the relays that stay, and only relays that already hold the stream's
-    history count towards it (5.15), so relays are added only while the current ones are
-    a quorum of the next set: as many as that allows at a time; once every target relay
-    is in, the others are removed together. The set never shrinks below the smaller of
-    the two, and every step keeps a quorum of relays that hold the history. None: no step
-    can be decided (a stream of one relay: a second one would be needed for the quorum
-    before it holds anything)."""
+    history count towards it (5.15), so relays are added while the current ones are a
+    quorum of the next set, as many as that allows at a time (then the stream commits on
+    while they catch up); a stream of one relay, which no addition leaves a quorum, grows
+    by one relay (`history_suffices`). Once every target relay is in, the others are
+    removed together. The set never shrinks below the smaller of the two, and every step
+    keeps relays holding the history in every quorum of the next set."""
     adding = [m for m in target if m not in members]
     if not adding:
         return target
-    room = len(members) - 1  # quorum(len(members) + k) <= len(members)  <=>  k < len(members)
-    if room == 0:
-        return None
+    room = max(len(members) - 1, 1)  # quorum(len(members) + k) <= len(members) <=> k < len
     return tuple(sorted({*members, *adding[:room]}))
 
 
-def complete_quorum(value_members: tuple[int, ...], complete: set[int]) -> bool:
+def history_suffices(old: tuple[int, ...], new: tuple[int, ...], holding: set[int]) -> bool:
     """Whether the relays of a change's new configuration that hold the stream's history
-    through the change's start are a quorum of it (5.15 changes)."""
-    return sum(1 for m in value_members if m in complete) >= quorum(len(value_members))
+    through the change's start (`holding`) let the change be made (5.15 changes): a quorum
+    of the new relays, so that the stream commits on at once; or, growing a stream of one
+    relay by one (`next_step`), that relay, which every quorum of the two contains. Either
+    way every quorum of the new relays meets a relay that stands as having reported the
+    start, which is what keeps later views from starting below it (docs/protocol.md
+    section 6); in the second, the stream commits again once the added relay joined."""
+    if sum(1 for m in new if m in holding) >= quorum(len(new)):
+        return True
+    return len(old) == 1 and len(new) == 2 and old[0] in new and old[0] in holding

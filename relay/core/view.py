@@ -54,7 +54,6 @@ from relay.core.messages import (
     ViewRequest,
     ViewValue,
 )
-from relay.core.quorum import quorum
 from relay.core.seq import relay_of
 from relay.core.state import (
     FIRST_INCARNATION,
@@ -485,7 +484,7 @@ def _could_decide(
     view admits as they are now (they refuse their own cut, 5.12 step 2; a restarted one
     does not)."""
     able = 1
-    staying = 1 if core.id in moving_to else 0  # (a change: of the relays it keeps)
+    staying = {core.id} & set(moving_to)  # (a change: the relays it keeps that could)
     for m in st.peers:
         peer = core.peers[m]
         if not is_live(core, peer, now_ms) or not peer.joined.get(st.stream):
@@ -495,9 +494,10 @@ def _could_decide(
         if cut and not moving_to:  # (a change's removed relays do promise)
             continue
         able += 1
-        staying += m in moving_to
-    if moving_to and staying < quorum(len(moving_to)):
-        return False  # (its new relays' quorum must hold the history: 5.15 changes)
+        if m in moving_to:
+            staying.add(m)
+    if moving_to and not membership.history_suffices(st.members, moving_to, staying):
+        return False  # (enough of its new relays must hold the history: 5.15 changes)
     # (the first view, which establishes the configuration, is decided by every member:
     # while one is not able to, a proposal would only stall in its accept phase, 5.15)
     return able >= membership.to_decide(st)
@@ -585,29 +585,30 @@ def on_reply(core: RelayState, st: StreamState, msg: ViewReply, now_ms: int) -> 
     _advance(core, st, prop, now_ms)
 
 
-def _holders_or_done(prop: Proposal, now_ms: int) -> bool:
-    """A change (5.15 changes) is made from the promises once a quorum of its new relays
-    among them hold the history through the start, or CHANGE_PROMISE_WAIT_MS after the
-    proposal began (then it waits, `_value`): the first quorum of the old relays to
-    promise need not hold a quorum of the new ones."""
+def _holders_or_done(st: StreamState, prop: Proposal, now_ms: int) -> bool:
+    """A change (5.15 changes) is made from the promises once enough of its new relays
+    among them hold the history through the start (`_holders_suffice`), or
+    CHANGE_PROMISE_WAIT_MS after the proposal began (then it waits, `_value`): the first
+    quorum of the old relays to promise need not hold enough of the new ones."""
     if not prop.moving_to or now_ms - prop.started_ms >= CHANGE_PROMISE_WAIT_MS:
         return True
-    return _new_quorum_holds(prop)
+    return _holders_suffice(st, prop)
 
 
-def _new_quorum_holds(prop: Proposal) -> bool:
-    """Whether a quorum of the relays a change moves to are among the promisers that hold
-    every transaction the view counts through the start the promises make (5.15)."""
+def _holders_suffice(st: StreamState, prop: Proposal) -> bool:
+    """Whether enough of the relays a change moves to are among the promisers that hold
+    every transaction the view counts through the start the promises make (5.15,
+    `membership.history_suffices`)."""
     start = max(p.reported for p in prop.promises.values())
     holding = {m for m, p in prop.promises.items() if p.holds >= start}
-    return membership.complete_quorum(prop.moving_to, holding)
+    return membership.history_suffices(st.members, prop.moving_to, holding)
 
 
 def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
     if (
         prop.phase is ViewPhase.PREPARE
         and len(prop.promises) >= st.q
-        and _holders_or_done(prop, now_ms)
+        and _holders_or_done(st, prop, now_ms)
     ):
         prop.value = _value(core, st, prop)
         prop.phase = ViewPhase.ACCEPT
@@ -646,7 +647,7 @@ def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
     members = st.members
     cut_now: set[int] = set(prop.excluding)
     if prop.moving_to:
-        if _new_quorum_holds(prop):
+        if _holders_suffice(st, prop):
             config, members = st.config_version + 1, prop.moving_to
         else:
             # Too few of the new relays hold the history through the start (one is

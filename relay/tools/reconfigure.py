@@ -6,7 +6,7 @@ checked against the running mesh and driven through it (docs/deploy.md section 9
    relay tracks: the relays it runs on (its configuration, as the relays serving it state
    it) and the relays the new file names, with the steps the relays will take
    (`relay.core.membership.next_step`); a change the mesh cannot make is named (a stream
-   of one relay cannot grow; a stream no relay of the file serves keeps its relays).
+   no relay of the file serves keeps its relays).
    Nothing changes without `apply`.
 3. `apply`: every relay is asked to read its own topology file again (wire.ReloadReq,
    the admin right), which the operator copied to its host beforehand. Each answer says
@@ -103,13 +103,8 @@ def plan(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[StreamChan
         else:
             at = relays
             while at != target:
-                step = next_step(at, target)
-                if step is None:
-                    refusal = "a stream of one relay cannot grow online yet: it keeps its relays"
-                    steps = []
-                    break
-                steps.append(step)
-                at = step
+                at = next_step(at, target)
+                steps.append(at)
         out.append(StreamChange(stream, version, relays, target, tuple(steps), refusal))
     return out
 
