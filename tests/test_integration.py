@@ -933,6 +933,40 @@ def test_a_streams_relays_change_on_sighup_under_writes(harness: Harness) -> Non
     assert STREAM in (status.get("not_member") or {}), status.get("not_member")
 
 
+def test_a_stream_of_one_relay_grows_on_sighup_under_writes(harness: Harness) -> None:
+    """docs/deploy.md section 9 for a stream served by one relay: orders.eu on relay 0
+    alone grows to relays 0-2 by SIGHUP, under writes, with relay 2 killed -9 once relays
+    0 and 1 read the file, and restarted onto it. The first step adds one relay
+    (docs/protocol.md 5.15 changes), the next the other (relays 0 and 1 commit while
+    relay 2 is down: a fault during the first step would stop the stream, which no
+    quorum of two survives); nothing acknowledged is lost and relays 1 and 2 serve the
+    history from where they began, as relay 0 holds it."""
+    mesh = harness.mesh([[STREAM, AUDIT]] + [[AUDIT]] * 2)
+    path = mesh.config_path
+    pump = harness.pump(topology=path)
+    pump.wait_for(20)
+
+    resubscribe(path, {1: [STREAM, AUDIT], 2: [STREAM, AUDIT]})
+    hang_up(mesh, 1)
+    hang_up(mesh, 0)
+    mesh.kill(2)  # kill -9 half way: the steps go on without it
+    pump.wait_for(pump.count() + 20)
+    mesh.restart(2, timeout_s=START_TIMEOUT_S)  # onto the new file
+    harness.track(mesh)
+    wait_stream_on(mesh, STREAM, (0, 1, 2))
+    grown = pump.count()
+    pump.wait_for(grown + 20)
+    pump.stop()
+
+    last = max(seq for _, seq in pump.committed)
+    first, _ = read_until(clients(mesh, 0), STREAM, last)
+    check_timeline(first)
+    check_acknowledged(first, pump)
+    for relay_id in (1, 2):
+        held, _ = read_until(clients(mesh, relay_id), STREAM, last)
+        assert held == [r for r in first if held[0].seq <= r.seq <= last]
+
+
 def curve_of(topology: Path) -> dict[str, Any]:
     """A client's `curve=` for the topology's default client key, when CurveZMQ is on."""
     config = load(topology)
