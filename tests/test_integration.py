@@ -933,14 +933,14 @@ def test_a_streams_relays_change_on_sighup_under_writes(harness: Harness) -> Non
     assert STREAM in (status.get("not_member") or {}), status.get("not_member")
 
 
-def test_a_stream_of_one_relay_grows_on_sighup_under_writes(harness: Harness) -> None:
+def test_a_stream_of_one_relay_moves_on_sighup_under_writes(harness: Harness) -> None:
     """docs/deploy.md section 9 for a stream served by one relay: orders.eu on relay 0
     alone grows to relays 0-2 by SIGHUP, under writes, with relay 2 killed -9 once relays
-    0 and 1 read the file, and restarted onto it. The first step adds one relay
-    (docs/protocol.md 5.15 changes), the next the other (relays 0 and 1 commit while
-    relay 2 is down: a fault during the first step would stop the stream, which no
-    quorum of two survives); nothing acknowledged is lost and relays 1 and 2 serve the
-    history from where they began, as relay 0 holds it."""
+    0 and 1 read the file, and restarted onto it; then relay 0 is taken off (1-2). The
+    first step adds one relay (docs/protocol.md 5.15 changes), the next the other
+    (relays 0 and 1 commit while relay 2 is down: a fault during the first step would
+    stop the stream, which no quorum of two survives); nothing acknowledged is lost and
+    relays 1 and 2 serve the history from where they began, as relay 0 held it."""
     mesh = harness.mesh([[STREAM, AUDIT]] + [[AUDIT]] * 2)
     path = mesh.config_path
     pump = harness.pump(topology=path)
@@ -956,15 +956,28 @@ def test_a_stream_of_one_relay_grows_on_sighup_under_writes(harness: Harness) ->
     wait_stream_on(mesh, STREAM, (0, 1, 2))
     grown = pump.count()
     pump.wait_for(grown + 20)
+    held_by_0, _ = read_until(clients(mesh, 0), STREAM, pump.committed[grown][1])
+
+    resubscribe(path, {0: [AUDIT]})
+    for relay_id in mesh.relay_ids:
+        hang_up(mesh, relay_id)
+    wait_stream_on(mesh, STREAM, (1, 2))
+    pump.wait_for(pump.count() + 20)
     pump.stop()
 
     last = max(seq for _, seq in pump.committed)
-    first, _ = read_until(clients(mesh, 0), STREAM, last)
-    check_timeline(first)
-    check_acknowledged(first, pump)
-    for relay_id in (1, 2):
-        held, _ = read_until(clients(mesh, relay_id), STREAM, last)
-        assert held == [r for r in first if held[0].seq <= r.seq <= last]
+    now, _ = read_until(clients(mesh, 1), STREAM, last)
+    check_timeline(now)
+    # Relays 1 and 2 hold the history from the bases they joined from; what came before
+    # is what relay 0 held (and the store, when there is one): nothing acknowledged is
+    # lost between the two, and they agree where both hold it.
+    assert now[0].seq <= held_by_0[-1].seq
+    assert [r for r in held_by_0 if r.seq >= now[0].seq] == [
+        r for r in now if r.seq <= held_by_0[-1].seq
+    ]
+    check_acknowledged([*(r for r in held_by_0 if r.seq < now[0].seq), *now], pump)
+    again, _ = read_until(clients(mesh, 2), STREAM, last)
+    assert again == [r for r in now if again[0].seq <= r.seq <= last]
 
 
 def curve_of(topology: Path) -> dict[str, Any]:

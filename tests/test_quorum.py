@@ -152,6 +152,7 @@ def test_a_change_goes_by_steps_whose_quorums_meet_the_relays_holding_it(
     at, taken = members, []
     while at != target:
         after = next_step(at, target)
+        assert after is not None
         kept = set(at) & set(after)
         for q_set in itertools.combinations(after, quorum(len(after))):
             assert kept & set(q_set), (at, after)
@@ -159,6 +160,14 @@ def test_a_change_goes_by_steps_whose_quorums_meet_the_relays_holding_it(
         taken.append(after)
         at = after
     assert taken == steps
+
+
+@pytest.mark.parametrize("target", [(1,), (1, 2)])
+def test_a_stream_of_one_relay_is_not_moved_to_others(target: tuple[int, ...]) -> None:
+    """The relays it would move to may have begun a history of their own (their files
+    name only them): the operator grows it first, then takes the old relay off."""
+    assert next_step((0,), target) is None
+    assert next_step((0,), (0, *target)) == (0, target[0])
 
 
 @pytest.mark.parametrize(

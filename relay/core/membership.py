@@ -294,7 +294,7 @@ def change_held_by(core: RelayState, st: StreamState, now_ms: int) -> dict[int, 
     return held
 
 
-def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
+def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...] | None:
     """The next configuration on the way from `members` to `target`. A change is decided
     by a quorum of the relays that stay, and only relays that already hold the stream's
     history count towards it (5.15), so relays are added while the current ones are a
@@ -302,11 +302,21 @@ def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, .
     while they catch up); a stream of one relay, which no addition leaves a quorum, grows
     by one relay (`history_suffices`). Once every target relay is in, the others are
     removed together. The set never shrinks below the smaller of the two, and every step
-    keeps relays holding the history in every quorum of the next set."""
+    keeps relays holding the history in every quorum of the next set. None: a stream of
+    one relay moved to others (a target without its relay) is not changed. The files of
+    the relays it moves to name only them, and a relay whose file names it alone may
+    open the stream and establish it by itself before the change reaches it (a second
+    history, docs/protocol.md section 8), which the change would then merge into the
+    first. The operator grows the stream first (files naming both), then takes the old
+    relay off (docs/deploy.md section 9)."""
     adding = [m for m in target if m not in members]
     if not adding:
         return target
-    room = max(len(members) - 1, 1)  # quorum(len(members) + k) <= len(members) <=> k < len
+    room = len(members) - 1  # quorum(len(members) + k) <= len(members)  <=>  k < len
+    if room == 0:
+        if members[0] not in target:
+            return None
+        room = 1
     return tuple(sorted({*members, *adding[:room]}))
 
 

@@ -6,7 +6,8 @@ checked against the running mesh and driven through it (docs/deploy.md section 9
    relay tracks: the relays it runs on (its configuration, as the relays serving it state
    it) and the relays the new file names, with the steps the relays will take
    (`relay.core.membership.next_step`); a change the mesh cannot make is named (a stream
-   no relay of the file serves keeps its relays).
+   of one relay moved to others, a stream no relay of the file serves: each keeps its
+   relays).
    Nothing changes without `apply`.
 3. `apply`: every relay is asked to read its own topology file again (wire.ReloadReq,
    the admin right), which the operator copied to its host beforehand. Each answer says
@@ -103,8 +104,17 @@ def plan(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[StreamChan
         else:
             at = relays
             while at != target:
-                at = next_step(at, target)
-                steps.append(at)
+                step = next_step(at, target)
+                if step is None:
+                    refusal = (
+                        "a stream of one relay does not move to other relays: give it a "
+                        "file naming both first, then one without the old relay; it keeps "
+                        "its relays"
+                    )
+                    steps = []
+                    break
+                steps.append(step)
+                at = step
         out.append(StreamChange(stream, version, relays, target, tuple(steps), refusal))
     return out
 
