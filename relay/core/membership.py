@@ -312,7 +312,8 @@ def next_step(members: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, .
     adding = [m for m in target if m not in members]
     if not adding:
         return target
-    room = len(members) - 1  # quorum(len(members) + k) <= len(members)  <=>  k < len
+    # quorum(len(members) + k) <= len(members)  <=>  k < len(members)
+    room = len(members) - 1
     if room == 0:
         if members[0] not in target:
             return None
