@@ -110,9 +110,34 @@ def load_identity(path: str | os.PathLike[str]) -> Identity:
 
 
 def load_public_key(path: Path | str) -> bytes:
-    """The public key (Z85) of a key file, public or secret."""
-    public, _ = _read_certificate(Path(path))
+    """The public key (Z85) of a key file, public or secret. KeyFileError if the file or
+    its directory can be written by others than their owner, or belongs to another user
+    (as ssh refuses such files: whoever can swap in their own key is let in by it)."""
+    file = Path(path)
+    for item, what in ((file.parent, "key directory"), (file, "key file")):
+        _check_kept(item, what)
+    public, _ = _read_certificate(file)
     return public
+
+
+def _check_kept(path: Path, what: str) -> None:
+    """`path` is owned by this user (or root) and writable by its owner only."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return  # (a missing file is named when it is read)
+    except OSError as e:
+        raise KeyFileError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    if info.st_uid not in (os.geteuid(), 0):
+        raise KeyFileError(
+            f"{path}: the {what} belongs to user {info.st_uid}, not to this user "
+            f"({os.geteuid()}) or root"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyFileError(
+            f"{path}: the {what} can be written by others than its owner (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}); run: chmod go-w {path}"
+        )
 
 
 def _read_certificate(file: Path) -> tuple[bytes, bytes | None]:
@@ -182,8 +207,33 @@ class KeyRing:
         return load_public_key(self.keys_dir / (client_key_name(client) + PUBLIC_SUFFIX))
 
     def client_names(self) -> dict[bytes, str]:
-        """Client public key (Z85) -> client name."""
-        return {self.client_public_key(name): name for name in self.config.access.clients}
+        """Client public key (Z85) -> client name. KeyFileError naming both if a key
+        belongs to two clients, or to a client and a relay: the name a key is let in
+        under would otherwise depend on the order of the file."""
+        owners: dict[bytes, str] = {
+            key: f"relay {relay_id}" for relay_id, key in self.relay_public_keys().items()
+        }
+        if len(owners) < len(self.config.relays):
+            seen: dict[bytes, int] = {}
+            for relay_id, key in self.relay_public_keys().items():
+                if key in seen:
+                    raise KeyFileError(
+                        f"relays {seen[key]} and {relay_id} have the same public key "
+                        f"({key.decode()}): each needs its own key pair"
+                    )
+                seen[key] = relay_id
+        names: dict[bytes, str] = {}
+        for name in self.config.access.clients:
+            key = self.client_public_key(name)
+            other = owners.get(key)
+            if other is not None:
+                raise KeyFileError(
+                    f"client {name!r} and {other} have the same public key "
+                    f"({key.decode()}): each needs its own key pair"
+                )
+            owners[key] = f"client {name!r}"
+            names[key] = name
+        return names
 
     def missing(self) -> list[tuple[str, str]]:
         """(key name, client name) of the key pairs `ensure` would create: the relays' and

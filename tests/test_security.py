@@ -156,6 +156,57 @@ def test_a_relay_without_its_key_does_not_start(tmp_path: Path) -> None:
         RelayNode(config, 1, handle_signals=False, incarnation=1)
 
 
+def test_a_public_key_others_could_swap_is_refused_by_name(tmp_path: Path) -> None:
+    """issue 48, 7: like ssh, a public key file or keys directory that others can write,
+    or that belongs to another user, is refused: whoever could swap in their own key
+    would be let in by it (a relay does not start, exit 2)."""
+    path = write_loopback_topology(tmp_path, {0: ["a"], 1: ["a"]}, ["a"], access={"app": {}})
+    config = Mesh(path).config
+    KeyRing(config).ensure()
+    keys = config.security.keys_dir
+    public = keys / "client-app.key"
+    public.chmod(0o664)
+    with pytest.raises(KeyFileError, match=r"client-app.key: the key file can be written by"):
+        KeyRing(config).client_names()
+    run = subprocess.run(
+        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run
+    assert "chmod go-w" in run.stderr, run.stderr
+    public.chmod(0o644)
+    keys.chmod(0o777)
+    with pytest.raises(KeyFileError, match="the key directory can be written by others"):
+        KeyRing(config).client_names()
+    keys.chmod(0o700)
+    if os.geteuid() == 0:  # (only root can give a file away)
+        os.chown(public, 12345, -1)
+        with pytest.raises(KeyFileError, match="belongs to user 12345"):
+            KeyRing(config).client_names()
+        os.chown(public, 0, -1)
+    assert "app" in KeyRing(config).client_names().values()
+
+
+def test_one_public_key_under_two_names_is_refused_by_name(tmp_path: Path) -> None:
+    """issue 48, 7: one key listed for two clients (or a client and a relay) let in
+    under whichever name came last; the file is now refused, naming both."""
+    path = write_loopback_topology(
+        tmp_path, {0: ["a"], 1: ["a"]}, ["a"], access={"app": {}, "admin": {"admin": True}}
+    )
+    config = Mesh(path).config
+    KeyRing(config).ensure()
+    keys = config.security.keys_dir
+    (keys / "client-admin.key").write_bytes((keys / "client-app.key").read_bytes())
+    both = r"client '(app|admin)' and client '(app|admin)' have the same public key"
+    with pytest.raises(KeyFileError, match=both):
+        KeyRing(config).client_names()
+    (keys / "client-admin.key").write_bytes((keys / "relay-0.key").read_bytes())
+    with pytest.raises(KeyFileError, match=r"client 'admin' and relay 0 have the same"):
+        KeyRing(config).client_names()
+
+
 def test_a_frame_claiming_another_sender_than_its_link_is_dropped(tmp_path: Path) -> None:
     path = write_loopback_topology(tmp_path, {0: ["a"], 1: ["a"], 2: ["a"]}, ["a"])
     core = RelayCore(Mesh(path).config.core_config(0), incarnation=1, now_ms=1_000)
