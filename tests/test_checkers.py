@@ -504,3 +504,18 @@ def test_a_retire_must_end_with_the_relay_let_go() -> None:
     info.retired = -1
     found = single_fault_liveness(h, info)
     assert any(v.startswith("not retired:") for v in found), found
+
+
+def test_a_write_a_change_rejected_late_must_commit_on_its_retry() -> None:
+    """`rejected: late` (a view change left that copy out) sends the client to try again
+    at once, as `fenced` does: the write must then commit within the bound."""
+    h, info = restarted("retire")
+    info.restarts = []
+    info.retired = 3
+    late = Attempt(b"p0", 9, STREAM, tx(9), 2, 1, 98, 1_030, REJECTED, -1, "late", 1_035)
+    h.attempts = [late]
+    found = single_fault_liveness(h, info)
+    assert any(v.startswith("stall:") for v in found), found
+    retry = Attempt(b"p0", 9, STREAM, tx(9), 0, 1, 99, 1_036, COMMITTED, 40, "", 1_050)
+    h.attempts.append(retry)
+    assert single_fault_liveness(h, info) == []

@@ -37,9 +37,10 @@ room in their spools and form a strongly connected group (over the links that st
 are its majority, if they include a quorum of its members. Every produce attempt sent to
 such a relay from RESUME_BOUND_MS after the fault on (until the producers stop) must be
 answered `committed` within ANSWER_BOUND_MS, or `fenced` by a member the view leaves out
-(a relay that cannot hear another member, 5.12), whose redirect the client follows: then
-the same write must be committed through another relay within ANSWER_BOUND_MS of that
-attempt. The usual safety checkers run as well.
+(a relay that cannot hear another member, 5.12), whose redirect the client follows, or
+`rejected: late` (a view change left that copy out; the client tries again at once): then
+the same write must be committed through another attempt within ANSWER_BOUND_MS of that
+one. The usual safety checkers run as well.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relay.core.fencing import CONFIG_MISMATCH
-from relay.sim.history import COMMITTED, FENCED, History
+from relay.core.messages import RejectReason
+from relay.sim.history import COMMITTED, FENCED, REJECTED, History
 
 SINGLE_FAULTS: tuple[str, ...] = (
     "crash",
@@ -187,8 +189,12 @@ def single_fault_liveness(history: History, info: SingleFaultInfo) -> list[str]:
             continue
         if a.outcome == COMMITTED and a.answer_ms - a.sent_ms <= ANSWER_BOUND_MS:
             continue
-        redirected = a.outcome == FENCED or any(
-            lo <= a.sent_ms < hi for lo, hi in rejoining.get(a.relay, ())
+        # `fenced` redirects the client, and `rejected: late` (a view change left that
+        # copy out) has it try again at once, as the clients do (relay/engines.py)
+        redirected = (
+            a.outcome == FENCED
+            or (a.outcome == REJECTED and a.reason.split(" ", 1)[0] == RejectReason.LATE.value)
+            or any(lo <= a.sent_ms < hi for lo, hi in rejoining.get(a.relay, ()))
         )
         done = committed_ms.get((a.pid, a.pseq), -1)
         if redirected and 0 <= done - a.sent_ms <= ANSWER_BOUND_MS:
