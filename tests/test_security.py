@@ -131,6 +131,16 @@ def test_the_topology_names_every_security_problem(tmp_path: Path) -> None:
         )
 
 
+def run_relay(path: Path, relay_id: int) -> subprocess.CompletedProcess[str]:
+    """`relay run` for a relay that is to refuse to start (exit 2, the line on stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", str(relay_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_relay_without_its_key_does_not_start(tmp_path: Path) -> None:
     path = write_loopback_topology(tmp_path, {0: ["a"], 1: ["a"]}, ["a"], access={})
     config = Mesh(path).config
@@ -139,12 +149,7 @@ def test_a_relay_without_its_key_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match=r"relay-1.key_secret: no such key file"):
         RelayNode(config, 1, handle_signals=False, incarnation=1)
     # The CLI says so in one line, exit 2 (a configuration error).
-    run = subprocess.run(
-        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_relay(path, 1)
     assert run.returncode == 2, run
     assert "relay-1.key_secret: no such key file" in run.stderr
     # A secret key that is not the one the topology gives the relay is refused too.
@@ -168,12 +173,7 @@ def test_a_public_key_others_could_swap_is_refused_by_name(tmp_path: Path) -> No
     public.chmod(0o664)
     with pytest.raises(KeyFileError, match=r"client-app.key: the key file can be written by"):
         KeyRing(config).client_names()
-    run = subprocess.run(
-        [sys.executable, "-m", "relay", "run", "--config", str(path), "--relay", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_relay(path, 1)
     assert run.returncode == 2, run
     assert "chmod go-w" in run.stderr, run.stderr
     public.chmod(0o644)
