@@ -647,9 +647,8 @@ class RelayCore(RelayState):
         stream: str | None = cast(Any, msg).stream if type(msg) in STREAM_MESSAGES else None
         if stream is not None and not self.can_open(stream):
             raise FieldError(f"relay {self.id} already tracks max_streams streams")
-        told_left = (
-            type(msg) is ViewRequest and stream in self.left_views and stream not in self.streams
-        )  # (view.tell_left answers its sender, or counts it as not a member)
+        # (a view request for a stream we left: view.tell_left answers it, or counts it)
+        told_left = type(msg) is ViewRequest and self._left(msg.stream)
         if stream is not None and not isinstance(msg, Forward) and not told_left:
             members = self.members(stream)
             if isinstance(msg, ViewDecided) and self._later_configuration(stream, msg.value):
@@ -692,6 +691,10 @@ class RelayCore(RelayState):
                 if seq <= previous or seq > msg.hi:
                     raise FieldError("repair entries out of order or outside their range")
                 previous = seq
+
+    def _left(self, stream: str) -> bool:
+        """Whether a decided change took us off `stream` and we do not serve it again."""
+        return stream in self.left_views and stream not in self.streams
 
     def _later_configuration(self, stream: str, value: ViewValue) -> bool:
         """Whether `value` carries an established configuration of `stream` later than
@@ -745,7 +748,7 @@ class RelayCore(RelayState):
         elif isinstance(msg, RepairReply):
             self._on_repair_reply(self.stream(msg.stream), msg, now_ms)
         elif isinstance(msg, ViewRequest):
-            if msg.stream in self.left_views and msg.stream not in self.streams:
+            if self._left(msg.stream):
                 view.tell_left(self, msg)
             else:
                 view.on_request(self, self.stream(msg.stream), msg, now_ms)
