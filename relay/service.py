@@ -17,6 +17,8 @@ links, so the simulated clients talk to the same code as real ones.
     `limits.max_unread_reply_bytes` of earlier answers unread (`unread(identity)`, what the
     shell's socket still queues for it) gets an ErrorResp "SlowConsumer" instead of
     entries, so a reader that does not read costs a relay a bounded amount of memory.
+    A read of a pattern name (`orders.*`) is refused (ErrorResp "FieldError"): it would
+    open a stream that no produce can ever reach.
   - StatusReq: the relay's status as JSON.
   - ReloadReq: read the topology file again, as on SIGHUP (`reload`), and say what it did.
   - StreamsReq: the streams this relay serves matching a pattern (those the client may
@@ -74,7 +76,7 @@ from relay.core import (
     RelayCore,
     Transaction,
 )
-from relay.errors import FrameError, MalformedFrame
+from relay.errors import FieldError, FrameError, MalformedFrame
 from relay.meta import KIND_META, METADATA_STREAM, OP_READ, InvalidMetaOp, MetaView, decode_op
 from relay.produce_metrics import LatencyHistogram, RefusalCounts
 from relay.topology import pattern_refusal
@@ -216,6 +218,11 @@ class ClientService:
         elif isinstance(msg, wire.ProduceReq):
             self._on_produce(envelope, msg, now_ms, mono_ms, client)
         elif isinstance(msg, wire.ReadReq):
+            pattern = pattern_refusal(msg.stream)
+            if pattern:  # it would open a stream no produce can reach (5.11)
+                self.counters["read_refused_pattern"] += 1
+                self.refuse(envelope, msg.request_id, FieldError(f"read: {pattern}"))
+                return
             denied = self._denied(client, Right.CONSUME, msg.stream)
             if denied:
                 self._respond(envelope, wire.ErrorResp(msg.request_id, "NotAuthorized", denied))

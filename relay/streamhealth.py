@@ -24,6 +24,11 @@ relay's readiness (`/readyz` 503): those of a relay that cannot serve the stream
         not a member: the topology names this relay, the stream's configuration leaves
             it out (its reads are redirected, its produces forwarded)
 
+A stream opened by a read and never written (no view was ever established, nothing held
+or waiting: `never_written`) has no problem at all: it is not in use, and the first
+produce to it establishes its view. Otherwise one read of a new name would take every
+relay out of a load balancer's rotation until someone wrote there.
+
 During a planned rolling change of a topology file every relay is in one of the last
 three states for a while: a load balancer must not take them all out of rotation. A
 configuration disagreement that does hold the stream fences it (`config_mismatch`), and
@@ -43,6 +48,7 @@ __all__ = [
     "configuration_words",
     "disagreement_words",
     "history_lost_words",
+    "never_written",
     "not_member_words",
     "relay_list",
     "relay_problems",
@@ -90,10 +96,29 @@ def stream_problem(info: Mapping[str, Any]) -> str:
     return "; ".join(p.words for p in stream_problems(info))
 
 
+def never_written(info: Mapping[str, Any]) -> bool:
+    """Whether a stream of one relay (its entry in `streams`) is opened but was never
+    written in this mesh's memory: no view was ever established (a first produce
+    establishes view 1, 5.11), nothing is held, nothing waits. A read of a new name
+    opens such a stream; it commits as soon as someone writes to it, so it is nothing an
+    operator or a load balancer should act on."""
+    return (
+        bool(info.get("joined"))
+        and int(info.get("view") or 0) == 0
+        and not info.get("admitted")
+        and not info.get("held")
+        and not info.get("pending")
+        and not info.get("uncommitted")
+        and not info.get("history_lost")
+    )
+
+
 def stream_problems(info: Mapping[str, Any]) -> list[Problem]:
     """What is wrong with a stream of one relay (its entry in `streams`), most urgent
-    first ([] if nothing)."""
+    first ([] if nothing, and for a stream `never_written`)."""
     found: list[Problem] = []
+    if never_written(info):
+        return found
     fenced = bool(info.get("fenced"))
     stall = info.get("stall")
     if fenced or stall:

@@ -12,7 +12,9 @@ publishes in that relay's name (in another name it is dropped, `peer_sender_mism
 from __future__ import annotations
 
 import functools
+import http.client
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -56,7 +58,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         "max_new_streams_per_client": NEW_STREAMS_PER_CLIENT,
         "max_unread_reply_bytes": UNREAD_REPLY_BYTES,
     }
-    path = write_loopback_topology(directory, {r: ["orders.*"] for r in range(3)}, [STREAM], limits)
+    path = write_loopback_topology(
+        directory, {r: ["orders.*"] for r in range(3)}, [STREAM], limits, http=True
+    )
     running = Mesh(path, log_level="warning", log_dir=directory / "logs")
     try:
         running.start(timeout_s=START_TIMEOUT_S)
@@ -193,6 +197,56 @@ def test_new_streams_are_bounded_per_client(mesh: Mesh) -> None:
     with Producer(relays(mesh), send_timeout_s=60) as producer:  # another client
         assert producer.send("orders.fresh", b"v") > 0
         assert producer.send(STREAM, b"v") > 0
+
+
+def ready_body(mesh: Mesh, relay: int) -> dict[str, Any] | None:
+    """The relay's /readyz document while it answers 200 (None: not ready)."""
+    port = mesh.config.relays[relay].http_port
+    assert port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        body: dict[str, Any] = json.loads(resp.read())
+        return body if resp.status == 200 else None
+    finally:
+        conn.close()
+
+
+def test_a_read_of_a_new_name_leaves_the_mesh_ready_and_a_pattern_is_no_read_target(
+    mesh: Mesh,
+) -> None:
+    """The attack: read a name nobody wrote, and the literal pattern `orders.*`. The first
+    opened a stream that stayed fenced (not_admitted) until someone wrote to it, the second
+    one that nobody could ever write: every relay answered 503 on /readyz, and a load
+    balancer would have taken the mesh out. Now a stream never written is no problem, and a
+    pattern is refused as a read target by name."""
+    never = "orders.never-written"
+    reader = RawDealer(mesh.endpoints[1].client)
+    try:
+        reader.sock.send(wire.encode(wire.ReadReq(1, never, -1, 1, 0)))
+        answer = reader.answer()
+        assert isinstance(answer, wire.ReadResp), answer
+        reader.sock.send(wire.encode(wire.ReadReq(2, "orders.*", -1, 1, 0)))
+        refused = reader.answer()
+        assert isinstance(refused, wire.ErrorResp) and refused.error == "FieldError", refused
+        assert "'orders.*' is a pattern" in refused.message, refused
+    finally:
+        reader.close()
+
+    def opened_everywhere() -> bool:
+        statuses = [mesh.status(r) or {} for r in HONEST]
+        return all((s.get("streams") or {}).get(never, {}).get("joined") for s in statuses)
+
+    wait_until(opened_everywhere, f"every relay to open {never!r} for the read")
+    for r in HONEST:
+        assert "orders.*" not in (mesh.status(r) or {}).get("streams", {})
+        body = wait_until(
+            functools.partial(ready_body, mesh, r), f"relay {r} to answer 200 on /readyz"
+        )
+        assert never not in body.get("degraded", {}), body
+    with Producer(relays(mesh), send_timeout_s=60) as producer:  # it commits on first use
+        assert producer.send(never, b"first") > 0
 
 
 def test_a_subscription_longer_than_any_topic_drops_the_subscriber(mesh: Mesh) -> None:

@@ -24,6 +24,7 @@ from relay.streamhealth import (
     STALL_WORDS,
     WAITING_REPORT_MS,
     Problem,
+    never_written,
     relay_problems,
     stream_problem,
     stream_problems,
@@ -284,3 +285,25 @@ def test_diverging_or_waiting_past_its_bound_fails_readiness() -> None:
         f"fenced: {STALL_WORDS['quorum']} [quorum]"
     ]
     assert stream_problem(fenced) == f"fenced: {STALL_WORDS['quorum']} [quorum]"
+
+
+def test_a_stream_a_read_opened_and_nobody_wrote_is_no_problem_until_written() -> None:
+    """A read of a new name of a pattern opens the stream on its relays, but only a
+    produce establishes its first view: until then it is fenced (not_admitted) on each,
+    which is not in use, so it neither fails readiness nor degrades the relay. Written,
+    it is an ordinary stream."""
+    opened = ("topology 0:t.* 1:t.* 2:t.*", "stabilize", "read 0 t.new -1", "stabilize")
+    status = statuses(opened)[0]
+    info = status["streams"]["t.new"]
+    assert info["joined"] and info["fenced"] and info["fence_reason"] == fencing.NOT_ADMITTED
+    assert never_written(info) and stream_problems(info) == [], info
+    assert readiness(status) == {} and degraded(status) == {}
+    assert health(0, status)["health"] == HEALTHY
+    # The first produce is answered fenced and establishes the view; the retry commits.
+    write = (*opened, *("produce 1 t.new p1 1 a", "stabilize") * 2)
+    written = statuses(write)[0]["streams"]["t.new"]
+    assert written["view"] > 0 and written["held"] == 1 and not written["fenced"], written
+    assert not never_written(written) and stream_problems(written) == [], written
+    # Cut off from its peers once written, the relay fails readiness for it as for any.
+    cut = (*write, "cut 1->0", "cut 2->0", "tick 2000")
+    assert readiness(statuses(cut)[0]).get("t.new", "").startswith("fenced"), statuses(cut)[0]
