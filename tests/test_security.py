@@ -31,7 +31,16 @@ from relay.core.codec import encode
 from relay.core.messages import Heartbeat
 from relay.errors import ConfigError, KeyFileError, NotAuthorized
 from relay.launcher import Mesh, query_status, write_loopback_topology
-from relay.meta import ANY_VERSION, METADATA_STREAM
+from relay.meta import (
+    ABSENT,
+    ANY_VERSION,
+    KIND_META,
+    METADATA_STREAM,
+    OP_READ,
+    READ_BARRIER_KEY,
+    MetaOp,
+    encode_op,
+)
 from relay.node import RelayNode
 from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
 from relay.topology import loads
@@ -459,6 +468,42 @@ def test_metadata_rights_are_per_key(mesh: Mesh) -> None:
     ):
         next(raw.subscribe(METADATA_STREAM, "earliest"))
     assert sum(counters(mesh, r)["counters"].get("not_authorized_metadata", 0) for r in range(3))
+
+
+def barrier(mesh: Mesh, client: str, key: str) -> int:
+    """Commit a read barrier naming `key` as `client`; its seq."""
+    op = encode_op(MetaOp(OP_READ, key, ANY_VERSION, None))
+    with Producer(topology=mesh.config, key_file=key_file(mesh, client), send_timeout_s=60) as p:
+        return p.send(METADATA_STREAM, op, kind=KIND_META)
+
+
+def test_a_barrier_and_an_outcome_tell_nothing_of_keys_the_client_may_not_read(
+    mesh: Mesh,
+) -> None:
+    """issue 48, 8: `app` could commit a barrier naming any key and read its outcome,
+    which carried that key's version (a commit time): it could watch another consumer's
+    commits. Now a barrier on a key needs the right on it, an outcome is shown only to a
+    client that may read its key (and the refusal does not name the key), and the client
+    library's own barrier works for every client with a metadata right, its outcome
+    carrying no version."""
+    secret = "consumers/payroll/orders.eu"
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "admin")) as admin:
+        written = admin.write(secret, b"payroll's mark", ANY_VERSION)
+        admins = barrier(mesh, "admin", secret)  # admin may read the key: it sees the version
+        assert admin._ask("outcome", "", admins).version == written
+    with pytest.raises(NotAuthorized, match=f"no metadata right on key '{secret}'"):
+        barrier(mesh, "app", secret)
+    with pytest.raises(NotAuthorized, match="client 'reader' has no metadata right"):
+        barrier(mesh, "reader", READ_BARRIER_KEY)
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "app")) as app:
+        assert app.read(f"consumers/app-x/{STREAM}", linearizable=True) is None
+        own = app._ask("outcome", "", app.last_seq)
+        assert (own.result, own.version) == ("applied", ABSENT)
+        for seq in (written, admins):  # another's write, another's barrier
+            with pytest.raises(NotAuthorized) as refused:
+                app._ask("outcome", "", seq)
+            assert f"the key of the metadata operation at seq {seq}" in str(refused.value)
+            assert "payroll" not in str(refused.value)
 
 
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
