@@ -11,6 +11,7 @@ not a silence that might only mean "not yet"), and the mesh must go on committin
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -38,7 +39,9 @@ from relay.meta import (
     METADATA_STREAM,
     OP_READ,
     READ_BARRIER_KEY,
+    Mark,
     MetaOp,
+    encode_mark,
     encode_op,
 )
 from relay.node import RelayNode
@@ -504,6 +507,48 @@ def test_a_barrier_and_an_outcome_tell_nothing_of_keys_the_client_may_not_read(
                 app._ask("outcome", "", seq)
             assert f"the key of the metadata operation at seq {seq}" in str(refused.value)
             assert "payroll" not in str(refused.value)
+
+
+def relay_cli(mesh: Mesh, client: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `relay` command against the mesh as `client`."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args, "--config", str(mesh.config.path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RELAY_KEY_FILE": str(key_file(mesh, client))},
+        timeout=120,
+    )
+
+
+def test_a_value_that_is_not_a_mark_is_named_not_a_traceback(mesh: Mesh) -> None:
+    """issue 48, 9a: `app` may write any value under its consumers' keys; one that is not
+    a mark made `relay consumers list` fail with a traceback, for the operator too. Now
+    it is listed with the key and the problem, the marks beside it as before, and
+    `relay consumers delete` removes it."""
+    bad, odd = f"consumers/app-bad/{STREAM}", "consumers/app-nostream"
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "app")) as app:
+        app.write(bad, b"not a mark", ANY_VERSION)
+        app.write(odd, encode_mark(Mark(5)), ANY_VERSION)
+        app.write(f"consumers/app-good/{STREAM}", encode_mark(Mark(7)), ANY_VERSION)
+    try:
+        for client in ("app", "admin"):
+            listed = relay_cli(mesh, client, "consumers", "list")
+            assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
+            lines = {line["durable"]: line for line in map(json.loads, listed.stdout.splitlines())}
+            assert lines["app-good"]["seq"] == "7" and "problem" not in lines["app-good"]
+            assert lines["app-bad"]["key"] == bad and lines["app-bad"]["seq"] is None
+            assert "not a consumer mark" in lines["app-bad"]["problem"]
+            assert lines[None]["key"] == odd and "not a mark's key" in lines[None]["problem"]
+            assert f"warning: {bad!r} is skipped: not a consumer mark" in listed.stderr
+        shown = relay_cli(mesh, "app", "consumers", "show", "app-bad")
+        assert shown.returncode == 0 and "not a consumer mark" in shown.stdout, shown
+        removed = relay_cli(mesh, "app", "consumers", "delete", "app-bad")
+        assert removed.returncode == 0, removed
+    finally:
+        with Metadata(topology=mesh.config, key_file=key_file(mesh, "admin")) as admin:
+            for item in admin.list("consumers/app-"):
+                if item.key != f"consumers/app-billing/{STREAM}":
+                    admin.delete(item.key, item.version)
 
 
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
