@@ -1631,8 +1631,11 @@ class _WaitNotice:
     def any_answers(self) -> bool:
         from relay.launcher import query_status
 
+        # A status request is what every relay answers; to a client without the admin
+        # right it answers NotAuthorized, which says as well that it runs (issue 48, 9b:
+        # such a consume of an empty stream ended claiming no relay answered).
         replies = query_status(self.relays, UNREACHABLE_PROBE_S, self.curve)
-        return any(reply.reachable for reply in replies.values())
+        return any(reply.answered for reply in replies.values())
 
     def none_answer(self) -> str:
         where = ", ".join(f"{endpoint} (relay {r})" for r, endpoint in self.relays.items())

@@ -52,6 +52,7 @@ from waiting import bind_when_free
 pytestmark = pytest.mark.timeout(300)
 
 STREAM = "orders.eu"
+IDLE = "orders.idle"  # joined at the start, never written
 START_TIMEOUT_S = 60.0
 HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -248,7 +249,10 @@ def test_the_access_policy_binds_producer_ids_to_names() -> None:
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     directory = tmp_path_factory.mktemp("security")
     path = write_loopback_topology(
-        directory, {r: ["orders.*", "audit"] for r in range(3)}, [STREAM, "audit"], access=ACCESS
+        directory,
+        {r: ["orders.*", "audit"] for r in range(3)},
+        [STREAM, "audit", IDLE],
+        access=ACCESS,
     )
     running = Mesh(path, log_level="warning", log_dir=directory / "logs")
     try:
@@ -549,6 +553,20 @@ def test_a_value_that_is_not_a_mark_is_named_not_a_traceback(mesh: Mesh) -> None
             for item in admin.list("consumers/app-"):
                 if item.key != f"consumers/app-billing/{STREAM}":
                     admin.delete(item.key, item.version)
+
+
+def test_a_consume_of_an_empty_stream_times_out_cleanly_without_the_admin_right(
+    mesh: Mesh,
+) -> None:
+    """issue 48, 9b: `relay consume --timeout-s` that got no record asks whether any relay
+    answers, with a status request; refused it to a client without the admin right and
+    took the refusal for silence: exit 1, "no relay ... answers". A refusal says the relay
+    runs: `app` now ends as `admin` does."""
+    ended = {}
+    for client in ("admin", "app"):
+        done = relay_cli(mesh, client, "consume", "--stream", IDLE, "--timeout-s", "1")
+        ended[client] = (done.returncode, done.stdout, done.stderr)
+    assert ended["app"] == ended["admin"] == (0, "", ""), ended
 
 
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
