@@ -16,7 +16,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from relay.meta import (
 from relay.node import RelayNode
 from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
 from relay.topology import loads
-from waiting import bind_when_free
+from waiting import bind_when_free, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -381,6 +381,74 @@ def test_an_outsider_at_a_dead_relays_endpoint_is_not_heard(mesh: Mesh) -> None:
     finally:
         outsider.close()
         mesh.restart(2, timeout_s=START_TIMEOUT_S)
+    assert commit_one(mesh) > 0
+
+
+def refusal_logged(
+    mesh: Mesh, relay_id: int, connect: Callable[[Outsider], None], words: str
+) -> str:
+    """Make handshakes that relay `relay_id` refuses (a new outsider each, `connect` sets
+    it up and connects it) until its log has a line with `words` (the log is rate
+    limited: an earlier test's refusal may have used this second's line); that line."""
+    assert mesh.log_dir is not None
+    log = mesh.log_dir / f"relay-{relay_id}.log"
+
+    def refused_and_logged() -> str | None:
+        outsider = Outsider(zmq.DEALER)
+        try:
+            connect(outsider)
+            assert outsider.handshake_failed()
+        finally:
+            outsider.close()
+        found = [line for line in log.read_text(errors="replace").splitlines() if words in line]
+        return found[-1] if found else None
+
+    return wait_until(refused_and_logged, f"relay {relay_id} logging {words!r}", poll_s=0.2)
+
+
+def test_every_refused_handshake_is_counted_and_logged(mesh: Mesh, tmp_path: Path) -> None:
+    """issue 48, 9 (of item 7): only the handshakes the ZAP handler refused were counted
+    (61 failed handshakes, counter +0), and none was logged. Now the client socket's
+    monitor counts every refused handshake: a key pair the relay does not know (ZAP
+    refuses it: logged with the peer's address), a client holding another public key
+    for the relay, and one without CurveZMQ (both fail before ZAP)."""
+    endpoint = mesh.endpoints[1].client
+    relay_key = KeyRing(mesh.config).relay_public_key(1)
+    own = load_identity(generate(tmp_path, "client-stranger"))
+    app = load_identity(key_file(mesh, "app"))
+    wrong_key = load_identity(generate(tmp_path, "relay-9")).public_key
+    before = counters(mesh, 1)
+
+    def unknown_key(outsider: Outsider) -> None:
+        curve_client(outsider.sock, own, relay_key)
+        outsider.sock.connect(endpoint)
+
+    def wrong_server_key(outsider: Outsider) -> None:
+        curve_client(outsider.sock, app, wrong_key)
+        outsider.sock.connect(endpoint)
+
+    def no_curve(outsider: Outsider) -> None:
+        outsider.sock.connect(endpoint)
+
+    line = refusal_logged(mesh, 1, unknown_key, "its key is not listed")
+    assert "refused a clients handshake at " in line and "from 127.0.0.1" in line, line
+    line = refusal_logged(mesh, 1, wrong_server_key, "does not decrypt")
+    assert "another public key for this relay" in line, line
+    refusal_logged(mesh, 1, no_curve, "another security mechanism")
+
+    def counted() -> dict[str, Any] | None:
+        now = counters(mesh, 1)
+        kinds = ("handshakes_refused_auth", "handshakes_refused_protocol")
+        grown = all(now["counters"].get(k, 0) > before["counters"].get(k, 0) for k in kinds)
+        return (
+            now if grown and now["handshakes_refused"] >= before["handshakes_refused"] + 3 else None
+        )
+
+    now = wait_until(counted, "relay 1 counting the refused handshakes")
+    assert now["handshakes_refused"] == sum(
+        now["counters"].get(f"handshakes_refused_{kind}", 0)
+        for kind in ("auth", "protocol", "no_detail")
+    )
     assert commit_one(mesh) > 0
 
 
