@@ -1631,8 +1631,11 @@ class _WaitNotice:
     def any_answers(self) -> bool:
         from relay.launcher import query_status
 
+        # A status request is what every relay answers; to a client without the admin
+        # right it answers NotAuthorized, which says as well that it runs (issue 48, 9b:
+        # such a consume of an empty stream ended claiming no relay answered).
         replies = query_status(self.relays, UNREACHABLE_PROBE_S, self.curve)
-        return any(reply.reachable for reply in replies.values())
+        return any(reply.answered for reply in replies.values())
 
     def none_answer(self) -> str:
         where = ", ".join(f"{endpoint} (relay {r})" for r, endpoint in self.relays.items())
@@ -1698,25 +1701,45 @@ def _metadata(config_path: str, key_file: str | None) -> tuple[MeshConfig, Metad
 
 
 def _marks(meta: Metadata, durable: str | None) -> list[dict[str, Any]]:
-    from relay.meta import MARKS_PREFIX, decode_mark, split_mark_key
+    """The marks under `durable`'s prefix (every durable consumer's for None). A key there
+    that is not a mark's (consumers/<name>/<stream>), or a value that is not a mark, is
+    listed with "key" and "problem" naming which and why, its seq and holder null: any
+    client that may write such keys could put one there, and it must not hide the
+    others (issue 48, 9a: it made the whole listing fail)."""
+    from relay.meta import MARKS_PREFIX, InvalidMetaOp, decode_mark, split_mark_key
 
     prefix = MARKS_PREFIX if durable is None else f"{MARKS_PREFIX}{durable}/"
     found = []
     for item in meta.list(prefix):
         named = split_mark_key(item.key)
-        if named is not None:
-            name, stream = named
-            mark = decode_mark(item.value)
-            found.append(
-                {
-                    "durable": name,
-                    "stream": stream,
-                    "seq": mark.seq,
-                    "holder": mark.holder or None,
-                    "version": item.version,
-                }
-            )
+        name, stream = named if named is not None else (None, None)
+        entry: dict[str, Any] = {
+            "durable": name,
+            "stream": stream,
+            "seq": None,
+            "holder": None,
+            "version": item.version,
+        }
+        if named is None:
+            entry["key"] = item.key
+            entry["problem"] = f"not a mark's key: marks are {MARKS_PREFIX}<durable name>/<stream>"
+        else:
+            try:
+                mark = decode_mark(item.value)
+            except InvalidMetaOp as e:
+                entry["key"], entry["problem"] = item.key, str(e)
+            else:
+                entry["seq"], entry["holder"] = mark.seq, mark.holder or None
+        found.append(entry)
     return found
+
+
+def _say_problems(marks: list[dict[str, Any]]) -> None:
+    """A line on stderr per key `_marks` found that is not a mark (its JSON line says so
+    too): for whoever reads the output by eye."""
+    for mark in marks:
+        if "problem" in mark:
+            click.echo(f"warning: {mark['key']!r} is skipped: {mark['problem']}", err=True)
 
 
 def _committed_points(config: MeshConfig, key_file: str | None) -> dict[str, int]:
@@ -1749,14 +1772,17 @@ def _run_meta(action: Callable[[], int]) -> NoReturn:
 @_config_option
 @_key_file_option
 def consumers_list(config_path: str, key_file: str | None) -> None:
-    """Every durable consumer's mark on every stream. Exit codes: 0, 1 no relay could
-    answer, 2 a usage or configuration error."""
+    """Every durable consumer's mark on every stream; a key under consumers/ that holds
+    no mark is listed with "key" and "problem" (and named on stderr). Exit codes: 0, 1
+    no relay could answer, 2 a usage or configuration error."""
 
     def action() -> int:
         _, meta = _metadata(config_path, key_file)
         with meta:
-            for mark in _marks(meta, None):
-                _emit_json(mark)
+            marks = _marks(meta, None)
+        for mark in marks:
+            _emit_json(mark)
+        _say_problems(marks)
         return 0
 
     _run_meta(action)
@@ -1787,9 +1813,10 @@ def consumers_show(config_path: str, durable: str, key_file: str | None) -> None
         for mark in marks:
             committed = points.get(mark["stream"], -1)
             mark["committed"] = committed
-            if committed > 0 and mark["seq"] > 0:
+            if committed > 0 and mark["seq"] is not None and mark["seq"] > 0:
                 mark["behind_ms"] = max(0, ms_of(committed) - ms_of(mark["seq"]))
             _emit_json(mark)
+        _say_problems(marks)
         return 0
 
     _run_meta(action)
@@ -1836,7 +1863,11 @@ def consumers_delete(
     def action() -> int:
         _, meta = _metadata(config_path, key_file)
         with meta:
-            marks = [m for m in _marks(meta, durable) if stream in (None, m["stream"])]
+            marks = [
+                m
+                for m in _marks(meta, durable)
+                if m["stream"] is not None and stream in (None, m["stream"])
+            ]
             if not marks:
                 click.echo(f"error: {durable!r} has no mark to delete", err=True)
                 return 1

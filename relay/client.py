@@ -145,6 +145,7 @@ from relay.meta import (
     OP_DELETE,
     OP_READ,
     OP_WRITE,
+    READ_BARRIER_KEY,
     Mark,
     MetaOp,
     Versioned,
@@ -1690,7 +1691,6 @@ class AsyncConsumer(_ConsumerBase[_AsyncLinks]):
 DEFAULT_META_TIMEOUT_S = 10.0  # one metadata call, every relay and retry included
 META_PENDING_RETRY_S = 0.002  # first wait before asking again for an outcome not folded yet
 META_PENDING_RETRY_MAX_S = 0.1
-READ_BARRIER_KEY = "reads"  # the key a linearizable read's barrier names (it changes nothing)
 
 
 class _MetaAnswers:

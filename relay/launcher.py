@@ -114,6 +114,12 @@ class StatusReply:
     def reachable(self) -> bool:
         return self.status is not None
 
+    @property
+    def answered(self) -> bool:
+        """It runs: it sent its status, or refused to (a client without the admin right
+        is refused the status of a relay that is up)."""
+        return self.status is not None or self.refused
+
 
 def ask_relays(
     endpoints: Mapping[int, str],

@@ -45,6 +45,7 @@ __all__ = [
     "Versioned",
     "decode_op",
     "encode_op",
+    "guarded_key",
 ]
 
 METADATA_STREAM = "_relay.meta"  # served by every relay of a topology
@@ -60,6 +61,10 @@ META_FORMAT = 1  # the first element of every encoded operation
 OP_WRITE = 0
 OP_DELETE = 1
 OP_READ = 2  # changes nothing: a barrier a linearizable read waits for (docs/metadata.md)
+# The key the client library's read barrier names (relay.client.Metadata): such a barrier
+# needs only some metadata right, so its outcome names no key and carries no version
+# (`guarded_key`): it must tell a client nothing about keys it may not read.
+READ_BARRIER_KEY = "reads"
 MAX_U63 = 2**63 - 1
 
 
@@ -93,7 +98,9 @@ class Result(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class MetaResult:
     """What the operation committed at `seq` did. `version`: the key's version after it
-    (applied) or the version it found (bad_version); `detail` says why for invalid."""
+    (applied) or the version it found (bad_version); `detail` says why for invalid.
+    `key` is "" (and `version` ABSENT) for what names no key: the client library's read
+    barrier (`guarded_key`) and what is invalid."""
 
     seq: int
     result: Result
@@ -126,6 +133,15 @@ def check_version(version: object, name: str = "expected_version") -> int:
 
 def _is_int(value: object, expected: int) -> bool:
     return type(value) is int and value == expected
+
+
+def guarded_key(op: MetaOp) -> str:
+    """The key whose `metadata` right `op` needs, and the key its outcome names; "": any
+    metadata right. Only the client library's barrier (OP_READ on READ_BARRIER_KEY) is "":
+    every client with a metadata right must be able to read linearizably, and its outcome
+    then carries no version. A barrier on another key carries that key's version (a
+    commit seq, so a time), so it needs the right on that key, as a write does."""
+    return "" if op.op == OP_READ and op.key == READ_BARRIER_KEY else op.key
 
 
 def encode_op(op: MetaOp) -> bytes:
@@ -213,8 +229,9 @@ class MetaState:
     def _cas(self, seq: int, op: MetaOp) -> MetaResult:
         held = self.items.get(op.key)
         current = ABSENT if held is None else held.version
-        if op.op == OP_READ:
-            return MetaResult(seq, Result.APPLIED, op.key, current)
+        if op.op == OP_READ:  # the library's barrier names no key: no version either
+            key = guarded_key(op)
+            return MetaResult(seq, Result.APPLIED, key, current if key else ABSENT)
         expected = op.expected_version
         if op.op == OP_DELETE and held is None:
             return MetaResult(seq, Result.BAD_VERSION, op.key, ABSENT, "no such key")

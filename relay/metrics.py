@@ -262,7 +262,10 @@ def _relay_families(status: Mapping[str, Any], node: Mapping[str, Any]) -> Itera
         gauge = _gauge(name, doc)
         gauge.add_metric([], value)
         yield gauge
-    handshakes = _counter("relay_handshakes_refused", "CurveZMQ handshakes refused (unknown keys).")
+    handshakes = _counter(
+        "relay_handshakes_refused",
+        "Handshakes the client and mesh sockets refused (unknown keys, wrong server keys, ...).",
+    )
     handshakes.add_metric([], node["handshakes_refused"])
     yield handshakes
     heard = _gauge("relay_peer_heard", "1 while this relay hears the peer.", ("peer",))

@@ -115,6 +115,8 @@ from relay.errors import (
     MalformedFrame,
     PortUnavailable,
 )
+from relay.handshakes import COUNTERS as HANDSHAKES_REFUSED
+from relay.handshakes import HANDSHAKE_FAILED, refusal
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
 from relay.logs import STATE_CHANGE
@@ -267,8 +269,10 @@ class _Sockets:
     links: _PeerLinks
     closers: list[zmq.Socket[Any]] = field(default_factory=list)
     authenticator: MeshAuthenticator | None = None
-    # The router's connections opening and closing: the client connections metric.
+    # The router's connections opening and closing (the client connections metric) and
+    # its refused handshakes; the PUB's refused handshakes (relay/handshakes.py).
     client_events: LinkMonitor | None = None
+    mesh_events: LinkMonitor | None = None
 
 
 # pyzmq's flags are enum members; plain ints skip an enum operation per call.
@@ -619,6 +623,9 @@ class RelayNode:
         return self._running
 
     def status(self) -> dict[str, object]:
+        # The sockets' monitor events up to now: the connections and refused handshakes
+        # the document counts (else taken every STATE_LOG_MS).
+        self._count_client_connections()
         status = self.core.status()
         status["node"] = {
             "mesh_endpoint": self.spec.mesh_endpoint,
@@ -684,7 +691,6 @@ class RelayNode:
         wanted = self._status_wanted
         if not wanted:
             return
-        self._count_client_connections()
         status = self.status()
         while wanted:
             request = wanted.popleft()
@@ -692,12 +698,45 @@ class RelayNode:
                 request.set_result(status)
 
     def _count_client_connections(self) -> None:
+        """Take the listening sockets' monitor events: client connections opened and
+        closed, and handshakes refused (each counted and logged, `_refused_handshake`)."""
         socks = self._sockets
-        if socks is None or socks.client_events is None:
+        if socks is None:
             return
-        for event, _ in socks.client_events.events():
-            self._client_connections += 1 if event == _ACCEPTED else -1
-        self._client_connections = max(self._client_connections, 0)
+        if socks.client_events is not None:
+            for event, endpoint, value in socks.client_events.events_with_values():
+                if event == _ACCEPTED:
+                    self._client_connections += 1
+                elif event == _DISCONNECTED:
+                    self._client_connections -= 1
+                else:
+                    self._refused_handshake(CLIENT_DOMAIN, event, endpoint, value)
+            self._client_connections = max(self._client_connections, 0)
+        if socks.mesh_events is not None:
+            for event, endpoint, value in socks.mesh_events.events_with_values():
+                self._refused_handshake(MESH_DOMAIN, event, endpoint, value)
+
+    def _refused_handshake(self, domain: str, event: int, endpoint: str, value: int) -> None:
+        """Count a refused handshake on the `domain` socket (clients or mesh) and log it
+        (at most one line per kind per BAD_FRAME_LOG_MS) with the peer's address where
+        known: for a key ZAP refused (relay/handshakes.py says why only then)."""
+        refused = refusal(event, value)
+        if refused is None:
+            return
+        self.counters[refused.counter] += 1
+        socks = self._sockets
+        address = ""
+        if refused.by_zap and socks is not None and socks.authenticator is not None:
+            address = socks.authenticator.refused_address(domain)
+        self._warn(
+            refused.counter,
+            "relay=%d refused a %s handshake at %s from %s: %s",
+            self.id,
+            domain,
+            endpoint,
+            address or "an address libzmq does not report",
+            refused.why,
+        )
 
     def _open_http(self) -> None:
         """Serve HTTP for operators if the relay has an http_port (relay/opsserver.py,
@@ -717,9 +756,9 @@ class RelayNode:
         self._ops.start()
 
     def _handshakes_refused(self) -> int:
-        """CurveZMQ handshakes refused (a key the topology does not list), mesh and clients."""
-        socks = self._sockets
-        return 0 if socks is None or socks.authenticator is None else socks.authenticator.refused
+        """Handshakes refused on the client and mesh sockets, of every kind."""
+        counters = self.counters
+        return sum(counters[name] for name in HANDSHAKES_REFUSED)
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
@@ -984,8 +1023,12 @@ class RelayNode:
                 curve_server(router, identity, CLIENT_DOMAIN)
             allow_ipv6(router, self.spec.bind_host)
             router.bind(self.spec.client_bind_endpoint)  # clients connect to client_endpoint
-            client_events = LinkMonitor(plain_ctx, router, _ACCEPTED | _DISCONNECTED)
+            client_events = LinkMonitor(
+                plain_ctx, router, _ACCEPTED | _DISCONNECTED | HANDSHAKE_FAILED
+            )
             closers.append(client_events.socket)
+            mesh_events = LinkMonitor(plain_ctx, pub, HANDSHAKE_FAILED)
+            closers.append(mesh_events.socket)
             links = _PeerLinks(plain_ctx, subs, grace_ms=timings.reconnect_ivl_ms)
         except BaseException:
             for sock in closers:
@@ -1003,6 +1046,7 @@ class RelayNode:
             closers=closers,
             authenticator=authenticator,
             client_events=client_events,
+            mesh_events=mesh_events,
         )
 
     def _open_sub(
@@ -1145,8 +1189,9 @@ class RelayNode:
         self.clients.close()  # best effort: waiting producers hear `unknown` (safe to retry)
         self._sockets = None
         socks.links.close()
-        if socks.client_events is not None:
-            socks.client_events.close()
+        for monitor in (socks.client_events, socks.mesh_events):
+            if monitor is not None:
+                monitor.close()
         for sock in socks.closers:
             sock.close(linger=0)
         if socks.authenticator is not None:

@@ -32,9 +32,10 @@ links, so the simulated clients talk to the same code as real ones.
   on its stream and a producer id of the client's own (else it is rejected,
   `not_authorized`), a read `consume` on its stream, a status or reload request `admin` (else an
   ErrorResp "NotAuthorized"); each refusal is counted (`not_authorized_<right>`). The
-  metadata stream is guarded by key: a metadata operation produced to it, and a MetaReq
-  get, need `metadata` on the key; a list shows only such keys; a StreamsReq lists only
-  streams the client may consume.
+  metadata stream is guarded by key: a metadata operation produced to it (a read barrier
+  on another key than the client library's one too, relay.meta.guarded_key), a MetaReq
+  get, and a MetaReq outcome (by its operation's key), need `metadata` on the key; a
+  list shows only such keys; a StreamsReq lists only streams the client may consume.
 * The shell passes on what the core's `Ready` says: `on_replies(replies)`, and `wake(stream)`
   after a delivery or a rebase of the stream (and when it fenced).
 * `expire(mono_ms)` answers produces the core never answered (a backstop) and parked reads
@@ -77,7 +78,14 @@ from relay.core import (
     Transaction,
 )
 from relay.errors import FieldError, FrameError, MalformedFrame
-from relay.meta import KIND_META, METADATA_STREAM, OP_READ, InvalidMetaOp, MetaView, decode_op
+from relay.meta import (
+    KIND_META,
+    METADATA_STREAM,
+    InvalidMetaOp,
+    MetaView,
+    decode_op,
+    guarded_key,
+)
 from relay.produce_metrics import LatencyHistogram, RefusalCounts
 from relay.topology import pattern_refusal
 
@@ -285,16 +293,24 @@ class ClientService:
         self._respond(envelope, wire.ErrorResp(request_id, name, str(error)[:1000]))
 
     def _denied(
-        self, client: str | None, right: Right, stream: str = "", producer_id: bytes = b""
+        self,
+        client: str | None,
+        right: Right,
+        stream: str = "",
+        producer_id: bytes = b"",
+        *,
+        named: str = "",
     ) -> str:
-        """Why `client` may not do this ("" if it may), counted when it may not."""
+        """Why `client` may not do this ("" if it may), counted when it may not. `named`:
+        how the reason names the stream or key, where the client must not learn it."""
         access = self._access
         if access is None or client is None:
             return ""
         if not access.allows(client, right, stream):
             why = f"client {client!r} has no {right.value} right"
             if stream:
-                why += f" on {'key' if right is Right.METADATA else 'stream'} {stream!r}"
+                kind = "key" if right is Right.METADATA else "stream"
+                why += f" on {named or f'{kind} {stream!r}'}"
         elif producer_id and not owns_producer_id(client, producer_id):
             prefix = producer_id_prefix(client).decode()
             why = (
@@ -354,7 +370,8 @@ class ClientService:
     def _meta_refusal(self, client: str | None, producer_id: bytes, kind: int, value: bytes) -> str:
         """The reject reason of a produce to the metadata stream ("" if it may be made):
         only metadata operations go there, so that every committed record of it means
-        something, each on a key its client may use (a read barrier names none)."""
+        something, each on a key its client may use (the client library's read barrier
+        names none: `guarded_key`)."""
         if kind != KIND_META:
             why = f"the metadata stream takes kind {KIND_META} operations, not kind {kind}"
             return f"{wire.INVALID}: {why}"
@@ -362,8 +379,7 @@ class ClientService:
             op = decode_op(value)
         except InvalidMetaOp as e:
             return f"{wire.INVALID}: {e}"
-        key = "" if op.op == OP_READ else op.key
-        denied = self._denied(client, Right.METADATA, key, producer_id)
+        denied = self._denied(client, Right.METADATA, guarded_key(op), producer_id)
         return f"{wire.NOT_AUTHORIZED} ({denied})" if denied else ""
 
     def _on_produce(
@@ -678,7 +694,7 @@ class ClientService:
             return wire.ErrorResp(req.request_id, "TooManyStreams", why)
         return wire.StreamsResp(req.request_id, tuple(sorted(found)))
 
-    def _answer_meta(self, req: wire.MetaReq, client: str | None) -> wire.MetaResp:
+    def _answer_meta(self, req: wire.MetaReq, client: str | None) -> wire.MetaResp | wire.ErrorResp:
         view = self.meta
         view.feed(self.core)
         state = view.state
@@ -708,6 +724,12 @@ class ClientService:
                 f"({state.oldest_outcome}), or was not a metadata operation"
             )
             return wire.MetaResp(req.request_id, "forgotten", state.applied, detail=why)
+        # An outcome carries its key's version (a commit seq, so a time): only for a client
+        # that may read that key, and without naming the key to one that may not.
+        named = f"the key of the metadata operation at seq {req.seq}"
+        denied = self._denied(client, Right.METADATA, outcome.key, named=named)
+        if denied:
+            return wire.ErrorResp(req.request_id, "NotAuthorized", denied)
         return wire.MetaResp(
             req.request_id,
             "ok",

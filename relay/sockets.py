@@ -192,7 +192,12 @@ class LinkMonitor:
     def events(self) -> list[tuple[int, str]]:
         """(event, endpoint) of the events since the last call, in order (at most
         MONITOR_EVENTS_MAX are read per call; the rest wait for the next)."""
-        events: list[tuple[int, str]] = []
+        return [(event, endpoint) for event, endpoint, _ in self.events_with_values()]
+
+    def events_with_values(self) -> list[tuple[int, str, int]]:
+        """As `events`, with each event's value (a descriptor, an error or status code:
+        zmq_socket_monitor(3) says which)."""
+        events: list[tuple[int, str, int]] = []
         socket = self.socket
         for _ in range(MONITOR_EVENTS_MAX):
             if not int(socket.get(_EVENTS)) & _POLLIN:
@@ -206,9 +211,8 @@ class LinkMonitor:
             except (RuntimeError, ValueError):  # pyzmq's words for a malformed event
                 continue
             raw = event["endpoint"]
-            events.append(
-                (int(event["event"]), raw.decode() if isinstance(raw, bytes) else str(raw))
-            )
+            endpoint = raw.decode() if isinstance(raw, bytes) else str(raw)
+            events.append((int(event["event"]), endpoint, int(event["value"])))
         return events
 
     def close(self) -> None:

@@ -18,7 +18,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tools",),
     ("node", "client", "launcher", "storecmd", "sim"),
     ("incarnation", "hoptrace", "loop", "storerun", "opsserver"),
-    ("service", "engines", "spool", "sockets", "acceptors", "security", "zap", "metasync"),
+    (
+        "service",
+        "engines",
+        "spool",
+        "sockets",
+        "acceptors",
+        "security",
+        "zap",
+        "handshakes",
+        "metasync",
+    ),
     ("peerprotocol",),
     ("wire", "topology", "logs"),
     ("store",),  # the topology names the store's location (relay.store.location)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relay.access import AccessPolicy, ClientGrant, Right
 from relay.meta import (
     ABSENT,
     ANY_VERSION,
@@ -19,6 +20,7 @@ from relay.meta import (
     OP_DELETE,
     OP_READ,
     OP_WRITE,
+    READ_BARRIER_KEY,
     InvalidMetaOp,
     Mark,
     MetaOp,
@@ -29,11 +31,13 @@ from relay.meta import (
     decode_op,
     encode_mark,
     encode_op,
+    guarded_key,
     mark_key,
     split_mark_key,
 )
 
-KEYS = ("a", "b", "consumers/x/s")
+# READ_BARRIER_KEY among them: the library's barrier, and writes to a key of that name.
+KEYS = ("a", "b", "consumers/x/s", READ_BARRIER_KEY)
 
 ops = st.builds(
     MetaOp,
@@ -54,8 +58,8 @@ class Model:
 
     def run(self, seq: int, op: MetaOp) -> tuple[Result, int]:
         version = self.items[op.key][0] if op.key in self.items else ABSENT
-        if op.op == OP_READ:
-            return Result.APPLIED, version
+        if op.op == OP_READ:  # the library's barrier shows no version (issue 48, 8)
+            return Result.APPLIED, ABSENT if op.key == READ_BARRIER_KEY else version
         if op.op == OP_DELETE and op.key not in self.items:
             return Result.BAD_VERSION, ABSENT
         if op.expected_version not in (ANY_VERSION, version):
@@ -79,6 +83,51 @@ def test_the_fold_agrees_with_the_sequential_model(script: list[MetaOp]) -> None
         assert state.outcome(seq) == outcome
     assert {k: (v.version, v.value) for k, v in state.items.items()} == model.items
     assert state.list("") == sorted(state.items.values(), key=lambda v: v.key)
+
+
+# Metadata rights of one client: key patterns (none: no metadata right at all).
+grants = st.lists(st.sampled_from(("a", "b*", "consumers/*", READ_BARRIER_KEY, "*")), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ops, max_size=40), grants)
+def test_an_outcome_a_client_may_see_carries_no_version_of_a_key_it_may_not_read(
+    script: list[MetaOp], patterns: list[str]
+) -> None:
+    """issue 48, 8: a barrier on any key was taken with any metadata right, and its
+    outcome carried that key's version (a commit time). The relay checks the right on
+    `guarded_key(op)` before it takes an operation and on the outcome's key before it
+    shows the outcome (relay/service.py); whatever the script and the rights, an outcome
+    so shown carries no version of a key the client may not read."""
+    policy = AccessPolicy({"c": ClientGrant(metadata=tuple(patterns))})
+    state = MetaState()
+    for seq, op in enumerate(script, start=1):
+        outcome = state.apply(seq, KIND_META, encode_op(op), duplicate=False)
+        assert outcome is not None and outcome.key == guarded_key(op)
+        if outcome.version != ABSENT and policy.allows("c", Right.METADATA, outcome.key):
+            assert policy.allows("c", Right.METADATA, op.key)
+        if op.op == OP_READ and op.key == READ_BARRIER_KEY:
+            assert (outcome.key, outcome.version) == ("", ABSENT)
+
+
+@pytest.mark.parametrize(
+    "patterns, op, allowed",
+    [
+        # The library's barrier: every client with some metadata right, whatever its keys.
+        (("consumers/app-*",), MetaOp(OP_READ, READ_BARRIER_KEY, ANY_VERSION, None), True),
+        ((), MetaOp(OP_READ, READ_BARRIER_KEY, ANY_VERSION, None), False),
+        # A barrier on another key: the right on that key, as for a write.
+        (("consumers/app-*",), MetaOp(OP_READ, "jobs/nightly", ANY_VERSION, None), False),
+        (("jobs/*",), MetaOp(OP_READ, "jobs/nightly", ANY_VERSION, None), True),
+        (("consumers/app-*",), MetaOp(OP_READ, "consumers/app-x/s", ANY_VERSION, None), True),
+        # A write to a key named like the barrier's is a write like any other.
+        (("consumers/app-*",), MetaOp(OP_WRITE, READ_BARRIER_KEY, ANY_VERSION, b"v"), False),
+        ((READ_BARRIER_KEY,), MetaOp(OP_WRITE, READ_BARRIER_KEY, ANY_VERSION, b"v"), True),
+    ],
+)
+def test_the_right_an_operation_needs(patterns: tuple[str, ...], op: MetaOp, allowed: bool) -> None:
+    policy = AccessPolicy({"c": ClientGrant(metadata=patterns)})
+    assert policy.allows("c", Right.METADATA, guarded_key(op)) is allowed
 
 
 @settings(max_examples=200, deadline=None)

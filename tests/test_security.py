@@ -11,11 +11,12 @@ not a silence that might only mean "not yet"), and the mesh must go on committin
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,27 @@ from relay.core.codec import encode
 from relay.core.messages import Heartbeat
 from relay.errors import ConfigError, KeyFileError, NotAuthorized
 from relay.launcher import Mesh, query_status, write_loopback_topology
-from relay.meta import ANY_VERSION, METADATA_STREAM
+from relay.meta import (
+    ABSENT,
+    ANY_VERSION,
+    KIND_META,
+    METADATA_STREAM,
+    OP_READ,
+    READ_BARRIER_KEY,
+    Mark,
+    MetaOp,
+    encode_mark,
+    encode_op,
+)
 from relay.node import RelayNode
 from relay.security import KeyRing, client_curve, curve_client, generate, load_identity
 from relay.topology import loads
-from waiting import bind_when_free
+from waiting import bind_when_free, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 STREAM = "orders.eu"
+IDLE = "orders.idle"  # joined at the start, never written
 START_TIMEOUT_S = 60.0
 HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -236,7 +249,10 @@ def test_the_access_policy_binds_producer_ids_to_names() -> None:
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     directory = tmp_path_factory.mktemp("security")
     path = write_loopback_topology(
-        directory, {r: ["orders.*", "audit"] for r in range(3)}, [STREAM, "audit"], access=ACCESS
+        directory,
+        {r: ["orders.*", "audit"] for r in range(3)},
+        [STREAM, "audit", IDLE],
+        access=ACCESS,
     )
     running = Mesh(path, log_level="warning", log_dir=directory / "logs")
     try:
@@ -368,6 +384,74 @@ def test_an_outsider_at_a_dead_relays_endpoint_is_not_heard(mesh: Mesh) -> None:
     assert commit_one(mesh) > 0
 
 
+def refusal_logged(
+    mesh: Mesh, relay_id: int, connect: Callable[[Outsider], None], words: str
+) -> str:
+    """Make handshakes that relay `relay_id` refuses (a new outsider each, `connect` sets
+    it up and connects it) until its log has a line with `words` (the log is rate
+    limited: an earlier test's refusal may have used this second's line); that line."""
+    assert mesh.log_dir is not None
+    log = mesh.log_dir / f"relay-{relay_id}.log"
+
+    def refused_and_logged() -> str | None:
+        outsider = Outsider(zmq.DEALER)
+        try:
+            connect(outsider)
+            assert outsider.handshake_failed()
+        finally:
+            outsider.close()
+        found = [line for line in log.read_text(errors="replace").splitlines() if words in line]
+        return found[-1] if found else None
+
+    return wait_until(refused_and_logged, f"relay {relay_id} logging {words!r}", poll_s=0.2)
+
+
+def test_every_refused_handshake_is_counted_and_logged(mesh: Mesh, tmp_path: Path) -> None:
+    """issue 48, 9 (of item 7): only the handshakes the ZAP handler refused were counted
+    (61 failed handshakes, counter +0), and none was logged. Now the client socket's
+    monitor counts every refused handshake: a key pair the relay does not know (ZAP
+    refuses it: logged with the peer's address), a client holding another public key
+    for the relay, and one without CurveZMQ (both fail before ZAP)."""
+    endpoint = mesh.endpoints[1].client
+    relay_key = KeyRing(mesh.config).relay_public_key(1)
+    own = load_identity(generate(tmp_path, "client-stranger"))
+    app = load_identity(key_file(mesh, "app"))
+    wrong_key = load_identity(generate(tmp_path, "relay-9")).public_key
+    before = counters(mesh, 1)
+
+    def unknown_key(outsider: Outsider) -> None:
+        curve_client(outsider.sock, own, relay_key)
+        outsider.sock.connect(endpoint)
+
+    def wrong_server_key(outsider: Outsider) -> None:
+        curve_client(outsider.sock, app, wrong_key)
+        outsider.sock.connect(endpoint)
+
+    def no_curve(outsider: Outsider) -> None:
+        outsider.sock.connect(endpoint)
+
+    line = refusal_logged(mesh, 1, unknown_key, "its key is not listed")
+    assert "refused a clients handshake at " in line and "from 127.0.0.1" in line, line
+    line = refusal_logged(mesh, 1, wrong_server_key, "does not decrypt")
+    assert "another public key for this relay" in line, line
+    refusal_logged(mesh, 1, no_curve, "another security mechanism")
+
+    def counted() -> dict[str, Any] | None:
+        now = counters(mesh, 1)
+        kinds = ("handshakes_refused_auth", "handshakes_refused_protocol")
+        grown = all(now["counters"].get(k, 0) > before["counters"].get(k, 0) for k in kinds)
+        return (
+            now if grown and now["handshakes_refused"] >= before["handshakes_refused"] + 3 else None
+        )
+
+    now = wait_until(counted, "relay 1 counting the refused handshakes")
+    assert now["handshakes_refused"] == sum(
+        now["counters"].get(f"handshakes_refused_{kind}", 0)
+        for kind in ("auth", "protocol", "no_detail")
+    )
+    assert commit_one(mesh) > 0
+
+
 # --- rights -------------------------------------------------------------------------------------
 
 
@@ -459,6 +543,98 @@ def test_metadata_rights_are_per_key(mesh: Mesh) -> None:
     ):
         next(raw.subscribe(METADATA_STREAM, "earliest"))
     assert sum(counters(mesh, r)["counters"].get("not_authorized_metadata", 0) for r in range(3))
+
+
+def barrier(mesh: Mesh, client: str, key: str) -> int:
+    """Commit a read barrier naming `key` as `client`; its seq."""
+    op = encode_op(MetaOp(OP_READ, key, ANY_VERSION, None))
+    with Producer(topology=mesh.config, key_file=key_file(mesh, client), send_timeout_s=60) as p:
+        return p.send(METADATA_STREAM, op, kind=KIND_META)
+
+
+def test_a_barrier_and_an_outcome_tell_nothing_of_keys_the_client_may_not_read(
+    mesh: Mesh,
+) -> None:
+    """issue 48, 8: `app` could commit a barrier naming any key and read its outcome,
+    which carried that key's version (a commit time): it could watch another consumer's
+    commits. Now a barrier on a key needs the right on it, an outcome is shown only to a
+    client that may read its key (and the refusal does not name the key), and the client
+    library's own barrier works for every client with a metadata right, its outcome
+    carrying no version."""
+    secret = "consumers/payroll/orders.eu"
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "admin")) as admin:
+        written = admin.write(secret, b"payroll's mark", ANY_VERSION)
+        admins = barrier(mesh, "admin", secret)  # admin may read the key: it sees the version
+        assert admin._ask("outcome", "", admins).version == written
+    with pytest.raises(NotAuthorized, match=f"no metadata right on key '{secret}'"):
+        barrier(mesh, "app", secret)
+    with pytest.raises(NotAuthorized, match="client 'reader' has no metadata right"):
+        barrier(mesh, "reader", READ_BARRIER_KEY)
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "app")) as app:
+        assert app.read(f"consumers/app-x/{STREAM}", linearizable=True) is None
+        own = app._ask("outcome", "", app.last_seq)
+        assert (own.result, own.version) == ("applied", ABSENT)
+        for seq in (written, admins):  # another's write, another's barrier
+            with pytest.raises(NotAuthorized) as refused:
+                app._ask("outcome", "", seq)
+            assert f"the key of the metadata operation at seq {seq}" in str(refused.value)
+            assert "payroll" not in str(refused.value)
+
+
+def relay_cli(mesh: Mesh, client: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `relay` command against the mesh as `client`."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args, "--config", str(mesh.config.path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RELAY_KEY_FILE": str(key_file(mesh, client))},
+        timeout=120,
+    )
+
+
+def test_a_value_that_is_not_a_mark_is_named_not_a_traceback(mesh: Mesh) -> None:
+    """issue 48, 9a: `app` may write any value under its consumers' keys; one that is not
+    a mark made `relay consumers list` fail with a traceback, for the operator too. Now
+    it is listed with the key and the problem, the marks beside it as before, and
+    `relay consumers delete` removes it."""
+    bad, odd = f"consumers/app-bad/{STREAM}", "consumers/app-nostream"
+    with Metadata(topology=mesh.config, key_file=key_file(mesh, "app")) as app:
+        app.write(bad, b"not a mark", ANY_VERSION)
+        app.write(odd, encode_mark(Mark(5)), ANY_VERSION)
+        app.write(f"consumers/app-good/{STREAM}", encode_mark(Mark(7)), ANY_VERSION)
+    try:
+        for client in ("app", "admin"):
+            listed = relay_cli(mesh, client, "consumers", "list")
+            assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
+            lines = {line["durable"]: line for line in map(json.loads, listed.stdout.splitlines())}
+            assert lines["app-good"]["seq"] == "7" and "problem" not in lines["app-good"]
+            assert lines["app-bad"]["key"] == bad and lines["app-bad"]["seq"] is None
+            assert "not a consumer mark" in lines["app-bad"]["problem"]
+            assert lines[None]["key"] == odd and "not a mark's key" in lines[None]["problem"]
+            assert f"warning: {bad!r} is skipped: not a consumer mark" in listed.stderr
+        shown = relay_cli(mesh, "app", "consumers", "show", "app-bad")
+        assert shown.returncode == 0 and "not a consumer mark" in shown.stdout, shown
+        removed = relay_cli(mesh, "app", "consumers", "delete", "app-bad")
+        assert removed.returncode == 0, removed
+    finally:
+        with Metadata(topology=mesh.config, key_file=key_file(mesh, "admin")) as admin:
+            for item in admin.list("consumers/app-"):
+                if item.key != f"consumers/app-billing/{STREAM}":
+                    admin.delete(item.key, item.version)
+
+
+def test_a_consume_of_an_empty_stream_times_out_cleanly_without_the_admin_right(
+    mesh: Mesh,
+) -> None:
+    """issue 48, 9b: `relay consume --timeout-s` that got no record asks whether any relay
+    answers, with a status request; refused it to a client without the admin right and
+    took the refusal for silence: exit 1, "no relay ... answers". A refusal says the relay
+    runs: `app` now ends as `admin` does."""
+    ended = {}
+    for client in ("admin", "app"):
+        done = relay_cli(mesh, client, "consume", "--stream", IDLE, "--timeout-s", "1")
+        ended[client] = (done.returncode, done.stdout, done.stderr)
+    assert ended["app"] == ended["admin"] == (0, "", ""), ended
 
 
 def test_the_cli_takes_key_files_and_names_refusals(mesh: Mesh) -> None:
