@@ -50,11 +50,13 @@ connected again. A node alone in its event loop (`relay run`) waits in zmq_poll
 loop with other tasks waits through the loop on the sockets' descriptors
 (`ReadableWaiter.wait`). `stop()` ends either wait at once (a byte on the node's wake-up
 socket, the wait's future), from any thread or signal handler. A turn drains what is
-readable (bounded per turn: DRAIN_MAX frames per socket, and client frames only until they
-brought wire.PIPELINE_BATCH_ITEMS produces, so that what one turn took is published
-before the next is taken), feeds peer frames to the core and client requests to its
-`ClientService` (relay/service.py: the client protocol without sockets) with the wall
-clock and the monotonic clock (ms), ticks the core when its deadline came or an input
+readable (bounded per turn: DRAIN_MAX frames per peer socket; client requests are read
+into the intake, relay/intake.py, and served one client after the other, DRAIN_MAX at
+most and only until they brought wire.PIPELINE_BATCH_ITEMS produces, so that what one
+turn took is published before the next is taken; a client flooding the intake is cut
+off), feeds peer frames to the core and client requests to its `ClientService`
+(relay/service.py: the client protocol without sockets) with the wall clock and the
+monotonic clock (ms), ticks the core when its deadline came or an input
 waited FED_TICK_MS for a tick, then drains the core's `Ready` (relay/core/shell.py):
 publishes every `Outgoing` in order (consecutive frames for one topic as one bundle,
 docs/protocol.md section 3), passes producers' answers and deliveries to the service, and
@@ -81,7 +83,7 @@ import signal
 import socket
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -119,6 +121,7 @@ from relay.handshakes import COUNTERS as HANDSHAKES_REFUSED
 from relay.handshakes import HANDSHAKE_FAILED, refusal
 from relay.hoptrace import CLIENT_IN, CLIENT_OUT, PEER_IN, PEER_OUT, HopTrace
 from relay.incarnation import RelayLock, next_incarnation, relay_directory
+from relay.intake import Intake
 from relay.logs import STATE_CHANGE
 from relay.meta import METADATA_STREAM
 from relay.metasync import META_SYNC_MARK, DurableFold, MetaSync, fold_durable_history
@@ -138,6 +141,7 @@ from relay.sockets import (
     ReadableWaiter,
     allow_ipv6,
     mesh_subscriber,
+    shut_connection,
 )
 from relay.store import STREAMS_DIR
 from relay.streamhealth import (
@@ -171,6 +175,18 @@ CURVE_SUBSCRIBER_MESSAGE_MAX_BYTES = 4_096
 CLIENT_HWM = 10_000
 WAKE_DRAIN_BYTES = 4_096  # read from the wake-up socket at once
 DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
+# Client requests read into the intake per turn, ahead of serving them (relay/intake.py):
+# reading is cheap next to serving, and what a client has queued is known only once read.
+INTAKE_READ_MAX = 4 * DRAIN_MAX
+# Requests of every client the intake holds at most: beyond, they wait in libzmq.
+INTAKE_MAX = 100_000
+# A client name whose connections were cut for flooding: its requests on any connection
+# are dropped, and that connection cut too, for this long (a reconnect does not start
+# the flood again at once).
+FLOOD_HOLD_MS = 5_000
+# Connections known closed (cut, or an answer found them gone), whose requests still
+# queued in libzmq are dropped unserved; the oldest are forgotten beyond this many.
+CLOSED_CONNECTIONS_MAX = 100_000
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.
 STATE_LOG_MS = 100
@@ -195,11 +211,17 @@ BAD_FRAME_LOG_MS = 1_000
 REBIND_TRIES = 200
 REBIND_PAUSE_S = 0.001
 SPOOL_PULL_MAX = 4_096  # committed records taken from the core per spool batch
-# Answers at least this large count towards what a client leaves unread (`_UnreadReplies`),
-# so that one that does not read is refused more (limits.max_unread_reply_bytes).
-LARGE_REPLY_BYTES = 64 * 1024
-# Of a client's large answers, one per this many bytes is sent without a copy and tracked.
+# Of a client connection's answers, one per this many bytes is sent without a copy and
+# tracked, to learn how much of what was sent it has taken (`_UnreadReplies`); closer
+# together when one client name has many connections, so that what is counted unread
+# for a client that reads (at most the spacing, per connection) stays within
+# 1/PROBE_SHARE of limits.max_unread_reply_bytes, but never closer than the minimum.
 PROBE_SPACING_BYTES = 4 * 1024 * 1024
+PROBE_MIN_SPACING_BYTES = 64 * 1024
+PROBE_SHARE = 8
+# A connection with answers counted unread and nothing sent to it for this many prunes
+# (STATE_LOG_MS apart: a minute) is forgotten: it closed, or it reads nothing more.
+UNREAD_IDLE_PRUNES = 600
 
 
 def stream_topic(stream: str) -> bytes:
@@ -364,38 +386,60 @@ class _PeerLinks:
 class _Probed:
     """What was sent to one client connection, and what is known to have gone out."""
 
-    __slots__ = ("out", "probe", "probe_end", "probe_start", "sent")
+    __slots__ = ("idle", "out", "probe", "probe_end", "probe_start", "pruned_at", "sent")
 
     def __init__(self) -> None:
-        self.sent = 0  # bytes of large answers sent
+        self.sent = 0  # bytes of answers sent
+        self.pruned_at = 0  # `sent` at the last prune
+        self.idle = 0  # prunes since something was last sent
         self.out = 0  # of which libzmq is known to have let go
         self.probe: zmq.MessageTracker | None = None  # the tracked answer not yet out
         self.probe_start = 0  # `sent` before and after the last tracked answer
         self.probe_end = 0
 
 
-class _UnreadReplies:
-    """An upper bound on the bytes of large answers the ROUTER still queues, per client
-    connection. Every large answer is counted; one per PROBE_SPACING_BYTES goes without a
-    copy and is tracked (pyzmq's MessageTracker is done once libzmq let go of it: wrote it
-    to the connection or dropped the connection). A client's queue drains in order, so when
-    a tracked answer is out, so is everything sent before it: what is still queued is at
-    most what was sent after it. Each tracked answer wakes pyzmq's garbage-collector
-    thread, which must take the interpreter lock from the relay's loop: one per 4 MiB
-    keeps that rare for a fast reader. Small answers are not counted: a client gets at
-    most one per request it sends, and CLIENT_HWM bounds their number."""
+_Queued = tuple[list[bytes], int]  # a client request's parts, its connection's descriptor
 
-    def __init__(self) -> None:
-        self._clients: dict[bytes, _Probed] = {}
+
+class _UnreadReplies:
+    """An upper bound on the bytes of answers the ROUTER still queues, per client: a
+    connection, or with CurveZMQ every connection of one client name (`note_owner`), so
+    that opening more connections gives a client no more room. Every answer is counted;
+    one per PROBE_SPACING_BYTES of a connection's goes without a copy and is tracked
+    (pyzmq's MessageTracker is done once libzmq let go of it: wrote it to the connection or
+    dropped the connection). A connection's queue drains in order, so when a tracked
+    answer is out, so is everything sent before it: what is still queued is at most what
+    was sent after it. Each tracked answer wakes pyzmq's garbage-collector thread, which
+    must take the interpreter lock from the relay's loop: one per 4 MiB keeps that rare
+    for a fast reader."""
+
+    def __init__(self, max_unread_bytes: int) -> None:
+        self._max_unread_bytes = max_unread_bytes
+        self._clients: dict[bytes, _Probed] = {}  # by connection identity
+        self._owner: dict[bytes, bytes] = {}  # connection identity -> client name
+        self._owned: dict[bytes, set[bytes]] = {}  # client name -> its connections
+
+    def note_owner(self, client: bytes, name: bytes) -> None:
+        """Connection `client` is one of client `name`'s (CurveZMQ's User-Id)."""
+        if self._owner.get(client) != name:
+            self._forget_owner(client)
+            self._owner[client] = name
+            self._owned.setdefault(name, set()).add(client)
 
     def wants_probe(self, client: bytes) -> bool:
-        """Whether the next large answer to `client` should be tracked: none is under way,
-        and PROBE_SPACING_BYTES were sent since the last began (or none ever was)."""
+        """Whether the next answer to `client` should be tracked: none is under way, and
+        the probe spacing was sent since the last began (or none ever was)."""
         known = self._clients.get(client)
         if known is None:
             return True
         self._update(known)
-        return known.probe is None and known.sent - known.probe_start >= PROBE_SPACING_BYTES
+        return known.probe is None and known.sent - known.probe_start >= self._spacing(client)
+
+    def _spacing(self, client: bytes) -> int:
+        name = self._owner.get(client)
+        connections = 1 if name is None else len(self._owned[name])
+        share = self._max_unread_bytes // (PROBE_SHARE * connections)
+        return max(PROBE_MIN_SPACING_BYTES, min(PROBE_SPACING_BYTES, share))
 
     def add(self, client: bytes, size: int, tracker: zmq.MessageTracker | None) -> None:
         known = self._clients.get(client)
@@ -407,8 +451,15 @@ class _UnreadReplies:
             known.probe_start, known.probe_end = known.sent - size, known.sent
 
     def of(self, client: bytes) -> int:
-        """At least the bytes of large answers to `client` libzmq still holds, at most
-        that plus what was sent after the last tracked answer that went out."""
+        """At least the bytes of answers libzmq still holds for connection `client` and
+        the other connections of its client name, at most that plus what was sent to
+        each after its last tracked answer that went out."""
+        name = self._owner.get(client)
+        if name is None:
+            return self._of_connection(client)
+        return sum(self._of_connection(c) for c in self._owned[name])
+
+    def _of_connection(self, client: bytes) -> int:
         known = self._clients.get(client)
         if known is None:
             return 0
@@ -416,13 +467,29 @@ class _UnreadReplies:
         return known.sent - known.out
 
     def prune(self) -> None:
-        """Forget the clients without a tracked answer under way (housekeeping: connections
-        come and go). What was sent to one since its last tracked answer is forgotten too;
-        a client that stopped reading is known again from its next large answer on."""
+        """Forget the connections known to have taken every answer, and those with none
+        tracked under way and nothing sent for UNREAD_IDLE_PRUNES prunes (housekeeping:
+        connections come and go); an idle one is known again from its next answer on."""
         for client, known in list(self._clients.items()):
             self._update(known)
-            if known.probe is None:
+            if known.probe is not None:
+                continue
+            if known.sent == known.pruned_at:
+                known.idle += 1
+            else:
+                known.idle, known.pruned_at = 0, known.sent
+            if known.sent == known.out or known.idle >= UNREAD_IDLE_PRUNES:
                 del self._clients[client]
+        for client in [c for c in self._owner if c not in self._clients]:
+            self._forget_owner(client)
+
+    def _forget_owner(self, client: bytes) -> None:
+        name = self._owner.pop(client, None)
+        if name is not None:
+            owned = self._owned[name]
+            owned.discard(client)
+            if not owned:
+                del self._owned[name]
 
     @staticmethod
     def _update(known: _Probed) -> None:
@@ -516,7 +583,12 @@ class RelayNode:
             tuple(r for r in self.core.members(METADATA_STREAM) if r != self.id),
             self._send_meta_sync,
         )
-        self._unread = _UnreadReplies()
+        self._unread = _UnreadReplies(self.limits.max_unread_reply_bytes)
+        # Requests read and not served yet, per client (relay/intake.py): (parts, the
+        # descriptor of the connection they came on, or -1).
+        self._intake: Intake[_Queued] = Intake(self.limits.max_queued_requests_per_client)
+        self._closed_connections: OrderedDict[bytes, None] = OrderedDict()
+        self._held_clients: dict[bytes, int] = {}  # client name -> held until (mono ms)
         self._stopping = False
         self._wakeup: asyncio.Future[None] | None = None  # ends a wait through the loop
         self._wake_r: socket.socket | None = None  # a byte here ends a wait in zmq_poll
@@ -1396,8 +1468,11 @@ class RelayNode:
 
     def _next_wake_ms(self, socks: _Sockets) -> int:
         """The monotonic time of the next turn if nothing arrives before: the core's next
-        deadline, the service's, a link due to be connected again. (Housekeeping rides on
-        the turns: the core's deadline comes at least every heartbeat interval.)"""
+        deadline, the service's, a link due to be connected again; now while the intake
+        holds requests. (Housekeeping rides on the turns: the core's deadline comes at
+        least every heartbeat interval.)"""
+        if self._intake:
+            return mono_ms()
         self._core_due = self.core.next_deadline_ms()
         # The core is ticked at most once per millisecond: a deadline it already saw at
         # this millisecond is looked at again at the next one.
@@ -1417,8 +1492,8 @@ class RelayNode:
             if sock in readable:
                 self._drain_peer(sock, relay, now, mono)
                 fed = True
-        if socks.router in readable:
-            self._drain_clients(socks, now, mono)
+        if socks.router in readable or self._intake:
+            self._drain_clients(socks, socks.router in readable, now, mono)
             fed = True
         for relay in socks.links.poll(mono, readable):
             self.counters["peer_link_closed"] += 1
@@ -1488,13 +1563,20 @@ class RelayNode:
             self._send_held(socks)
 
     def _received(
-        self, sock: zmq.Socket[Any], side: str, *, with_user: bool = False
-    ) -> Iterator[list[bytes]]:
+        self,
+        sock: zmq.Socket[Any],
+        side: str,
+        *,
+        with_user: bool = False,
+        with_fd: bool = False,
+        most: int = DRAIN_MAX,
+    ) -> Iterator[tuple[list[bytes], int]]:
         """The messages waiting on `sock` (which the last poll found readable), at most
-        DRAIN_MAX per turn; counted as `<side>_frames`, a receive error as
+        `most` per turn; counted as `<side>_frames`, a receive error as
         `<side>_recv_error` (and the drain ends). `with_user` (a CurveZMQ ROUTER): each
         message with the name of its client (the ZMTP User-Id its ZAP handshake gave it)
-        put in front: [name, identity, ...].
+        put in front: [name, identity, ...]. With each message the descriptor of the
+        connection it came on if `with_fd` (ZMQ_SRCFD), else -1.
         Each part is read as a Frame, whose `more` says whether another follows, and a
         poll of the socket alone says whether another message waits: pyzmq's
         recv_multipart asks RCVMORE through getsockopt, and a drain read until it raised
@@ -1502,12 +1584,15 @@ class RelayNode:
         drain, against 2.2 and 2.2)."""
         frames, errors = side + "_frames", side + "_recv_error"
         poll_self = [(sock, _POLLIN)]
-        for _ in range(DRAIN_MAX):
+        fd = -1
+        for _ in range(most):
             parts = []
             try:
                 part = sock.recv(_NOBLOCK, copy=False)
                 if with_user:
                     parts.append(str(part.get("User-Id")).encode())
+                if with_fd:
+                    fd = int(part.get(zmq.SRCFD))
                 parts.append(part.bytes)
                 while part.more:
                     part = sock.recv(_NOBLOCK, copy=False)
@@ -1519,7 +1604,7 @@ class RelayNode:
                 self._warn(errors, "relay=%d %s receive failed: %s", self.id, side, e)
                 return
             self.counters[frames] += 1
-            yield parts
+            yield parts, fd
             if not zmq.zmq_poll(poll_self, 0):
                 return
 
@@ -1532,7 +1617,7 @@ class RelayNode:
                 relay,
                 extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
             )
-        for parts in self._received(sub, "peer"):
+        for parts, _ in self._received(sub, "peer"):
             if len(parts) != 1:
                 self.counters["peer_bad_parts"] += 1
                 self._warn(
@@ -1640,19 +1725,101 @@ class RelayNode:
             self.counters["peer_frame_core_error"] += 1
             log.exception("relay=%d core failed on a peer frame (dropped)", self.id)
 
-    def _drain_clients(self, socks: _Sockets, now: int, mono: int) -> None:
-        """Client frames until they brought PIPELINE_BATCH_ITEMS produces (a frame is
-        taken whole): the rest waits for the next turn, after this turn's output went out."""
-        received = self._received(socks.router, "client", with_user=self._identity is not None)
+    def _drain_clients(self, socks: _Sockets, readable: bool, now: int, mono: int) -> None:
+        """Read what clients sent into the intake (`readable`: the ROUTER has some), then
+        serve the intake's clients in turn until the requests served brought
+        PIPELINE_BATCH_ITEMS produces (a frame is taken whole) or DRAIN_MAX were served:
+        the rest waits for the next turn, after this turn's output went out."""
+        if readable:
+            self._read_clients(socks.router, mono)
+        intake = self._intake
+        closed = self._closed_connections
+        named = self._identity is not None
         budget_end = self.clients.produces_taken + PIPELINE_BATCH_ITEMS
-        for parts in received:
+        for _ in range(DRAIN_MAX):
+            taken = intake.take()
+            if taken is None:
+                return
+            parts = taken[1][0]
+            if parts[1 if named else 0] in closed:  # its answer could not go anywhere
+                self.counters["client_requests_of_closed_connections"] += 1
+                continue
             try:
                 self._on_client(parts, now, mono)
             except Exception:
                 self.counters["client_frame_node_error"] += 1
                 log.exception("relay=%d failed on a client frame (dropped)", self.id)
             if self.clients.produces_taken >= budget_end:
-                break
+                return
+
+    def _read_clients(self, router: zmq.Socket[Any], mono: int) -> None:
+        """Requests from the ROUTER into the intake, while it has room, at most
+        INTAKE_READ_MAX a turn. A request of a connection known closed is dropped (it
+        could only be answered to nobody); a client that has more queued than
+        limits.max_queued_requests_per_client is flooding, and is cut off (`_cut`)."""
+        intake = self._intake
+        closed = self._closed_connections
+        held = self._held_clients
+        named = self._identity is not None
+        most = min(INTAKE_READ_MAX, INTAKE_MAX - len(intake))
+        for parts, fd in self._received(
+            router, "client", with_user=named, with_fd=True, most=max(most, 0)
+        ):
+            identity = parts[1] if named else parts[0]  # a ROUTER puts it first
+            if identity in closed:
+                self.counters["client_requests_of_closed_connections"] += 1
+                continue
+            client = parts[0] if named else identity
+            if named:
+                self._unread.note_owner(identity, client)
+                if client in held:
+                    if mono < held[client]:
+                        self._cut(client, [(parts, fd)], mono, again=True)
+                        continue
+                    del held[client]
+            if not intake.add(client, (parts, fd)):
+                self._cut(client, intake.drop(client), mono)
+
+    def _cut(self, client: bytes, queued: list[_Queued], mono: int, *, again: bool = False) -> None:
+        """Cut the connections `queued` came on (their client flooded the relay, or
+        `again` sent on while held after that), drop what they queued, and name the
+        client in the log. With CurveZMQ the client's name is held for FLOOD_HOLD_MS."""
+        named = self._identity is not None
+        closed = self._closed_connections
+        addresses = sorted(shut_connection(fd) for fd in {fd for _, fd in queued if fd >= 0})
+        for parts, _ in queued:
+            identity = parts[1] if named else parts[0]
+            closed[identity] = None
+            closed.move_to_end(identity)
+        while len(closed) > CLOSED_CONNECTIONS_MAX:
+            closed.popitem(last=False)
+        self.counters["client_requests_dropped_flooding"] += len(queued)
+        who = f"client {client.decode(errors='replace')!r}" if named else "a client connection"
+        at = ", ".join(addresses) or "an address libzmq does not give"
+        if again:
+            self.counters["client_cut_held"] += 1
+            self._warn(
+                "client_cut_held",
+                "relay=%d cut a connection of %s from %s: it flooded the relay less than %d ms ago",
+                self.id,
+                who,
+                at,
+                FLOOD_HOLD_MS,
+            )
+            return
+        if named:
+            self._held_clients[client] = mono + FLOOD_HOLD_MS
+        self.counters["client_cut_flooding"] += 1
+        self._warn(
+            "client_cut_flooding",
+            "relay=%d cut %s from %s: it had more than %d requests queued and not served "
+            "(limits.max_queued_requests_per_client); %d dropped",
+            self.id,
+            who,
+            at,
+            self.limits.max_queued_requests_per_client,
+            len(queued),
+        )
 
     # --- clients --------------------------------------------------------------------------
 
@@ -1686,16 +1853,23 @@ class RelayNode:
             for part in envelope:
                 router.send(part, _SNDMORE_NOBLOCK)
             client = envelope[0]
-            if len(frame) < LARGE_REPLY_BYTES:
-                router.send(frame, _NOBLOCK)
-            elif self._unread.wants_probe(client):
-                tracker = router.send(frame, _NOBLOCK, copy=False, track=True)
-                self._unread.add(client, len(frame), tracker)
+            if self._unread.wants_probe(client):
+                # A Frame of its own: Socket.send copies an answer under pyzmq's
+                # copy_threshold (64 KiB) whatever it is told, and its tracker is then
+                # done at once, while the copy may still be queued.
+                probe = zmq.Frame(frame, track=True, copy=False)
+                router.send(probe, _NOBLOCK, copy=False)
+                assert probe.tracker is not None
+                self._unread.add(client, len(frame), probe.tracker)
             else:
                 router.send(frame, _NOBLOCK)
                 self._unread.add(client, len(frame), None)
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
             log.debug("relay=%d reply dropped: %s", self.id, e)
+            if e.errno == zmq.EHOSTUNREACH:  # what it still has queued goes nowhere
+                self._closed_connections[envelope[0]] = None
+                if len(self._closed_connections) > CLOSED_CONNECTIONS_MAX:
+                    self._closed_connections.popitem(last=False)
             return False
         return True
 

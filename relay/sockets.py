@@ -14,6 +14,9 @@ latency of every answer.)
 (ZMQ_EVENT_DISCONNECTED) and, if asked, those libzmq is connecting again by itself
 (ZMQ_EVENT_CONNECT_RETRIED); `DisconnectMonitor` reports only the first.
 
+`shut_connection` ends one connection of a socket libzmq owns, which libzmq has no call
+for (a ROUTER cannot drop one client), from the descriptor a message came on.
+
 `MeshLinkTimings` derives the ZeroMQ heartbeat and reconnect options of the mesh sockets
 from the topology's limits, so that a link that died is noticed and one that heals
 carries traffic again within about a heartbeat interval.
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -172,6 +177,25 @@ def allow_ipv6(sock: zmq.Socket[Any], address: str) -> None:
     (`::` too, which then takes IPv4 as well): libzmq refuses them unless told."""
     if is_ipv6(address):
         sock.setsockopt(zmq.IPV6, 1)
+
+
+def shut_connection(fd: int) -> str:
+    """Shut down both directions of the connection on descriptor `fd` (ZMQ_SRCFD of a
+    message that came on it): libzmq sees the connection end as if its peer had closed it,
+    and closes it. The peer's address ("host:port"; "" if it has none, "?" if the
+    descriptor is no connection any more)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:  # a duplicate: libzmq closes fd
+            try:
+                peer = conn.getpeername()
+            except OSError:
+                peer = None
+            conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return "?"
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"[{peer[0]}]:{peer[1]}"
+    return str(peer or "")
 
 
 class LinkMonitor:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "zap",
         "handshakes",
         "metasync",
+        "intake",
     ),
     ("peerprotocol",),
     ("wire", "topology", "logs"),

@@ -53,11 +53,14 @@ class Limits:
     max_streams: int = 10_000
     # 5.11: stream statuses each heartbeat repeats in turn besides the ones it must give
     heartbeat_repeated_statuses: int = 64
-    # Shell bounds on what one client may cost a relay (relay/service.py): streams it opens
-    # by first use of a pattern's name (per client name with CurveZMQ, else per
-    # connection), and bytes of answers it leaves unread before its reads are refused.
+    # Shell bounds on what one client may cost a relay (relay/service.py, relay/node.py),
+    # per client name with CurveZMQ (all its connections together), else per connection:
+    # streams it opens by first use of a pattern's name, bytes of answers it leaves unread
+    # before its reads are refused, and requests read and not served yet before its
+    # connections are cut (relay/intake.py).
     max_new_streams_per_client: int = 1_000
     max_unread_reply_bytes: int = 64 * 1024 * 1024
+    max_queued_requests_per_client: int = 10_000
     max_stream_name_bytes: int = 255
 
     def __post_init__(self) -> None:
