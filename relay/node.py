@@ -88,7 +88,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -258,6 +258,18 @@ def wall_ms() -> int:
 
 def mono_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+_Answer = TypeVar("_Answer")
+
+
+def _answer_all(queue: deque[Future[_Answer]], answer: _Answer) -> None:
+    """Answer every request another thread queued for the loop (`RelayNode._ask_loop`),
+    but those that gave up waiting."""
+    while queue:
+        request = queue.popleft()
+        if request.set_running_or_notify_cancel():
+            request.set_result(answer)
 
 
 def _glibc_malloc_trim() -> Any:
@@ -635,9 +647,11 @@ class RelayNode:
         self._links_down: set[int] = set()
         self._sockets: _Sockets | None = None
         # The HTTP endpoint (relay/opsserver.py) when the relay has an http_port; its
-        # threads ask for the status document here, and the loop answers between turns.
+        # threads ask for the status document here, or only that the loop comes round
+        # (/healthz), and the loop answers between turns.
         self._ops: OpsServer | None = None
         self._status_wanted: deque[Future[dict[str, object]]] = deque()
+        self._turn_wanted: deque[Future[bool]] = deque()
         self._client_connections = 0
         self._committed_records: Counter[str] = Counter()  # per stream, since the start
         self._spool: Spool | None = None
@@ -750,8 +764,16 @@ class RelayNode:
     def status_from_loop(self, wait_s: float) -> dict[str, object] | None:
         """The status document, built by the loop between two turns (from any other
         thread: the HTTP endpoint's); None if the loop did not build it within `wait_s`."""
-        wanted: Future[dict[str, object]] = Future()
-        self._status_wanted.append(wanted)
+        return self._ask_loop(self._status_wanted, wait_s)
+
+    def turn_from_loop(self, wait_s: float) -> bool:
+        """Whether the loop comes round within `wait_s` (from any other thread: the HTTP
+        endpoint's /healthz). Liveness for the price of a turn: no status document."""
+        return self._ask_loop(self._turn_wanted, wait_s) is not None
+
+    def _ask_loop(self, queue: deque[Future[_Answer]], wait_s: float) -> _Answer | None:
+        wanted: Future[_Answer] = Future()
+        queue.append(wanted)
         self._poke()
         try:
             return wanted.result(wait_s)
@@ -760,14 +782,9 @@ class RelayNode:
             return None
 
     def _answer_status_requests(self) -> None:
-        wanted = self._status_wanted
-        if not wanted:
+        if not self._status_wanted:
             return
-        status = self.status()
-        while wanted:
-            request = wanted.popleft()
-            if request.set_running_or_notify_cancel():
-                request.set_result(status)
+        _answer_all(self._status_wanted, self.status())
 
     def _count_client_connections(self) -> None:
         """Take the listening sockets' monitor events: client connections opened and
@@ -819,7 +836,15 @@ class RelayNode:
         from relay.opsserver import OpsServer
 
         try:
-            self._ops = OpsServer(spec.bind_host, spec.http_port, self.status_from_loop, self.id)
+            self._ops = OpsServer(
+                spec.bind_host,
+                spec.http_port,
+                self.status_from_loop,
+                self.id,
+                liveness=self.turn_from_loop,
+                incarnation=self.incarnation,
+                expose_status=self.config.http.expose_status,
+            )
         except OSError as e:
             bound = f" (binding {spec.bind})" if spec.bind else ""
             raise PortUnavailable(
@@ -1521,6 +1546,8 @@ class RelayNode:
         self._flush(socks)
         self.clients.expire(mono)
         self.clients.flush()
+        if self._turn_wanted:
+            _answer_all(self._turn_wanted, True)
         if self._status_wanted:
             self._answer_status_requests()
         if mono - self._last_state_log >= STATE_LOG_MS:

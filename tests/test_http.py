@@ -5,18 +5,23 @@ requests it cannot serve."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
+import itertools
 import json
 import re
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped, unused-ignore]
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,10 +29,17 @@ from relay.cli import main
 from relay.client import Consumer, Producer
 from relay.core.seq import relay_of
 from relay.errors import UnknownStream
-from relay.launcher import Mesh, resubscribe, write_loopback_topology
+from relay.launcher import Mesh, query_status, resubscribe, write_loopback_topology
 from relay.node import RelayNode
-from relay.opsserver import STATUS_WAIT_S
-from relay.topology import load
+from relay.opsserver import (
+    MAX_CONNECTIONS_PER_ADDRESS,
+    STATUS_MIN_INTERVAL_S,
+    STATUS_WAIT_S,
+    Bounds,
+    OpsServer,
+    StatusSource,
+)
+from relay.topology import MeshConfig, load
 from waiting import wait_until, wait_until_async
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,10 +59,16 @@ def write_topology(directory: Path) -> Path:
 
 
 def request(
-    port: int, path: str, method: str = "GET", **headers: str
+    port: int, path: str, method: str = "GET", source: str | None = None, **headers: str
 ) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers by lower-case name, body) of one request to 127.0.0.1:port."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    """(status, headers by lower-case name, body) of one request to 127.0.0.1:port (from
+    the address `source`, if given)."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1",
+        port,
+        timeout=HTTP_TIMEOUT_S,
+        source_address=None if source is None else (source, 0),
+    )
     try:
         conn.request(method, path, headers=headers)
         resp = conn.getresponse()
@@ -74,16 +92,21 @@ def metrics(mesh: Mesh, relay: int) -> dict[str, list[Any]]:
     return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
 
 
-def sample(families: dict[str, list[Any]], name: str, **labels: str) -> float:
-    """The value of the sample `name` (a counter's has `_total`) with exactly `labels`."""
-    values = [
-        s.value
+def values(families: dict[str, list[Any]], name: str, **labels: str) -> list[float]:
+    """The values of the samples `name` (a counter's has `_total`) with exactly `labels`."""
+    return [
+        float(s.value)
         for samples in families.values()
         for s in samples
         if s.name == name and s.labels == labels
     ]
-    assert len(values) == 1, (name, labels, values)
-    return float(values[0])
+
+
+def sample(families: dict[str, list[Any]], name: str, **labels: str) -> float:
+    """The value of the one sample `name` with exactly `labels`."""
+    found = values(families, name, **labels)
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +185,13 @@ def test_records_read_by_a_consumer_are_counted_where_it_read_them(mesh: Mesh) -
         for count, _ in enumerate(consumer, start=1):
             if count == PRODUCED:
                 break
-    assert sample(metrics(mesh, 2), "relay_stream_served_records_total", stream=STREAM) >= PRODUCED
+    # (a document is shared for STATUS_MIN_INTERVAL_S: one from before the reads may answer)
+    wait_until(
+        lambda: (
+            sample(metrics(mesh, 2), "relay_stream_served_records_total", stream=STREAM) >= PRODUCED
+        ),
+        f"relay 2 to count {PRODUCED} records served",
+    )
     assert sample(metrics(mesh, 1), "relay_stream_served_records_total", stream=STREAM) == 0
 
 
@@ -194,7 +223,10 @@ def test_refusals_are_counted_by_stream_outcome_and_reason(mesh: Mesh) -> None:
         producer.send("nobody.serves.this", b"to a stream no relay serves")
     # Counted under "" (a stream the relay does not have): made-up names add no labels.
     refused = {"stream": "", "outcome": "rejected", "reason": "unknown_stream"}
-    assert sample(metrics(mesh, 0), "relay_produce_refusals_total", **refused) == 1
+    wait_until(
+        lambda: values(metrics(mesh, 0), "relay_produce_refusals_total", **refused) == [1],
+        "relay 0 to count the refused produce",
+    )
 
 
 def test_health_readiness_status_and_page(mesh: Mesh) -> None:
@@ -279,43 +311,256 @@ def test_a_taken_http_port_stops_the_relay_naming_it(tmp_path: Path) -> None:
     assert "Traceback" not in run.stderr
 
 
-def test_a_stuck_loop_is_not_live_and_says_why(tmp_path: Path) -> None:
-    """A request waits at most STATUS_WAIT_S for the relay's loop: a loop that does not
-    come round (here: its event loop held by a blocking call, as a bug would) gets a 503
-    that says so, and the relay answers again once its loop turns."""
-    config = load(write_loopback_topology(tmp_path, {0: [STREAM]}, [STREAM], http=True))
+def serve_relay_0(config: MeshConfig, body: Callable[[int], Awaitable[None]]) -> None:
+    """Run relay 0 of `config` in this process's event loop while `body(its http_port)`
+    runs (its requests go through threads: the relay's loop shares the event loop); the
+    relay is stopped also when `body` fails."""
     port = config.relays[0].http_port
     assert port is not None
-
-    async def healthz() -> int:
-        return (await asyncio.to_thread(request, port, "/healthz"))[0]
 
     async def scenario() -> None:
         node = RelayNode(config, 0, handle_signals=False)
         task = asyncio.create_task(node.run())
         try:
             await wait_until_async(lambda: node.running, "relay 0 to run")
-            assert await healthz() == 200
-            answers: list[tuple[int, dict[str, str], bytes]] = []
-            answered = threading.Event()
-
-            def probe() -> None:
-                answers.append(request(port, "/healthz"))
-                answered.set()
-
-            threading.Thread(target=probe, daemon=True).start()
-            # Blocks the event loop, and with it the relay's loop, until the probe's answer.
-            assert answered.wait(HTTP_TIMEOUT_S + STATUS_WAIT_S)
-            code, _, body = answers[0]
-            doc = json.loads(body)
-            assert code == 503 and doc["live"] is False, doc
-            assert doc["why"] == f"relay 0's loop did not answer within {STATUS_WAIT_S:g} s"
-            assert await healthz() == 200
+            await body(port)
         finally:
             node.stop()
             await asyncio.wait_for(task, HTTP_TIMEOUT_S)  # raises what the relay raised
 
     asyncio.run(scenario())
+
+
+async def code_of(port: int, path: str) -> int:
+    return (await asyncio.to_thread(request, port, path))[0]
+
+
+def test_a_stuck_loop_is_not_live_and_says_why(tmp_path: Path) -> None:
+    """A request waits at most STATUS_WAIT_S for the relay's loop: a loop that does not
+    come round (here: its event loop held by a blocking call, as a bug would) gets a 503
+    that says so, and the relay answers again once its loop turns."""
+    config = load(write_loopback_topology(tmp_path, {0: [STREAM]}, [STREAM], http=True))
+
+    async def body(port: int) -> None:
+        assert await code_of(port, "/healthz") == 200
+        answers: list[tuple[int, dict[str, str], bytes]] = []
+        answered = threading.Event()
+
+        def probe() -> None:
+            answers.append(request(port, "/healthz"))
+            answered.set()
+
+        threading.Thread(target=probe, daemon=True).start()
+        # Blocks the event loop, and with it the relay's loop, until the probe's answer.
+        assert answered.wait(HTTP_TIMEOUT_S + STATUS_WAIT_S)
+        code, _, body = answers[0]
+        doc = json.loads(body)
+        assert code == 503 and doc["live"] is False, doc
+        assert doc["why"] == f"relay 0's loop did not answer within {STATUS_WAIT_S:g} s"
+        assert await code_of(port, "/healthz") == 200
+
+    serve_relay_0(config, body)
+
+
+# --- what a client of the port can hold of it (relay/opsserver.py Bounds) -----------------
+
+DEADLINE_S = 2.0  # the request deadline of these tests' servers (the default: 10 s)
+DEADLINE_MARGIN_S = 20.0  # a held connection is closed by its deadline plus this, at most
+TRICKLE_S = 0.2  # a slow loris sends a byte this often: far within any per-read timeout
+HOLDER = "127.0.0.2"  # the slow loris's address (all of 127/8 is this host's, on Linux)
+FLOOD_PATHS = ("/metrics", "/status", "/readyz")
+FLOOD_CONNECTIONS = 6  # kept-alive connections flooding at once (under the address's cap)
+FLOOD_BUILDS = 3  # documents built before the flood stops: it spans 2 intervals at least
+
+
+@contextlib.contextmanager
+def ops_server(
+    status: StatusSource,
+    liveness: Callable[[float], bool] = lambda wait_s: True,
+    **settings: Any,
+) -> Iterator[OpsServer]:
+    """A relay's HTTP endpoint on a free port of 127.0.0.1 whose loop is `status` and
+    `liveness`; closed also when the test fails."""
+    settings = {"expose_status": True, **settings}
+    server = OpsServer("127.0.0.1", 0, status, 0, liveness=liveness, incarnation=1, **settings)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def status_of_relay_0(mesh: Mesh) -> dict[str, Any]:
+    """A real status document (what relay 0's loop builds), read over its client port."""
+    doc = query_status({0: mesh.config.relays[0].client_endpoint}, HTTP_TIMEOUT_S)[0].status
+    assert doc is not None
+    return doc
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (a reset ends it too)."""
+    got = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def test_a_slow_loris_holds_only_its_addresss_share_and_only_until_the_deadline(
+    mesh: Mesh,
+) -> None:
+    """MAX_CONNECTIONS_PER_ADDRESS connections from one address that trickle a request
+    byte by byte (each byte long before any per-read timeout) hold that address's slots:
+    one more from it is answered 503 at once, naming the bound; another address's
+    /healthz is answered meanwhile; and the request deadline closes each held connection,
+    after which the holder's address is served again."""
+    doc = status_of_relay_0(mesh)
+    stop = threading.Event()
+    with (
+        ops_server(lambda wait_s: doc, bounds=Bounds(request_deadline_s=DEADLINE_S)) as server,
+        contextlib.ExitStack() as sockets,
+    ):
+
+        def connect() -> socket.socket:
+            sock = sockets.enter_context(socket.socket())
+            sock.settimeout(HTTP_TIMEOUT_S)
+            try:
+                sock.bind((HOLDER, 0))
+            except OSError as e:
+                pytest.skip(f"cannot use {HOLDER} as a second loopback address: {e}")
+            sock.connect(("127.0.0.1", server.port))
+            return sock
+
+        held = [connect() for _ in range(MAX_CONNECTIONS_PER_ADDRESS)]
+        for sock in held:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+
+        def trickle() -> None:
+            while not stop.wait(TRICKLE_S):
+                for sock in held:
+                    with contextlib.suppress(OSError):  # closed by the server: done
+                        sock.send(b"x")
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
+        try:
+            answer = read_to_end(connect())
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"MAX_CONNECTIONS_PER_ADDRESS" in answer and HOLDER.encode() in answer, answer
+            code, _, body = request(server.port, "/healthz")
+            assert code == 200 and json.loads(body)["live"] is True
+            for sock in held:
+                # A generous bound that proves there is a deadline: the trickle alone
+                # would keep the connection forever.
+                sock.settimeout(DEADLINE_S + DEADLINE_MARGIN_S)
+                try:
+                    assert read_to_end(sock) == b"", "a slow loris got an answer"
+                except TimeoutError:
+                    raise AssertionError(
+                        f"a slow loris was not closed within {DEADLINE_S + DEADLINE_MARGIN_S:g} s"
+                    ) from None
+        finally:
+            stop.set()
+            trickler.join(HTTP_TIMEOUT_S)
+        wait_until(
+            lambda: request(server.port, "/healthz", source=HOLDER)[0] == 200,
+            f"{HOLDER} to be served again once its held connections were closed",
+        )
+
+
+def test_a_flood_of_requests_costs_the_loop_one_status_document_a_second(mesh: Mesh) -> None:
+    """Kept-alive connections asking /metrics, /status and /readyz as fast as they can
+    share the loop's document: the loop is asked for one at most every
+    STATUS_MIN_INTERVAL_S, however many requests come; /healthz asks for none."""
+    doc = status_of_relay_0(mesh)
+    lock = threading.Lock()
+    built: list[float] = []  # time.monotonic() of each ask for a document
+    turns = itertools.count()
+
+    def status(wait_s: float) -> Mapping[str, Any]:
+        with lock:
+            built.append(time.monotonic())
+        return doc
+
+    def liveness(wait_s: float) -> bool:
+        next(turns)
+        return True
+
+    answers: Counter[tuple[str, int]] = Counter()
+    failed: list[BaseException] = []
+    stop = threading.Event()
+    with ops_server(status, liveness) as server:
+
+        def flood(path: str) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT_S)
+            try:
+                while not stop.is_set():
+                    conn.request("GET", path)
+                    resp = conn.getresponse()
+                    resp.read()
+                    with lock:
+                        answers[path, resp.status] += 1
+            except BaseException as e:  # reported by the test
+                failed.append(e)
+            finally:
+                conn.close()
+
+        paths = itertools.islice(itertools.cycle(FLOOD_PATHS), FLOOD_CONNECTIONS)
+        threads = [threading.Thread(target=flood, args=(p,), daemon=True) for p in paths]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(
+                lambda: len(built) >= FLOOD_BUILDS or failed,
+                f"{FLOOD_BUILDS} documents to be asked for under the flood",
+            )
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(HTTP_TIMEOUT_S)
+        assert not failed, failed
+        asked = len(built)
+        for _ in range(20):
+            assert request(server.port, "/healthz")[0] == 200
+        assert len(built) == asked and next(turns) == 20  # liveness, never a document
+    assert set(answers) == {(path, 200) for path in FLOOD_PATHS}, answers
+    gaps = [later - earlier for earlier, later in itertools.pairwise(built)]
+    assert all(gap >= STATUS_MIN_INTERVAL_S for gap in gaps), gaps
+    assert sum(answers.values()) >= 10 * asked, (answers, asked)
+
+
+def with_http(topology: Path, **settings: Any) -> Path:
+    """The topology file with an `http:` section of these settings."""
+    doc = yaml.safe_load(topology.read_text(encoding="utf-8"))
+    doc["http"] = settings
+    topology.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return topology
+
+
+def test_status_and_the_page_are_refused_unless_the_topology_exposes_them(
+    tmp_path: Path,
+) -> None:
+    """With http.expose_status: false a relay answers /status and / 403, naming the
+    setting; /metrics, /healthz and /readyz stay open for orchestrators."""
+    topology = write_loopback_topology(tmp_path, {0: [STREAM]}, [STREAM], http=True)
+    config = load(with_http(topology, expose_status=False))
+    assert config.http.expose_status is False
+
+    async def body(port: int) -> None:
+        for path in ("/status", "/"):
+            code, headers, text = await asyncio.to_thread(request, port, path)
+            error = json.loads(text)["error"]
+            assert code == 403 and headers["content-type"] == "application/json", (path, code)
+            assert "http.expose_status is false" in error and path in error, error
+        assert await code_of(port, "/metrics") == 200
+        assert await code_of(port, "/healthz") == 200
+
+        async def ready() -> bool:
+            return await code_of(port, "/readyz") == 200
+
+        await wait_until_async(ready, "relay 0 to answer 200 on /readyz", poll_s=0.2)
+
+    serve_relay_0(config, body)
 
 
 # --- configurations (docs/protocol.md 5.15) ------------------------------------------------

@@ -586,6 +586,28 @@ def test_spool_settings_default_off_and_checked(tmp_path: Path) -> None:
     assert "spool.size: unknown field" in text
 
 
+CURVE = "security: {curve: true}\naccess: {admin: {admin: true}}\n"
+
+
+def test_status_over_http_follows_curve_unless_set_and_is_checked(tmp_path: Path) -> None:
+    """http.expose_status (what relay/opsserver.py serves besides /metrics and health):
+    unset, no more than the client port gives the same outsider: on without CurveZMQ,
+    off with it (the client port gives the status document to admin clients only)."""
+    path = tmp_path / "t.yaml"
+    assert topology.loads(THREE, path).http.expose_status is True
+    assert topology.loads(THREE + CURVE, path).http.expose_status is False
+    exposed = topology.loads(THREE + CURVE + "http: {expose_status: true}\n", path)
+    assert exposed.http.expose_status is True
+    hidden = topology.loads(THREE + "http: {expose_status: false}\n", path)
+    assert hidden.http.expose_status is False
+    message = error(tmp_path, THREE + 'http: {expose_status: "yes", expose: 1}\n')
+    assert "http.expose_status: expected true or false, got the string 'yes'" in message
+    assert "http.expose: unknown field; did you mean 'expose_status'?" in message
+    assert "http: expected a mapping, got the boolean True" in error(
+        tmp_path, THREE + "http: true\n"
+    )
+
+
 # --- what a new file changes for a running relay (relay/topology/change.py) ---------------
 
 
@@ -628,3 +650,10 @@ def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> Non
         )
     )
     assert compare(old, limited, 0).refused == ("limits changes",)
+    hidden = topology.loads(
+        _mesh_text(
+            {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},
+            extra="http:\n  expose_status: false\n",
+        )
+    )
+    assert compare(old, hidden, 0).refused == ("http changes",)  # at a restart

@@ -37,6 +37,7 @@ store:
   keep_deltas_s: 3600
   spark: {master: "local[2]", executor_python: bin/python, conf: {spark.ui.enabled: false}}
 security: {curve: true, keys_dir: keys, client_key_file: keys/client-admin.key_secret}
+http: {expose_status: true}
 access:
   admin: {produce: ["*"], consume: ["*"], admin: true, metadata: ["*"]}
   app: {produce: [orders.eu], consume: ["orders.*"], metadata: ["consumers/app-*"],

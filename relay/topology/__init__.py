@@ -56,6 +56,10 @@ The file format (`config/topology.yaml` is the commented example)::
         consume: ["*"]            # ... and read
         admin: true               # status and store commands; default false
         metadata: ["*"]           # metadata keys (fnmatch) it may read and write
+    http:                         # optional: what the relays' http_port serves
+      expose_status: true         # /status and the live page to whoever reaches it;
+                                  # default: false with security.curve, true without
+                                  # (/metrics, /healthz, /readyz: always; docs/operations.md)
 
 A relay takes `public_key:` (Z85, 40 characters) too; without it its public key is read
 from `<keys_dir>/relay-<id>.key`. Its secret key is `<keys_dir>/relay-<id>.key_secret`.
@@ -87,6 +91,7 @@ from relay.errors import ConfigError
 from relay.topology.mesh import (
     MAX_STREAM_NAME_BYTES,
     Z85_KEY_CHARS,
+    HttpSettings,
     MeshConfig,
     RelaySpec,
     SecuritySettings,
@@ -101,6 +106,7 @@ from relay.topology.mesh import (
 __all__ = [
     "MAX_STREAM_NAME_BYTES",
     "Z85_KEY_CHARS",
+    "HttpSettings",
     "MeshConfig",
     "RelaySpec",
     "SecuritySettings",

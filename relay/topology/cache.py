@@ -34,6 +34,7 @@ import xxhash
 from relay.access import AccessPolicy, ClientGrant
 from relay.core.config import Limits, Topology
 from relay.topology.mesh import (
+    HttpSettings,
     MeshConfig,
     RelaySpec,
     SecuritySettings,
@@ -123,6 +124,7 @@ def as_document(config: MeshConfig) -> dict[str, Any]:
             "keys_dir": str(config.security.keys_dir),
             "client_key_file": _text(config.security.client_key_file),
         },
+        "http": dataclasses.asdict(config.http),
         "access": {
             name: dataclasses.asdict(grant) for name, grant in config.access.clients.items()
         },
@@ -151,6 +153,7 @@ def from_document(doc: dict[str, Any]) -> MeshConfig:
             keys_dir=Path(security["keys_dir"]),
             client_key_file=_path(security["client_key_file"]),
         ),
+        http=HttpSettings(**doc["http"]),
         access=AccessPolicy({name: ClientGrant(**grant) for name, grant in doc["access"].items()}),
     )
 

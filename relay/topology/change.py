@@ -7,10 +7,11 @@ streams' relays (docs/protocol.md 5.15 changes), clients' rights and keys (`acce
 which apply to each request from then on, relays added to the mesh (with their keys: the
 relay connects to them and lets them in), and relays removed from it (the relay lets them
 go once no stream it serves counts them: node `_forget_peers`). Anything else (a relay's
-address, ports or key, limits, security settings, the spool, the store, the data
-directory) is refused by name, and the relay runs on, unchanged, on its old file: those
-apply at a restart onto the new file. A relay may not take a file that leaves itself out:
-it serves no stream first (its `streams` empty), then it is stopped.
+address, ports or key, limits, security settings, what the HTTP port serves, the spool,
+the store, the data directory) is refused by name, and the relay runs on, unchanged, on
+its old file: those apply at a restart onto the new file. A relay may not take a file
+that leaves itself out: it serves no stream first (its `streams` empty), then it is
+stopped.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def compare(
         for field in dataclasses.fields(before):
             if getattr(before, field.name) != getattr(after, field.name):
                 refused.append(f"relays[{rid}].{field.name} changes")
-    for name in ("limits", "spool", "store", "security", "data_dir"):
+    for name in ("limits", "spool", "store", "security", "http", "data_dir"):
         if getattr(old, name) != getattr(new, name):
             refused.append(f"{name} changes")
     names = set(old.streams) | set(new.streams) | set(tracked)

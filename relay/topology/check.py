@@ -39,6 +39,7 @@ from relay.store.location import BadStoreLocation, as_location
 from relay.topology.mesh import (
     MAX_STREAM_NAME_BYTES,
     Z85_KEY_CHARS,
+    HttpSettings,
     MeshConfig,
     RelaySpec,
     SecuritySettings,
@@ -317,6 +318,13 @@ class _SecurityModel(BaseModel):
     client_key_file: Annotated[str, AfterValidator(_check_path)] | None = None
 
 
+class _HttpModel(BaseModel):
+    model_config = _STRICT
+
+    # None: the default, which follows security.curve (HttpSettings)
+    expose_status: bool | None = None
+
+
 class _ClientModel(BaseModel):
     model_config = _STRICT
 
@@ -337,6 +345,7 @@ class _FileModel(BaseModel):
     spool: _SpoolModel | None = None
     store: _StoreModel | None = None
     security: _SecurityModel | None = None
+    http: _HttpModel | None = None
     access: dict[Annotated[str, AfterValidator(_check_client_name)], _ClientModel] | None = None
 
     @field_validator("relays")
@@ -358,6 +367,7 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
     "store.spark": tuple(_SparkModel.model_fields),
     "store.s3": tuple(_S3Model.model_fields),
     "security": tuple(_SecurityModel.model_fields),
+    "http": tuple(_HttpModel.model_fields),
     "access": tuple(_ClientModel.model_fields),
 }
 
@@ -579,6 +589,7 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
         else data_dir / "keys"
     )
     client_key = security.client_key_file
+    expose_status = (model.http or _HttpModel()).expose_status
     return MeshConfig(
         path=file,
         relays=relays,
@@ -595,6 +606,10 @@ def _build(file: Path, model: _FileModel) -> MeshConfig:
             client_key_file=None
             if client_key is None
             else Path(os.path.abspath(base / client_key)),
+        ),
+        http=HttpSettings(
+            # Unset: no more over HTTP than the client port gives the same outsider.
+            expose_status=not security.curve if expose_status is None else expose_status
         ),
         access=AccessPolicy(
             {

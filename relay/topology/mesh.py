@@ -141,6 +141,17 @@ class SecuritySettings:
 
 
 @dataclass(frozen=True)
+class HttpSettings:
+    """What each relay's HTTP endpoint (relay/opsserver.py) serves besides /metrics,
+    /healthz and /readyz: `expose_status`, its status document (/status) and the live
+    page that reads it (/). The file's `http.expose_status`; unset, it is on without
+    CurveZMQ (anyone who reaches a client port may ask for the document there too) and
+    off with it (the client port gives the document only to clients with `admin`)."""
+
+    expose_status: bool = True
+
+
+@dataclass(frozen=True)
 class MeshConfig:
     path: Path
     relays: dict[int, RelaySpec]  # by id, ascending
@@ -152,6 +163,7 @@ class MeshConfig:
     spool: SpoolSettings = SpoolSettings()
     store: StoreSettings = StoreSettings()
     security: SecuritySettings = SecuritySettings()
+    http: HttpSettings = HttpSettings()
     access: AccessPolicy = dataclasses.field(default_factory=AccessPolicy)
 
     @property
