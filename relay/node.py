@@ -180,6 +180,9 @@ DRAIN_MAX = 2_048  # frames taken from one socket per loop iteration
 INTAKE_READ_MAX = 4 * DRAIN_MAX
 # Requests of every client the intake holds at most: beyond, they wait in libzmq.
 INTAKE_MAX = 100_000
+# How long one turn serves client requests at most, looked at every so many requests.
+SERVE_BUDGET_NS = 10_000_000
+SERVE_CLOCK_EVERY = 16
 # A client name whose connections were cut for flooding: its requests on any connection
 # are dropped, and that connection cut too, for this long (a reconnect does not start
 # the flood again at once).
@@ -190,6 +193,10 @@ CLOSED_CONNECTIONS_MAX = 100_000
 # How often joined/fenced transitions are looked for (and GC and the spool tended): at the
 # first turn this long after the last, so at most a heartbeat interval later.
 STATE_LOG_MS = 100
+# Lines one look at the streams writes about single streams joining or fencing; the rest
+# are told by kind, with this many of their names.
+STREAM_LINES_PER_WATCH = 32
+STREAM_NAMES_PER_LINE = 8
 MALLOC_TRIM_MS = 10_000  # how often a relay owning its process trims its heap (_trim_heap)
 LOOP_YIELD_MS = 1  # a relay alone in its event loop lets the loop run this often when busy
 GC_FULL_COLLECT_MS = 600_000  # how often a relay owning its process runs a full collection
@@ -1755,15 +1762,20 @@ class RelayNode:
     def _drain_clients(self, socks: _Sockets, readable: bool, now: int, mono: int) -> None:
         """Read what clients sent into the intake (`readable`: the ROUTER has some), then
         serve the intake's clients in turn until the requests served brought
-        PIPELINE_BATCH_ITEMS produces (a frame is taken whole) or DRAIN_MAX were served:
-        the rest waits for the next turn, after this turn's output went out."""
+        PIPELINE_BATCH_ITEMS produces (a frame is taken whole), DRAIN_MAX were served, or
+        SERVE_BUDGET_NS passed (requests that cost much, a StreamsReq over thousands of
+        streams, do not hold the others' answers for long): the rest waits for the next
+        turn, after this turn's output went out."""
         if readable:
             self._read_clients(socks.router, mono)
         intake = self._intake
         closed = self._closed_connections
         named = self._identity is not None
         budget_end = self.clients.produces_taken + PIPELINE_BATCH_ITEMS
-        for _ in range(DRAIN_MAX):
+        deadline_ns = time.monotonic_ns() + SERVE_BUDGET_NS
+        for served in range(DRAIN_MAX):
+            if served % SERVE_CLOCK_EVERY == 0 and time.monotonic_ns() >= deadline_ns:
+                return
             taken = intake.take()
             if taken is None:
                 return
@@ -2034,6 +2046,10 @@ class RelayNode:
         of a stream that fenced, or that this relay left."""
         if len(self.core.foreign) > len(self._left):
             self._watch_left()
+        # Beyond STREAM_LINES_PER_WATCH lines, transitions are told by kind in one line
+        # each: a fence of thousands of streams (a client opened them) is a few lines.
+        lines = 0
+        untold: dict[str, list[str]] = {}
         for stream in self.core.stream_names():
             view = self._views.get(stream)
             if view is None:
@@ -2045,38 +2061,58 @@ class RelayNode:
             if joined != view.joined:
                 view.joined = joined
                 committed = self.core.committed_point(stream)
-                log.info(
-                    "relay=%d stream=%s %s (committed seq %d)",
-                    self.id,
-                    stream,
-                    "joined" if joined else "rejoining",
-                    committed,
-                    extra={
-                        "relay": self.id,
-                        "stream": stream,
-                        "committed": committed,
-                        STATE_CHANGE: True,
-                    },
-                )
+                lines += 1
+                if lines > STREAM_LINES_PER_WATCH:
+                    untold.setdefault("joined" if joined else "rejoining", []).append(stream)
+                else:
+                    log.info(
+                        "relay=%d stream=%s %s (committed seq %d)",
+                        self.id,
+                        stream,
+                        "joined" if joined else "rejoining",
+                        committed,
+                        extra={
+                            "relay": self.id,
+                            "stream": stream,
+                            "committed": committed,
+                            STATE_CHANGE: True,
+                        },
+                    )
             why, waiting = self.core.stall(stream) if fenced else ("", ())
             if fenced != view.fenced or why != view.fence_reason:
                 view.fenced, view.fence_reason = fenced, why
-                log.log(
-                    logging.WARNING if fenced and joined else logging.INFO,
-                    "relay=%d stream=%s %s",
-                    self.id,
-                    stream,
-                    f"fenced: {why}, waiting for relays {list(waiting)}" if fenced else "unfenced",
-                    extra={
-                        "relay": self.id,
-                        "stream": stream,
-                        "fenced": fenced,
-                        "why": why,
-                        STATE_CHANGE: True,
-                    },
-                )
                 if fenced:
                     self.clients.wake(stream)
+                lines += 1
+                if lines > STREAM_LINES_PER_WATCH:
+                    untold.setdefault(f"fenced: {why}" if fenced else "unfenced", []).append(stream)
+                else:
+                    log.log(
+                        logging.WARNING if fenced and joined else logging.INFO,
+                        "relay=%d stream=%s %s",
+                        self.id,
+                        stream,
+                        f"fenced: {why}, waiting for relays {list(waiting)}"
+                        if fenced
+                        else "unfenced",
+                        extra={
+                            "relay": self.id,
+                            "stream": stream,
+                            "fenced": fenced,
+                            "why": why,
+                            STATE_CHANGE: True,
+                        },
+                    )
+        for change, streams in untold.items():
+            log.warning(
+                "relay=%d %d more streams %s (%s%s)",
+                self.id,
+                len(streams),
+                change,
+                ", ".join(streams[:STREAM_NAMES_PER_LINE]),
+                ", ..." if len(streams) > STREAM_NAMES_PER_LINE else "",
+                extra={"relay": self.id, "streams": len(streams), STATE_CHANGE: True},
+            )
 
     def _watch_configuration(self, stream: str, view: _StreamView) -> None:
         """Log a stream's configuration news (5.15), each once, when it comes (a line held
