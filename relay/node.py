@@ -437,6 +437,9 @@ class _UnreadReplies:
         self._clients: dict[bytes, _Probed] = {}  # by connection identity
         self._owner: dict[bytes, bytes] = {}  # connection identity -> client name
         self._owned: dict[bytes, set[bytes]] = {}  # client name -> its connections
+        # Prunes since a connection was last named or had answers counted: its requests
+        # may wait in the intake a while before any answer, so it is not forgotten at once.
+        self._owner_idle: dict[bytes, int] = {}
 
     def note_owner(self, client: bytes, name: bytes) -> None:
         """Connection `client` is one of client `name`'s (CurveZMQ's User-Id)."""
@@ -444,6 +447,7 @@ class _UnreadReplies:
             self._forget_owner(client)
             self._owner[client] = name
             self._owned.setdefault(name, set()).add(client)
+        self._owner_idle[client] = 0
 
     def wants_probe(self, client: bytes) -> bool:
         """Whether the next answer to `client` should be tracked: none is under way, and
@@ -499,10 +503,16 @@ class _UnreadReplies:
                 known.idle, known.pruned_at = 0, known.sent
             if known.sent == known.out or known.idle >= UNREAD_IDLE_PRUNES:
                 del self._clients[client]
-        for client in [c for c in self._owner if c not in self._clients]:
+        for client in self._owner:
+            if client in self._clients:
+                self._owner_idle[client] = 0
+            else:
+                self._owner_idle[client] += 1
+        for client in [c for c, idle in self._owner_idle.items() if idle >= UNREAD_IDLE_PRUNES]:
             self._forget_owner(client)
 
     def _forget_owner(self, client: bytes) -> None:
+        self._owner_idle.pop(client, None)
         name = self._owner.pop(client, None)
         if name is not None:
             owned = self._owned[name]

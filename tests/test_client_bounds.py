@@ -33,7 +33,7 @@ START_TIMEOUT_S = 60.0
 UNREAD_REPLY_BYTES = 32 * 1024 * 1024
 # What a connection's socket buffers take off the relay's hands (its send buffer grows to
 # net.ipv4.tcp_wmem's 4 MiB at most; the reader's receive buffer is 4 KiB), and slack.
-KERNEL_TAKES_BYTES = 8 * 1024 * 1024
+KERNEL_TAKES_BYTES = 5 * 1024 * 1024
 QUEUED_REQUESTS = 2_000
 # Answers below the 64 KiB the relay once counted from: a reader of them was never bound.
 SMALL_ANSWER_VALUE_BYTES = 60_000
@@ -136,9 +136,9 @@ def test_unread_answers_are_bounded_per_client_name_and_every_answer_counts(mesh
         producer.send(BIG, os.urandom(SMALL_ANSWER_VALUE_BYTES))
     refused = counter(mesh, "read_refused_slow_consumer")
     read, entries = counter(mesh, "read_requests"), counter(mesh, "read_entries")
-    connections = 4
-    # Per connection, 27 MB of answers asked for: together well beyond the bound, and
-    # fewer requests than would be cut off for flooding (max_queued_requests_per_client).
+    connections = 8
+    # Per connection, 13.5 MB of answers asked for, under the bound: together well beyond
+    # it, and fewer requests than would be cut off for flooding.
     asks = (QUEUED_REQUESTS - 200) // connections
     readers = [Connection(mesh, "app", RCVHWM=1, RCVBUF=4096) for _ in range(connections)]
     try:
