@@ -92,6 +92,7 @@ from relay.topology import pattern_refusal
 log = logging.getLogger("relay.node")
 
 MAX_PARKED_READS = 10_000  # long-polls held at once; more are answered at once
+STREAMS_FOUND_MAX = 256  # StreamsReq answers kept, per (client, pattern)
 # Clients whose opened streams are counted (the least recently seen are forgotten beyond
 # it: without CurveZMQ a client is a connection, and connections come and go).
 MAX_COUNTED_CLIENTS = 100_000
@@ -155,6 +156,11 @@ class ClientService:
         self.core = core
         self._access = access
         self._unread = unread
+        # StreamsReq answers, per (client, pattern): (the sorted names they were found
+        # among, the streams found), while the core's sorted names are that same list.
+        self._streams_found: OrderedDict[tuple[str | None, str], tuple[list[str], list[str]]] = (
+            OrderedDict()
+        )
         # streams opened by first use, per client (name, or connection identity)
         self._opened: OrderedDict[bytes | str, int] = OrderedDict()
         self.limits = limits
@@ -279,6 +285,7 @@ class ClientService:
         """Clients' rights from a reloaded topology: every request from now on is checked
         against them (a request under way keeps the answer it had)."""
         self._access = access
+        self._streams_found.clear()
 
     def refuse(self, envelope: Envelope, request_id: int, error: FrameError) -> None:
         """Answer a frame that is not a valid request with an ErrorResp naming why."""
@@ -676,14 +683,26 @@ class ClientService:
         self, req: wire.StreamsReq, client: str | None
     ) -> wire.StreamsResp | wire.ErrorResp:
         """The streams this relay serves that match the pattern and `client` may consume
-        (the others are left out, not refused: a pattern names what it may read)."""
-        access = self._access
-        found = [
-            name
-            for name in self.core.stream_names()
-            if pattern_matches(req.pattern, name)
-            and (access is None or client is None or access.allows(client, Right.CONSUME, name))
-        ]
+        (the others are left out, not refused: a pattern names what it may read). Kept
+        per (client, pattern) while the relay tracks the same streams: matching thousands
+        of names against a pattern and the client's rights takes milliseconds, and a
+        consumer of a pattern asks again and again."""
+        names = self.core.stream_names_sorted()
+        asked = (client, req.pattern)
+        cached = self._streams_found.get(asked)
+        if cached is not None and cached[0] is names:  # the same list: no stream came or went
+            found = cached[1]
+        else:
+            access = self._access
+            found = [
+                name
+                for name in names
+                if pattern_matches(req.pattern, name)
+                and (access is None or client is None or access.allows(client, Right.CONSUME, name))
+            ]
+            self._streams_found[asked] = (names, found)
+            if len(self._streams_found) > STREAMS_FOUND_MAX:
+                self._streams_found.popitem(last=False)
         listed_bytes = sum(len(name.encode()) + 3 for name in found)  # msgpack str headers
         if len(found) > wire.MAX_STREAMS_LISTED or listed_bytes > self.limits.max_frame_bytes // 2:
             why = (
@@ -692,7 +711,7 @@ class ClientService:
                 f"({wire.MAX_STREAMS_LISTED}); give a narrower pattern"
             )
             return wire.ErrorResp(req.request_id, "TooManyStreams", why)
-        return wire.StreamsResp(req.request_id, tuple(sorted(found)))
+        return wire.StreamsResp(req.request_id, tuple(found))
 
     def _answer_meta(self, req: wire.MetaReq, client: str | None) -> wire.MetaResp | wire.ErrorResp:
         view = self.meta
