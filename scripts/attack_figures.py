@@ -961,12 +961,15 @@ def attack_readyz(run: Run) -> dict[str, Any]:
 
 
 class SlowLoris:
-    """Connections to an HTTP port that send one byte of a request every `every_s`."""
+    """Connections to an HTTP port that send one byte of a request every `every_s`, from
+    the local address `source` (another than the probes', as an attacker's host is not
+    the orchestrator's)."""
 
     REQUEST = b"GET /healthz HTTP/1.1\r\nHost: relay\r\nX-Slow: " + b"x" * 200
 
-    def __init__(self, host: str, port: int, count: int, every_s: float) -> None:
+    def __init__(self, host: str, port: int, count: int, every_s: float, source: str) -> None:
         self.address = (host, port)
+        self.source = (source, 0)
         self.every_s = every_s
         self.socks: list[tuple[socket.socket, int]] = []
         self.closed_by_server = 0
@@ -979,7 +982,8 @@ class SlowLoris:
 
     def _open(self) -> None:
         try:
-            self.socks.append((socket.create_connection(self.address, timeout=5.0), 0))
+            conn = socket.create_connection(self.address, timeout=5.0, source_address=self.source)
+            self.socks.append((conn, 0))
         except OSError:
             self.refused += 1
 
@@ -1036,7 +1040,7 @@ def attack_ops_port(run: Run) -> dict[str, Any]:
     assert spec.http_port is not None
     probes: list[tuple[str, float]] = []
     with run.window("slow loris"):
-        loris = SlowLoris(spec.host, spec.http_port, args.loris_conns, 5.0)
+        loris = SlowLoris(spec.host, spec.http_port, args.loris_conns, 5.0, args.loris_from)
         try:
             ends = time.monotonic() + args.loris_s
             while time.monotonic() < ends:
@@ -1702,7 +1706,7 @@ def _filled(texts: Sequence[str], columns: Sequence[tuple[str, int]]) -> str:
 
 
 # Per attack: (flag, type, default: the issue's figure where it gives one, help)
-ATTACK_OPTIONS: dict[str, list[tuple[str, type, float, str | None]]] = {
+ATTACK_OPTIONS: dict[str, list[tuple[str, type, float | str, str | None]]] = {
     "float-op": [
         ("--float-batches", int, 25, None),
         ("--float-items", int, 4000, "items per batch (25 x 4,000: max_pending_produces)"),
@@ -1724,6 +1728,7 @@ ATTACK_OPTIONS: dict[str, list[tuple[str, type, float, str | None]]] = {
     "ops-port": [
         ("--loris-conns", int, 32, "connections sending a byte every 5 s"),
         ("--loris-s", float, 20.0, "how long they stay"),
+        ("--loris-from", str, "127.0.0.2", "the local address they come from"),
         ("--metrics-threads", int, 8, "threads of the /metrics flood (--seconds long)"),
         ("--ops-streams", int, 3006, "streams opened before the /metrics flood"),
     ],
