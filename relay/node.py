@@ -1834,14 +1834,9 @@ class RelayNode:
         `again` sent on while held after that), drop what they queued, and name the
         client in the log. With CurveZMQ the client's name is held for FLOOD_HOLD_MS."""
         named = self._identity is not None
-        closed = self._closed_connections
         addresses = sorted(shut_connection(fd) for fd in {fd for _, fd in queued if fd >= 0})
-        for parts, _ in queued:
-            identity = parts[1] if named else parts[0]
-            closed[identity] = None
-            closed.move_to_end(identity)
-        while len(closed) > CLOSED_CONNECTIONS_MAX:
-            closed.popitem(last=False)
+        for identity in {parts[1] if named else parts[0] for parts, _ in queued}:
+            self._mark_closed(identity)
         self.counters["client_requests_dropped_flooding"] += len(queued)
         who = f"client {client.decode(errors='replace')!r}" if named else "a client connection"
         at = ", ".join(addresses) or "an address libzmq does not give"
@@ -1916,11 +1911,18 @@ class RelayNode:
         except zmq.ZMQError as e:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
             log.debug("relay=%d reply dropped: %s", self.id, e)
             if e.errno == zmq.EHOSTUNREACH:  # what it still has queued goes nowhere
-                self._closed_connections[envelope[0]] = None
-                if len(self._closed_connections) > CLOSED_CONNECTIONS_MAX:
-                    self._closed_connections.popitem(last=False)
+                self._mark_closed(envelope[0])
             return False
         return True
+
+    def _mark_closed(self, identity: bytes) -> None:
+        """Connection `identity` is gone: its requests still queued are dropped unserved
+        (at most CLOSED_CONNECTIONS_MAX remembered, the oldest forgotten first)."""
+        closed = self._closed_connections
+        closed[identity] = None
+        closed.move_to_end(identity)
+        if len(closed) > CLOSED_CONNECTIONS_MAX:
+            closed.popitem(last=False)
 
     def _unread_bytes(self, client: bytes) -> int:
         return self._unread.of(client)
