@@ -1989,6 +1989,13 @@ class RelayNode:
         )
         self.clients.wake(stream)
 
+    def _on_closed(self, stream: str) -> None:
+        """The core closed a blank idle stream (docs/protocol.md 5.11): forget it here."""
+        self.clients.closed(stream)
+        self._views.pop(stream, None)
+        self._delivered.discard(stream)
+        self._topics.pop(stream, None)
+
     def _on_delivery(self, delivery: Delivery) -> None:
         if delivery.entries:
             if len(self._delivered) < self.limits.max_streams:
@@ -2273,6 +2280,9 @@ class _Outlet:
     def deliver(self, delivery: Delivery) -> None:
         self.node._send_held(self.socks)
         self.node._on_delivery(delivery)
+
+    def closed(self, stream: str) -> None:
+        self.node._on_closed(stream)
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -25,8 +25,10 @@ links, so the simulated clients talk to the same code as real ones.
     consume), for a consumer of a pattern.
   A request that would open a stream (a new name of a pattern this relay serves) counts
   against its client's `max_new_streams_per_client` (per client name with CurveZMQ, else per
-  connection); beyond it, and beyond the relay's `max_streams`, a produce is rejected
-  `too_many_streams` and a read gets an ErrorResp "TooManyStreams".
+  connection) while the stream stays open (`closed`: the core closes a stream nobody
+  writes once no read reached it for `limits.idle_stream_close_ms`); beyond it, and
+  beyond the relay's `max_streams`, a produce is rejected `too_many_streams` and a read
+  gets an ErrorResp "TooManyStreams".
   With an access policy (CurveZMQ on: relay/access.py, docs/security.md) each request is
   first checked against the rights of the client named with it: a produce needs `produce`
   on its stream and a producer id of the client's own (else it is rejected,
@@ -96,6 +98,9 @@ STREAMS_FOUND_MAX = 256  # StreamsReq answers kept, per (client, pattern)
 # Clients whose opened streams are counted (the least recently seen are forgotten beyond
 # it: without CurveZMQ a client is a connection, and connections come and go).
 MAX_COUNTED_CLIENTS = 100_000
+# Who opened each stream is kept for this many times max_streams names (streams left
+# for another relay's configuration are never closed here, so their names may pile up).
+OPENERS_KEPT_PER_MAX_STREAMS = 2
 # A produce the core has not answered this long after its deadline is answered `unknown`
 # here (the core answers every produce within produce_timeout_ms; this only guards that).
 PRODUCE_BACKSTOP_GRACE_MS = 1_000
@@ -161,8 +166,10 @@ class ClientService:
         self._streams_found: OrderedDict[tuple[str | None, str], tuple[list[str], list[str]]] = (
             OrderedDict()
         )
-        # streams opened by first use, per client (name, or connection identity)
+        # streams opened by first use and still open, per client (name, or connection
+        # identity), and who opened each (the core closes a blank idle one: `closed`)
         self._opened: OrderedDict[bytes | str, int] = OrderedDict()
+        self._opener: OrderedDict[str, bytes | str] = OrderedDict()
         self.limits = limits
         # The relays serving a stream: whether this relay opens it for a request, or leaves
         # it to the core to redirect and forward. The node gives the core's answer (its
@@ -341,8 +348,9 @@ class ClientService:
         limits = self.limits
         if opened >= limits.max_new_streams_per_client:
             why = (
-                f"this client opened {opened} streams on relay {self._relay_id} already "
-                f"(limits.max_new_streams_per_client); {stream!r} is not opened"
+                f"this client holds {opened} streams it opened on relay {self._relay_id} "
+                f"(limits.max_new_streams_per_client; one nobody writes closes once no "
+                f"read reached it for limits.idle_stream_close_ms); {stream!r} is not opened"
             )
         elif not core.can_open(stream):
             why = (
@@ -354,6 +362,9 @@ class ClientService:
             self._opened.move_to_end(client)
             if len(self._opened) > MAX_COUNTED_CLIENTS:
                 self._opened.popitem(last=False)
+            self._opener[stream] = client
+            if len(self._opener) > OPENERS_KEPT_PER_MAX_STREAMS * limits.max_streams:
+                self._opener.popitem(last=False)  # (its client's count stays: it errs high)
             return ""
         self.counters["refused_too_many_streams"] += 1
         self._warn("refused_too_many_streams", "relay=%d refused: %s", self._relay_id, why)
@@ -774,6 +785,19 @@ class ClientService:
                 self._answer_read(read.envelope, read.request, result)
         if not parked:
             del self._parked[stream]
+
+    def closed(self, stream: str) -> None:
+        """The core closed `stream` (blank and idle, docs/protocol.md 5.11): it no
+        longer counts against the client that opened it. Its parked reads stay: a read
+        at the end of its wait opens it again, and so does a first produce anywhere,
+        whose deliveries answer them."""
+        client = self._opener.pop(stream, None)
+        if client is None or client not in self._opened:
+            return
+        if self._opened[client] > 1:
+            self._opened[client] -= 1
+        else:
+            del self._opened[client]
 
     def expire(self, mono_ms: int) -> None:
         """Answer produces the core left unanswered too long, and reads whose wait is over."""

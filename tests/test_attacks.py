@@ -37,6 +37,7 @@ pytestmark = pytest.mark.timeout(300)
 STREAM = "orders.eu"
 START_TIMEOUT_S = 60.0
 NEW_STREAMS_PER_CLIENT = 20
+IDLE_STREAM_CLOSE_MS = 3_000  # streams nobody writes close after this (5.11)
 UNREAD_REPLY_BYTES = 8 * 1024 * 1024
 BIG_VALUE_BYTES = 64 * 1024
 # What a relay may grow by while a client leaves answers unread: the bound, an answer in
@@ -57,6 +58,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     limits = {
         "max_new_streams_per_client": NEW_STREAMS_PER_CLIENT,
         "max_unread_reply_bytes": UNREAD_REPLY_BYTES,
+        "idle_stream_close_ms": IDLE_STREAM_CLOSE_MS,
     }
     path = write_loopback_topology(
         directory, {r: ["orders.*"] for r in range(3)}, [STREAM], limits, http=True
@@ -191,6 +193,22 @@ def test_new_streams_are_bounded_per_client(mesh: Mesh) -> None:
         assert isinstance(produced, wire.ProduceResp), produced
         assert produced.outcome is Outcome.REJECTED, produced
         assert produced.reason.startswith("too_many_streams"), produced
+        # Nobody writes them: once no read reached them for idle_stream_close_ms, they
+        # close on every relay, and the same client may open as many again.
+        wait_until(
+            lambda: all(
+                not any(n.startswith("orders.flood-") for n in status(mesh, r)["streams"])
+                for r in HONEST
+            ),
+            timeout_s=120,
+            what="the flood's streams closed on every relay",
+        )
+        assert all(core_counter(mesh, r, "streams_closed_idle") >= 20 for r in HONEST)
+        again = [f"orders.flood-again-{i}" for i in range(NEW_STREAMS_PER_CLIENT)]
+        for i, name in enumerate(again):
+            flood.sock.send(wire.encode(wire.ReadReq(1000 + i, name, -1, 1, 0)))
+        reopened = [flood.answer() for _ in again]
+        assert not [a for a in reopened if isinstance(a, wire.ErrorResp)], reopened
     finally:
         flood.close()
     assert node_counter(mesh, 1, "refused_too_many_streams") - refused == 6

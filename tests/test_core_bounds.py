@@ -125,6 +125,76 @@ def test_a_stream_opened_by_reads_gets_its_view_with_the_first_produce() -> None
     assert retry is not None and retry.outcome is Outcome.COMMITTED, retry
 
 
+IDLE_CLOSE_MS = 1_000  # a short idle time, so the scenarios stay short
+READ_EVERY_MS = 200  # a reader polling well within it
+CLOSING = Limits(idle_stream_close_ms=IDLE_CLOSE_MS, unread_stream_close_ms=IDLE_CLOSE_MS // 4)
+
+
+def tracking(mesh: Mesh, stream: str) -> list[int]:
+    return [r for r in RELAYS if mesh.running(r).has_stream(stream)]
+
+
+def test_a_blank_stream_closes_when_idle_and_stays_closed() -> None:
+    """Opened by one read through relay 2, on every member (its join); closed everywhere
+    once no read reached it for idle_stream_close_ms (at the members it did not reach,
+    unread_stream_close_ms after their join); the heartbeats that follow do not open it
+    again. Reads through relay 0 keep it open there (and only there)."""
+    mesh = mesh_with(CLOSING)
+    mesh.running(2).read("orders.idle", -1, 10)
+
+    def keep_reading(ms: int) -> None:
+        for _ in range(ms // READ_EVERY_MS):
+            mesh.running(0).read("orders.kept", -1, 10)
+            run(mesh, READ_EVERY_MS)
+
+    keep_reading(READ_EVERY_MS)  # a join round
+    assert tracking(mesh, "orders.idle") == list(RELAYS)
+    assert tracking(mesh, "orders.kept") == list(RELAYS)
+    keep_reading(CLOSING.unread_stream_close_ms + 2 * READ_EVERY_MS)
+    assert tracking(mesh, "orders.idle") == [2]
+    assert tracking(mesh, "orders.kept") == [0]
+    keep_reading(3 * IDLE_CLOSE_MS)
+    assert tracking(mesh, "orders.idle") == []
+    assert tracking(mesh, "orders.kept") == [0]
+    closed = [(0, "orders.idle"), (1, "orders.idle"), (1, "orders.kept")]
+    assert sorted(mesh.closed) == [*closed, (2, "orders.idle"), (2, "orders.kept")]
+    keep_reading(3 * IDLE_CLOSE_MS)  # relay 0's heartbeats give its status of orders.kept
+    assert tracking(mesh, "orders.kept") == [0]
+    assert counter(mesh, "streams_closed_idle") == 5
+    # The stream in use is untouched: it commits through every relay.
+    for r in RELAYS:
+        assert commits_within(mesh, r, 20 + r, COMMIT_BOUND_MS)
+
+
+def test_a_closed_stream_opens_again_and_commits_with_its_first_produce() -> None:
+    """Closed on relays 1 and 2 (read only through 0), the stream is first written through
+    relay 1: every member opens it again, its first view is decided, and a retry commits
+    and is delivered on every member. The link counters went on where they stopped."""
+    mesh = mesh_with(CLOSING)
+    for _ in range(5):
+        mesh.running(0).read("orders.late", -1, 10)
+        run(mesh, IDLE_CLOSE_MS // 2)
+    assert tracking(mesh, "orders.late") == [0]
+    produce(mesh, 1, 1, "orders.late")
+    first = answer(mesh, 1)
+    assert first is not None and first.outcome is Outcome.FENCED
+    run(mesh, SETTLE_MS)
+    assert tracking(mesh, "orders.late") == list(RELAYS)
+    assert all(mesh.running(r).streams["orders.late"].view.number > 0 for r in RELAYS)
+    assert mesh.running(1).streams["orders.late"].link_seq_out > 1  # went on, not from 0
+    produce(mesh, 1, 2, "orders.late")
+    run(mesh, COMMIT_BOUND_MS)
+    retry = answer(mesh, 2)
+    assert retry is not None and retry.outcome is Outcome.COMMITTED, retry
+    run(mesh, SETTLE_MS)
+    for r in RELAYS:
+        got = mesh.running(r).read("orders.late", -1, 10)
+        assert [tx.producer_seq for _, tx in got.entries] == [2], r
+    # Written now: in use, it never closes.
+    run(mesh, 3 * IDLE_CLOSE_MS)
+    assert tracking(mesh, "orders.late") == list(RELAYS)
+
+
 def test_new_streams_written_at_once_get_their_views_without_duels() -> None:
     """The first view of a stream admits nobody, so every member asks for it at once: the
     lowest live member proposes, the others wait (view.VIEW_DEFER_MS) instead of duelling:

@@ -53,6 +53,12 @@ class Limits:
     max_streams: int = 10_000
     # 5.11: stream statuses each heartbeat repeats in turn besides the ones it must give
     heartbeat_repeated_statuses: int = 64
+    # 5.11 closing: a stream nobody wrote (it holds nothing) is closed once no read reached
+    # it here for idle_stream_close_ms (longer than a polling consumer's read waits, so
+    # one that keeps reading keeps it open), or unread_stream_close_ms after it opened if
+    # none ever did (a member's join opened it: longer than that join takes)
+    idle_stream_close_ms: int = 30_000
+    unread_stream_close_ms: int = 5_000
     # Shell bounds on what one client may cost a relay (relay/service.py, relay/node.py),
     # per client name with CurveZMQ (all its connections together), else per connection:
     # streams it opens by first use of a pattern's name, bytes of answers it leaves unread

@@ -29,6 +29,7 @@ their usual timeout from then on.
 from __future__ import annotations
 
 from relay.core import join, links, membership, spooling, view
+from relay.core.closing import blank_status, closed_statuses
 from relay.core.commit import acks, heard_commit, on_acks, unsettled
 from relay.core.fencing import NOT_ADMITTED
 from relay.core.links import clock_outlier
@@ -174,7 +175,14 @@ def _statuses(core: RelayState, now_ms: int) -> tuple[StreamStatus, ...]:
         if turn or status.inherited or status != st.status_told or _commits_pending(st):
             st.status_told = status
             told.append(status)
+    if core.closed_told:
+        told.extend(closed_statuses(core))
+        told.sort(key=_stream_of)
     return tuple(told)
+
+
+def _stream_of(status: StreamStatus) -> str:
+    return status.stream
 
 
 def _commits_pending(st: StreamState) -> bool:
@@ -244,6 +252,8 @@ def on_heartbeat(core: RelayState, msg: Heartbeat, peer: PeerState, now_ms: int)
             membership.readmit(core, status.stream, status.config, status.members)
             if not core.serves(status.stream) or not core.can_open(status.stream):
                 continue
+            if status.stream in core.closed_link_seq and blank_status(status):
+                continue  # (5.11 closing: a blank stream there opens nothing that closed)
             st = core.stream(status.stream)
         # (compared once: hearing a configuration never wakes the stream)
         unchanged = st.dormant and peer.statuses.get(status.stream) == status

@@ -33,6 +33,7 @@ from typing import Any, cast
 from mypy_extensions import mypyc_attr
 
 from relay.core import (
+    closing,
     codec,
     commit,
     coordinate,
@@ -108,6 +109,7 @@ class RelayCore(RelayState):
         for stream in named + declared:
             if stream not in self.streams and stream not in self.foreign and self.can_open(stream):
                 self.stream(stream).written = True
+                self.unread_since.pop(stream, None)  # (in use: it never closes)
 
     def remember_acceptors(self, records: Mapping[str, bytes]) -> list[str]:
         """The shell keeps acceptor memory (Ready.acceptors) and gives back what it kept
@@ -366,6 +368,7 @@ class RelayCore(RelayState):
         if self.forwards:
             coordinate.retry_unanswered_forwards(self, now_ms)
         coordinate.expire_forwards(self, now_ms)
+        closing.close_idle(self, now_ms)
         self.tick_interval_ms = heartbeat.interval_ms(self)
 
     def next_deadline_ms(self) -> int:
@@ -421,8 +424,10 @@ class RelayCore(RelayState):
             return ReadResult(
                 ReadStatus.NOT_READY, redirect=tuple(m for m in members if m != self.id)
             )
-        # A read changes nothing: it opens a stream but does not wake one (5.11).
+        # A read changes nothing: it opens a stream but does not wake one, and keeps a
+        # blank one from closing (5.11).
         st = self.streams.get(stream) or self.stream(stream)
+        closing.note_read(self, stream)
         redirect = fencing.redirect_for(self, st)
         if st.join is not None and st.join.amnesiac:
             return ReadResult(ReadStatus.NOT_READY, redirect=redirect)
@@ -708,6 +713,9 @@ class RelayCore(RelayState):
     # === dispatch ========================================================================
 
     def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        if closing.reply_for_closed(self, msg):
+            self.counters["reply_for_closed_stream"] += 1
+            return  # (5.11 closing: asked before the stream closed; it is not reopened)
         if not isinstance(msg, Heartbeat):
             self.note_busy(now_ms)
         if isinstance(msg, TxBatch):

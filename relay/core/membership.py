@@ -229,7 +229,7 @@ def readmit(core: RelayState, stream: str, version: int, members: tuple[int, ...
     # change that needs it waits (the members, frozen by the change, commit nothing).
     core.recorded[stream] = (version, members)
     st = core.stream(stream)
-    st.link_seq_out = core.left_link_seq.pop(stream, 0)
+    st.link_seq_out = max(st.link_seq_out, core.left_link_seq.pop(stream, 0))
     remembers = core.acceptor_memory is not None and stream not in core.acceptor_forgotten
     if core.incarnation <= FIRST_INCARNATION or remembers:
         st.join = JoinState(amnesiac=False, first_round_done=True)

@@ -82,6 +82,8 @@ class Sink(Protocol):
 
     def deliver(self, delivery: Delivery) -> None: ...
 
+    def closed(self, stream: str) -> None: ...
+
 
 class HasReady(Protocol):
     def ready(self) -> Ready: ...
@@ -100,4 +102,6 @@ def drain(core: HasReady, sink: Sink) -> Ready:
         sink.rebase(stream, point)
     for delivery in ready.deliveries:
         sink.deliver(delivery)
+    for stream in ready.closed:
+        sink.closed(stream)
     return ready

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_left, bisect_right
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -664,6 +664,18 @@ class RelayState:
         self.recorded_committed: set[str] = set()  # of those, the ones that committed
         self.foreign: dict[str, Configuration] = {}
         self.left_link_seq: dict[str, int] = {}  # of those: our last link counter there
+        # 5.11 closing (relay/core/closing.py), of the streams not known to be in use,
+        # oldest first: stream -> when a read last reached it here, and stream -> when it
+        # opened for those no read reached here; the link counters of the streams
+        # closed, by name for the last max_streams, else the highest of those forgotten
+        # (a stream opening starts above it)
+        self.read_since: OrderedDict[str, int] = OrderedDict()
+        self.unread_since: OrderedDict[str, int] = OrderedDict()
+        self.closed_link_seq: OrderedDict[str, int] = OrderedDict()
+        self.closed_link_floor = 0
+        # streams closed lately -> their status as closed (not joined), and how many more
+        # heartbeats tell it (closing.closed_statuses)
+        self.closed_told: OrderedDict[str, tuple[StreamStatus, int]] = OrderedDict()
         # 5.15 changes: stream -> the decided view that took this relay off it (kept in its
         # acceptor record too), told to a relay the view kept that asks for a view of the
         # old relays (`view.tell_left`): when every other old relay left as well (a
@@ -781,6 +793,10 @@ class RelayState:
             if self.acceptor_memory is not None and stream in self.acceptor_memory:
                 st.acceptor = self.acceptor_memory[stream]
             st.config_recorded = recorded is not None
+            # (5.11 closing: its idle time runs from now; a stream closed before goes
+            # on counting its messages where it stopped)
+            self.unread_since[stream] = self.now_ms
+            st.link_seq_out = self.closed_link_seq.pop(stream, self.closed_link_floor)
             if stream in self.recorded_committed:
                 self.recorded_committed.discard(stream)
                 st.committed_before = True
@@ -818,12 +834,14 @@ class RelayState:
         st.touched = True
 
     def invalidate_names(self) -> None:
-        """A stream was closed (membership.leave): the sorted names are made again."""
+        """A stream was closed (membership.leave, closing.close): the sorted names are
+        made again."""
         self._names = []
 
     def stream_names_sorted(self) -> list[str]:
-        """The streams this relay tracks, by name (opened, and closed only when their
-        configuration leaves this relay out: `invalidate_names`)."""
+        """The streams this relay tracks, by name (opened, and closed when their
+        configuration leaves this relay out or they stayed blank and idle:
+        `invalidate_names`)."""
         if len(self._names) != len(self.streams):
             self._names = sorted(self.streams)
         return self._names

@@ -106,7 +106,10 @@ class Ready(msgspec.Struct):
        starts after `point` (it took a base: it joined, or its gap was older than every
        member's buffer). Entries between the last one delivered before and `point` are not
        held here: readers positioned in that range must read them elsewhere (the store);
-    4. `deliveries`: hand the entries to the stream's consumers (wake parked reads).
+    4. `deliveries`: hand the entries to the stream's consumers (wake parked reads);
+    5. `closed`: streams closed because they stayed blank and idle (5.11 closing): the
+       shell forgets what it keeps of them (reads parked on one stay: a read or a first
+       produce opens it again).
     """
 
     acceptors: list[tuple[str, bytes]] = msgspec.field(default_factory=list)
@@ -114,3 +117,4 @@ class Ready(msgspec.Struct):
     replies: list[ProduceReply] = msgspec.field(default_factory=list)
     deliveries: list[Delivery] = msgspec.field(default_factory=list)
     rebases: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    closed: list[str] = msgspec.field(default_factory=list)

@@ -96,12 +96,17 @@ class Producer:
         history: History,
         relays: Relays,
         interval_ms: tuple[int, int] = (15, 60),
+        late_streams: tuple[str, ...] = (),
+        late_from_ms: int = 0,
     ) -> None:
+        """`late_streams`: written only from `late_from_ms` on (read from the start)."""
         self.index = index
         self.pid = b"prod-%d" % index
         self.client_id = b"producer-%d" % index
         self.rng = rng
         self.streams = streams
+        self.early_streams = tuple(s for s in streams if s not in late_streams)
+        self.late_from_ms = late_from_ms
         self.history = history
         self.interval_ms = interval_ms
         self.next_issue = rng.randint(0, interval_ms[1])
@@ -139,7 +144,7 @@ class Producer:
     def _issue(self, port: ClientPort) -> None:
         rng = self.rng
         pseq = self.engine.next_seq
-        stream = rng.choice(self.streams)
+        stream = rng.choice(self.streams if port.now >= self.late_from_ms else self.early_streams)
         key = None if rng.random() < 0.3 else b"k%d" % rng.randint(0, 7)
         value = b"%s:%d:" % (self.pid, pseq) + rng.randbytes(rng.randint(0, 24))
         tx = Transaction(self.pid, pseq, key, value)

@@ -263,6 +263,9 @@ class _MeshSink:
     def rebase(self, stream: str, point: int) -> None:
         pass  # not modelled: `check` would report the gap in the delivered log
 
+    def closed(self, stream: str) -> None:
+        self.mesh.closed.append((self.rid, stream))
+
     def deliver(self, delivery: Delivery) -> None:
         mesh = self.mesh
         node = mesh.nodes[self.rid]
@@ -291,6 +294,7 @@ class Mesh:
         self.logs: dict[tuple[int, int], dict[str, list[Entry]]] = {}
         self.requests: dict[int, Request] = {}
         self.replies: list[tuple[int, ProduceReply]] = []  # (answering relay, reply)
+        self.closed: list[tuple[int, str]] = []  # (relay, stream) closed blank and idle
         self.all_replies: list[ProduceReply] = []
         self.activity = False  # a non-background frame entered a link this ms
         for r in self.ids:

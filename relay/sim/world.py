@@ -96,7 +96,17 @@ LULL_CHANCE = 0.5
 LULL_MS = (1_200, 2_000)  # longer than quiet_after_ms with the default limits
 SINGLE_LULL_BEFORE_MS = 1_800
 SINGLE_LULL_AFTER_MS = 200
-STREAMS = ("all", "a.one", "a.two", "b.one", "c.one")
+# `a.late` is read from the start and written only from LATE_FROM_MS on: until then it is
+# blank, and its members that no read reaches close it (5.11 closing). Early enough that
+# its first view is decided before a single-fault run's lull and fault (its warm-up
+# writes for 800 ms, relay/sim/runner.py): a stream first written while a member is down
+# waits for it (5.15).
+LATE_STREAM = "a.late"
+LATE_FROM_MS = 400
+STREAMS = ("all", "a.one", "a.two", "b.one", "c.one", LATE_STREAM)
+# 5.11 closing: far shorter than the defaults, so that blank streams close within a run
+SIM_IDLE_STREAM_CLOSE_MS = 300
+SIM_UNREAD_STREAM_CLOSE_MS = 150
 # spool_full faults: how long a spool stays full, and the room it is left beyond what its
 # relay owes for its votes
 SPOOL_FULL_MS = (100, 1_500)
@@ -198,6 +208,12 @@ class _WorldSink:
         assert node.service is not None
         node.service.wake(stream)
 
+    def closed(self, stream: str) -> None:
+        world, node = self.world, self.node
+        world.events.append(f"{world.now} closed {node.rid}/{node.incarnation} {stream}")
+        assert node.service is not None
+        node.service.closed(stream)
+
     def deliver(self, delivery: Delivery) -> None:
         world, node = self.world, self.node
         assert node.service is not None
@@ -281,7 +297,10 @@ class World:
         # (Node.config), which may disagree about a stream's relays (5.15)
         self.topology = build_topology(topo_rng, relay_count)
         self.ids = self.topology.relay_ids
-        self.limits = limits or Limits()
+        self.limits = limits or Limits(
+            idle_stream_close_ms=SIM_IDLE_STREAM_CLOSE_MS,
+            unread_stream_close_ms=SIM_UNREAD_STREAM_CLOSE_MS,
+        )
         self.members = {s: self.topology.members(s) for s in STREAMS}
         self.history.members = dict(self.members)
         self.network = Network(
@@ -328,6 +347,8 @@ class World:
                 self.history,
                 relays,
                 produce_interval_ms,
+                late_streams=(LATE_STREAM,),
+                late_from_ms=LATE_FROM_MS,
             )
             for i in range(producers)
         ]

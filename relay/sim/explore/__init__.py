@@ -23,7 +23,8 @@ The entry point (`relay explore` passes its options):
         progress: Callable[[str], None] | None = None,
         core_class: type[RelayCore] = RelayCore,  # a subclass plants bugs (tests)
         shrink: bool = True,           # shorten a violation's trace (greedy, <= 30 s)
-        topologies: str = "same",      # "same" | "stale" | "change": the files the relays read
+        topologies: str = "same",      # "same" | "stale" | "change" | "closed": the files
+                                       # the relays read, and what the prefix does
     ) -> ExploreResult   # .summary() prints the statistics; .ok
 
 What is explored. Each relay reads its own topology file (model.SETUPS):
@@ -62,6 +63,14 @@ What is explored. Each relay reads its own topology file (model.SETUPS):
            in the order of actions, so depth first reads the files early and explores
            around the change; walks read them at random times. The change takes two or
            three ticks once every relay read its file: the default max_ticks will do.
+  "closed" all three read {0: ("s*",), 1: ("s*",), 2: ("s*",)}: "s" is a pattern's stream.
+           The prefix reads it through relay 0 at every step, which opens it there and,
+           through relay 0's join, at relays 1 and 2; with `unread_stream_close_ms` at 40
+           ms these close it again (5.11 closing: blank, joined, no read ever reached
+           them), and the prefix ends once they did. The exploration then covers its first
+           produces opening it again at relays 1 and 2, their joins next to relay 0's
+           blank stream, the first view and the commits. Transactions are spread as in
+           "stale"; commits need more ticks (about 24) than there.
 
 Frames are routed as the node's topics route them (relay/sim/script.py,
 `Mesh.subscribers`): a stream's frame goes to every other relay whose own topology or

@@ -168,6 +168,11 @@ class _Observer:
     def rebase(self, stream: str, point: int) -> None:
         self.rebases += 1
 
+    def closed(self, stream: str) -> None:
+        # (only a stream that holds and promised nothing closes: closing.close asserts it)
+        if self.ctx.setup.reader is None:
+            self.problems.append(f"relay {self.rid} closed stream {stream!r}")
+
     def deliver(self, dl: Delivery) -> None:
         rid = self.rid
         if dl.stream != STREAM:
@@ -390,6 +395,10 @@ class _Prefix:
     def deliver(self, delivery: Delivery) -> None:
         raise RuntimeError("the start state's prefix produced a delivery")
 
+    def closed(self, stream: str) -> None:
+        if self.ctx.setup.reader is None:
+            raise RuntimeError(f"the start state's prefix closed stream {stream!r}")
+
 
 def _settled(ctx: Context, cores: list[RelayCore]) -> bool:
     """Whether the start state's prefix is done: with one topology at start ("same",
@@ -397,6 +406,12 @@ def _settled(ctx: Context, cores: list[RelayCore]) -> bool:
     topologies that disagree ("stale"), every stream any relay opened at start is joined and
     unfenced, and none has opened the stream (a pattern's: its first use, the join and its
     first view are explored)."""
+    reader = ctx.setup.reader
+    if reader is not None:
+        return all(
+            c.joined(STREAM) if r == reader else c.counters["streams_closed_idle"] > 0
+            for r, c in enumerate(cores)
+        ) and all((STREAM in c.streams) == (r == reader) for r, c in enumerate(cores))
     if not ctx.setup.opened_by_use:
         return all(c.joined(STREAM) and not c.fenced(STREAM) for c in cores) and all(
             c.committed_point(STREAM) == GENESIS_POINT for c in cores
@@ -412,7 +427,10 @@ def initial(ctx: Context, n_tx: int, tick_ms: int) -> World:
     cores = [ctx.core_class(ctx.configs[r], 1, now) for r in RELAYS]
     queue: deque[tuple[int, bytes]] = deque()
     sinks = [_Prefix(ctx, r, queue, cores) for r in RELAYS]
+    reader = ctx.setup.reader
     for _ in range(PREFIX_MAX_STEPS):
+        if reader is not None:
+            cores[reader].read(STREAM, -1, 10)  # (keeps it open there, 5.11)
         for r in RELAYS:
             cores[r].tick(now)
             drain(cores[r], sinks[r])

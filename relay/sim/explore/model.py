@@ -4,6 +4,7 @@ frame goes (`Context.receivers`); and its fingerprint."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import pickle
@@ -29,6 +30,7 @@ TOPOLOGY_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {r: (STREAM,) for r in RELA
 OTHER_STREAM = "t"
 STALE_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {0: ("s*",), 1: ("s*",), 2: (OTHER_STREAM,)}
 FULL_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {0: ("s*",), 1: ("s*",), 2: ("s*", OTHER_STREAM)}
+PATTERN_SUBSCRIPTIONS: dict[int, tuple[str, ...]] = {r: ("s*",) for r in RELAYS}
 LINKS: tuple[tuple[int, int], ...] = tuple((a, b) for a in RELAYS for b in RELAYS if a != b)
 LINK_INDEX = {link: i for i, link in enumerate(LINKS)}
 START_UNIX_MS = 1_750_000_000_000
@@ -56,6 +58,11 @@ class Setup(NamedTuple):
     # transaction k > 0 waits until every relay ticked k * (max_ticks // transactions)
     # times (Bounds.produce_gap_ticks), so that some come after the configuration changed
     spread_produces: bool = False
+    # the relay whose reader reads the stream throughout the prefix (None: no reader):
+    # it opens the stream everywhere (its join), and the others close it again (5.11)
+    reader: int | None = None
+    # limits of the setup itself, over the explorer's (Limits field -> value)
+    limits: tuple[tuple[str, int], ...] = ()
 
 
 SETUPS: dict[str, Setup] = {
@@ -76,6 +83,19 @@ SETUPS: dict[str, Setup] = {
         ((1, RELAYS), (2, (0, 1))),
         reloads=(CHANGED_SUBSCRIPTIONS,) * len(RELAYS),
         spread_produces=True,
+    ),
+    # One shared file serving "s" as a pattern's stream. The prefix reads it through
+    # relay 0 until relays 1 and 2, which only relay 0's join opened it at, closed it
+    # (5.11 closing): the exploration covers its first produces opening it again at the
+    # relays that closed it, their joins and its first view, with relay 0 holding it
+    # blank and joined throughout.
+    "closed": Setup(
+        (PATTERN_SUBSCRIPTIONS,) * len(RELAYS),
+        ((1, RELAYS),),
+        opened_by_use=True,
+        spread_produces=True,
+        reader=0,
+        limits=(("unread_stream_close_ms", 40), ("idle_stream_close_ms", 600_000)),
     ),
 }
 TOPOLOGIES = tuple(SETUPS)
@@ -248,6 +268,7 @@ class Context:
         if topologies not in SETUPS:
             raise ValueError(f"unknown topologies {topologies!r}: one of {TOPOLOGIES}")
         setup = SETUPS[topologies]
+        limits = dataclasses.replace(limits, **dict(setup.limits))
         self.core_class = core_class
         self.mode = topologies
         self.setup = setup
