@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.write is None and args.compare is None:
         ap.error("give --write FILE, --compare FILE, or both")
+    # Read the record before running: --write and --compare may name the same file.
+    want = args.compare.read_text().splitlines() if args.compare else []
     started = time.monotonic()
     lines = sim_lines(args.seeds, args.jobs) + explore_lines()
     elapsed = time.monotonic() - started
@@ -74,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorded {len(lines)} lines to {args.write} in {elapsed:.0f} s")
     if args.compare is None:
         return 0
-    want = args.compare.read_text().splitlines()
     if len(want) != len(lines):
         print(f"different run shapes: {len(want)} recorded lines, {len(lines)} now")
     differ = [(w, g) for w, g in zip(want, lines, strict=False) if w != g]
