@@ -434,13 +434,15 @@ def _log_options(function: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option(
     "--topologies",
-    type=click.Choice(("same", "stale", "change", "closed")),
+    type=click.Choice(("same", "stale", "change", "refile", "closed")),
     default="same",
     show_default=True,
     help="stale: relay 2's topology file adds it to stream s, which relays 0 and 1 serve "
     "alone (5.15; give it --max-ticks 12). change: s is established on relays 0-2, then "
     "each relay reads, as an explored action, a file that takes relay 2 off it: the change "
-    "to relays 0-1 (5.15 changes). closed: s, a pattern's stream, is read through relay 0 "
+    "to relays 0-1 (5.15 changes). refile: relays 0 and 1 serve s alone, then each relay "
+    "reads, as an explored action, a file in which all three do (5.15 establishment; give "
+    "it --max-ticks 12). closed: s, a pattern's stream, is read through relay 0 "
     "and closed at relays 1 and 2 (5.11 closing) before its first produces (give it "
     "--max-ticks 12).",
 )

@@ -180,19 +180,22 @@ def test_a_recorded_configuration_outlives_the_topology() -> None:
     assert "u" in core.streams and core.streams["u"].config_version == 0
 
 
-def test_an_accepted_establishing_value_binds_its_relays_across_a_restart() -> None:
-    """5.15: a relay that accepted the value of a stream's first view (which establishes
-    its relays) accepts no value of other relays in that instance, whatever its topology
-    says after a restart: the value may have been decided with its acceptance."""
+def test_an_accepted_establishing_value_is_kept_but_binds_no_relays_across_a_restart() -> None:
+    """5.15 establishment: a relay that accepted the value of a stream's first view keeps
+    it across a restart (its promises carry it to every later proposal, which carries it
+    on while it may have been decided), and its provisional configuration is the
+    topology's again: the accepted value binds it to no relays."""
     grown = Topology({0: ("s",), 1: ("s",), 2: ("s",), 3: ("s",)})
     value = ViewValue(1, 5, 0, (Interval(0, 1, 5),), (), 1, (0, 1, 2))
     core = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
     core.remember_acceptors({"s": record(1, 1025, 1025, value, config=(0, (0, 1, 2)))})
-    assert core.streams["s"].configuration == (0, (0, 1, 2))
-    # A provisional record without an accepted value binds nothing: the topology's again.
-    other = RelayCore(CoreConfig(0, grown, Limits()), FIRST_INCARNATION + 1, T0)
-    other.remember_acceptors({"s": record(1, 1025, config=(0, (0, 1, 2)))})
-    assert other.streams["s"].configuration == (0, (0, 1, 2, 3))
+    st = core.streams["s"]
+    assert st.configuration == (0, (0, 1, 2, 3))
+    assert (st.acceptor.promised, st.acceptor.accepted_ballot, st.acceptor.accepted) == (
+        1025,
+        1025,
+        value,
+    )
 
 
 def test_a_stream_left_by_a_change_stays_left_across_a_restart() -> None:

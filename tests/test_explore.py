@@ -115,6 +115,25 @@ def test_stale_topologies_find_no_violation() -> None:
     assert walks.coverage.get("producer told committed", 0) > 0
 
 
+REFILE_MAX_TICKS = 20  # (each relay reads its new file once it ticked 8 times)
+
+
+def test_files_that_move_while_first_views_are_accepted_find_no_violation() -> None:
+    # Relays 0 and 1 serve s alone, then every relay reads a file in which all three do:
+    # first views of relays 0-1, accepted or decided, meet proposals of relays 0-2, which
+    # their acceptors follow (5.15 establishment).
+    walks = run_explore(
+        max_states=8_000, strategy="walk", seed=8, topologies="refile", max_ticks=REFILE_MAX_TICKS
+    )
+    assert walks.ok, "\n".join(str(v) for v in walks.violations)
+    assert walks.distinct_states >= 8_000
+    assert walks.coverage.get("every relay read its new file", 0) > 0
+    assert walks.coverage.get("relay 2 holds 's' established", 0) > 0
+    assert walks.counters.get("config_followed", 0) > 0
+    # (the walks end before a producer hears its answer: commits are delivered)
+    assert walks.coverage.get("some tx committed and delivered", 0) > 0
+
+
 # --- a stream closed at the relays no read reached (5.11 closing) -------------------------
 
 
@@ -129,7 +148,7 @@ def test_a_closed_stream_opened_again_by_its_produces_finds_no_violation() -> No
     # Walks of more ticks: the joins at the relays that closed it come before the first
     # view, so commits need more of them than with "stale".
     walks = run_explore(
-        max_states=8_000, strategy="walk", seed=2, topologies="closed", max_ticks=CLOSED_MAX_TICKS
+        max_states=8_000, strategy="walk", seed=4, topologies="closed", max_ticks=CLOSED_MAX_TICKS
     )
     _assert_sound(walks, 8_000)
     assert walks.coverage.get("relay 2 does not hold 's'", 0) > 0

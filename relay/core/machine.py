@@ -126,20 +126,17 @@ class RelayCore(RelayState):
             except FrameError:
                 broken.append(stream)
                 continue
-            value = record.accepted
             memory[stream] = Acceptor(
                 record.number,
                 record.promised,
                 accepted_ballot=record.accepted_ballot,
-                accepted=value,
+                accepted=record.accepted,
             )
             version, members = record.config, record.members
             if version == PROVISIONAL:
-                # 5.15: only a value we accepted that would establish its relays binds us
-                # (until the instance is decided we accept no value of other relays); a
-                # provisional configuration is otherwise the topology's
-                bound = value is not None and value.config > PROVISIONAL
-                members = value.members if value is not None and bound else ()
+                # 5.15: a provisional configuration is the topology's; a first view we
+                # accepted binds us to no relays (it goes with our promises)
+                members = ()
             if members and self.id in members:  # (none in a record of an earlier release)
                 self.recorded[stream] = (version, members)
             elif members and version > PROVISIONAL:
@@ -661,6 +658,11 @@ class RelayCore(RelayState):
                 # (5.15 changes): a relay it adds, or one behind, learns it from any of
                 # the old or the new relays (its decider may be one it removed).
                 members = tuple(sorted({*members, *msg.value.members}))
+            elif isinstance(msg, ViewRequest) and self._first_view_of_us(stream, msg):
+                # A first view of relays that include us, which our file does not name
+                # for the stream (5.15 establishment): its proposer carries one that may
+                # have been decided, and only its relays' promises can tell.
+                members = tuple(sorted({*members, *msg.members}))
             if self.id not in members:
                 raise NotAMember(f"relay {self.id} does not serve stream {stream!r}")
             # Replies are matched to our own requests, and anyone may ask where a stream
@@ -709,6 +711,20 @@ class RelayCore(RelayState):
         known = known or self.recorded.get(stream)
         version = known[0] if known is not None else PROVISIONAL
         return self.id in value.members and value.config > max(version, PROVISIONAL)
+
+    def _first_view_of_us(self, stream: str, msg: ViewRequest) -> bool:
+        """Whether `msg` proposes a first view of `stream` under a provisional
+        configuration that includes us and its sender, for a stream of which we know no
+        established configuration."""
+        st = self.streams.get(stream)
+        return (
+            msg.view == 1
+            and msg.config == PROVISIONAL
+            and self.id in msg.members
+            and msg.sender in msg.members
+            and (st.config_version == PROVISIONAL if st is not None else stream not in self.foreign)
+            and stream not in self.recorded
+        )
 
     # === dispatch ========================================================================
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 
 from relay.core.links import is_live
+from relay.core.messages import ViewPhase
 from relay.core.quorum import VoteTally, quorum
 from relay.core.state import (
     FIRST_INCARNATION,
@@ -162,11 +163,12 @@ def leave(core: RelayState, st: StreamState) -> None:
 
 def reprovision(core: RelayState, st: StreamState) -> None:
     """The topology changed under a stream not established yet: its provisional
-    configuration is the topology's, so it follows, unless we accepted a first view of
-    the old relays (then we accept no other in that instance, 5.15), or the new file
-    leaves us out (we learn the configuration its relays establish, and leave then).
-    What the old relays answered to our join counts for nothing: we ask the new ones."""
-    if st.config_version != PROVISIONAL or st.acceptor.accepted is not None:
+    configuration is the topology's, so it follows, unless the new file leaves us out (we
+    learn the configuration its relays establish, and leave then). A first view we
+    accepted of the old relays binds nothing: it goes with our promises, and a proposal
+    carries it while it may have been decided (5.15 establishment). What the old relays
+    answered to our join counts for nothing: we ask the new ones."""
+    if st.config_version != PROVISIONAL:
         return
     if st.desired == st.members or core.id not in st.desired:
         return
@@ -174,25 +176,43 @@ def reprovision(core: RelayState, st: StreamState) -> None:
     _provision(core, st, st.desired)
 
 
-def follow(core: RelayState, st: StreamState, version: int, members: tuple[int, ...]) -> None:
-    """A first view of other relays that include us is proposed to us: its proposer's
-    file names them, ours names others (it changed since, `reprovision`, or theirs did),
-    and the proposer may have accepted that first view already, bound to it for good.
-    While we accepted no first view ourselves, we take its relays as our provisional
-    configuration, so that the stream is established rather than held for ever by
-    relays bound to a value that can never be decided without us; the change to what our
-    file names follows through the mesh. Safe: we still accept at most one value in that
-    instance, and only of our configuration's relays (5.15)."""
+def follow(
+    core: RelayState,
+    st: StreamState,
+    version: int,
+    members: tuple[int, ...],
+    ballot: int,
+    phase: ViewPhase,
+) -> None:
+    """A first view of other relays that include us is proposed to us, with a ballot we
+    may answer: its proposer's file names them, ours names others (it changed since,
+    `reprovision`, or theirs did). We take its relays as our provisional configuration,
+    so that the stream is established rather than held by relays whose files differ;
+    the change to what our file names follows through the mesh. Safe, whatever we
+    accepted before (section 6): our promise carries it, and a first view needs the
+    promise of every relay of its proposer's configuration (5.15 establishment)."""
+    acc = st.acceptor
     if (
         version != PROVISIONAL
         or st.config_version != PROVISIONAL
-        or st.acceptor.accepted is not None
         or core.id not in members
         or members == st.members
+        or not (ballot > acc.promised if phase is ViewPhase.PREPARE else ballot >= acc.promised)
     ):
         return
     core.counters["config_followed"] += 1
     _provision(core, st, members)
+
+
+def carry(core: RelayState, st: StreamState, members: tuple[int, ...]) -> None:
+    """Our proposal of a first view carries one accepted before of other relays, which
+    include us (5.15 establishment): they are our provisional configuration from now on,
+    and the proposal asks every one of them to accept it."""
+    assert st.config_version == PROVISIONAL and core.id in members
+    core.counters["config_carried"] += 1
+    proposal = st.proposal
+    _provision(core, st, members)
+    st.proposal = proposal
 
 
 def _provision(core: RelayState, st: StreamState, members: tuple[int, ...]) -> None:
@@ -249,9 +269,10 @@ def blocking(st: StreamState) -> tuple[int, ...]:
 
 def to_decide(st: StreamState) -> int:
     """How many acceptances decide the stream's next view: every one of its relays while
-    its configuration is provisional (that view establishes it: an acceptor that accepted
-    it accepts no value of other relays, so two establishments of relay sets that share a
-    relay cannot both be decided), else a quorum."""
+    its configuration is provisional (that view establishes it: with every relay of a
+    value accepting, and every one promising before it is made, two establishments of
+    relay sets that share a relay cannot both be decided, 5.15 and section 6), else a
+    quorum."""
     return len(st.members) if st.config_version == PROVISIONAL else st.q
 
 

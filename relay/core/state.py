@@ -550,6 +550,9 @@ class StreamState:
         self.history_lost_below = -1
         # 5.15 changes: when a change of the relays last waited for them to hold the history
         self.change_deferred_ms = NEVER
+        # 5.15 establishment: when a first view we proposed had to carry one that leaves
+        # us out (its relays finish the instance; we propose none for a while)
+        self.first_elsewhere_ms = NEVER
 
     @property
     def configuration(self) -> Configuration:

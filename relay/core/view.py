@@ -89,6 +89,10 @@ CHANGE_RETRY_MS = VIEW_ROUND_MS
 # the first quorum of promises: the members that promised stay frozen meanwhile.
 CHANGE_PROMISE_WAIT_MS = VIEW_ROUND_MS // 4
 BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per proposer
+# A proposer whose first view had to carry one of other relays that leave it out waits
+# this long before proposing again: past the takeover of those relays, which its
+# promises froze (their wait, VIEW_TAKEOVER_MS, runs from the last promise).
+FIRST_ELSEWHERE_WAIT_MS = 2 * VIEW_TAKEOVER_MS
 
 
 # --- what the view says -----------------------------------------------------------------------
@@ -136,7 +140,7 @@ def forgot_acceptor(core: RelayState, stream: str) -> bool:
 
 def on_request(core: RelayState, st: StreamState, msg: ViewRequest, now_ms: int) -> None:
     if st.view.number == 0 and msg.view == 1 and not forgot_acceptor(core, st.stream):
-        membership.follow(core, st, msg.config, msg.members)
+        membership.follow(core, st, msg.config, msg.members, msg.ballot, msg.phase)
     heard = membership.hear(core, st, msg.sender, msg.config, msg.members)
     if heard is membership.Heard.LEFT:
         return
@@ -189,8 +193,11 @@ def answer(
         and reaches(core, target, core.id, now_ms)
         # A promise tells what we reported and committed; still joining after a restart
         # we do not know what our earlier incarnation reported (and a quorum may have
-        # committed with it), so the value must not be made from our word.
-        and (st.join is None or not promise)
+        # committed with it), so the value must not be made from our word. Under a
+        # provisional configuration there is no such word (nothing is reported before
+        # the first view, 5.15), and a joining relay must be able to promise then: a
+        # first view can only be decided with every one of its relays.
+        and (st.join is None or not promise or st.config_version == PROVISIONAL)
         # A member the view admits does not promise its own cut: whoever proposes it hears
         # us (else we would not get its PREPARE), so it judged on stale word of whom we
         # hear. The cut never needs our promise: the members staying are a quorum. (A change
@@ -462,6 +469,12 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
         return  # another proposal is under way
     if not stalled and now_ms - st.view_wanted_ms < defer_ms(core, st, place, now_ms):
         return
+    if now_ms - st.first_elsewhere_ms < FIRST_ELSEWHERE_WAIT_MS + lag:
+        # Our last proposal found a first view that may have been decided and leaves us
+        # out (5.15 establishment): its relays, frozen by our promise, take over once the
+        # instance stops moving; proposing again would keep it moving, and them frozen.
+        core.counters["view_left_to_others"] += 1
+        return
     if stalled:
         core.counters["view_takeover"] += 1
     elif not _could_decide(core, st, excluding, now_ms, moving_to):
@@ -607,10 +620,14 @@ def _holders_suffice(st: StreamState, prop: Proposal) -> bool:
 def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> None:
     if (
         prop.phase is ViewPhase.PREPARE
-        and len(prop.promises) >= st.q
+        and _prepared(st, prop)
         and _holders_or_done(st, prop, now_ms)
     ):
-        prop.value = _value(core, st, prop)
+        made = _value(core, st, prop)
+        if st.config_version == PROVISIONAL and made.members != st.members:
+            _carry_first(core, st, prop, made, now_ms)
+            return
+        prop.value = made
         prop.phase = ViewPhase.ACCEPT
         prop.resends = 0
         mine = answer(
@@ -630,12 +647,45 @@ def _advance(core: RelayState, st: StreamState, prop: Proposal, now_ms: int) -> 
         adopt(core, st, value, now_ms)
 
 
+def _prepared(st: StreamState, prop: Proposal) -> bool:
+    """Whether the proposal may make its value: with promises from a quorum, or, while the
+    stream's configuration is provisional, from every one of its relays (5.15
+    establishment): a first view is decided by every relay of its value, each of which
+    must have promised its ballot, so that what any of them accepted before is known."""
+    if st.config_version != PROVISIONAL:
+        return len(prop.promises) >= st.q
+    return all(m in prop.promises for m in st.members)
+
+
+def _carry_first(
+    core: RelayState, st: StreamState, prop: Proposal, value: ViewValue, now_ms: int
+) -> None:
+    """The first view the proposal must carry (`_earlier_first`) is of other relays than
+    our provisional ones (5.15 establishment). If they include us, they are our
+    configuration from now on, and those that have not promised our ballot yet are asked
+    to: the value is made again once all of them did (their promises may tell of a later
+    one). If they leave us out, the instance is theirs to finish."""
+    if core.id not in value.members:
+        core.counters["view_first_elsewhere"] += 1
+        st.proposal = None
+        st.first_elsewhere_ms = now_ms
+        return
+    membership.carry(core, st, value.members)
+    _send_requests(core, st, prop, now_ms)
+    _advance(core, st, prop, now_ms)
+
+
 def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
     """The value to accept: one accepted before in this instance, else a new one. Either
-    carries our configuration (5.15), established (version 1) by the first view."""
+    carries our configuration (5.15), established (version 1) by the first view; a first
+    view accepted before may carry other relays (`_earlier_first`)."""
     config = max(st.config_version, 1)
     earlier = [p for p in prop.promises.values() if p.accepted is not None]
-    if earlier:
+    if earlier and st.config_version == PROVISIONAL:
+        first = _earlier_first(st, prop)
+        if first is not None:
+            return first
+    elif earlier:
         best = max(earlier, key=lambda p: p.accepted_ballot)
         assert best.accepted is not None
         if best.accepted.config == 0:
@@ -667,6 +717,8 @@ def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
         elif i.cut < 0 or i.cut > lo:
             intervals.append(i)  # still open, or its transactions not all committed yet
     for member, incarnation, floor in prop.including:
+        if member not in members:
+            continue  # (asked for under relays a first view it carries left behind, 5.15)
         if open_interval(ViewValue(0, 0, 0, tuple(intervals)), member) is None:
             # Above all it coordinated before: those were cut, or never counted.
             intervals.append(Interval(member, incarnation, max(start, floor)))
@@ -678,6 +730,29 @@ def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
                 union.setdefault(seq, (seq, tx))
     entries = tuple(union[seq] for seq in sorted(union))
     return ViewValue(prop.number, start, lo, tuple(intervals), entries, config, members)
+
+
+def _earlier_first(st: StreamState, prop: Proposal) -> ViewValue | None:
+    """The first view, accepted before in this instance, that the proposal must carry:
+    the one accepted with the highest ballot among those that may have been decided
+    (every one of its relays among our promisers holds it: a relay that accepted a
+    decided first view holds it from then on, section 6); None if none may have been,
+    and the proposal makes its own."""
+    earlier = sorted(
+        (p for p in prop.promises.values() if p.accepted is not None),
+        key=lambda p: p.accepted_ballot,
+        reverse=True,
+    )
+    for promise in earlier:
+        value = promise.accepted
+        assert value is not None
+        if value.config == PROVISIONAL:
+            # Accepted before views carried their configuration (an earlier release's
+            # acceptor record): of the relays the promisers share.
+            return msgspec.structs.replace(value, config=1, members=st.members)
+        if all(p.accepted == value for m, p in prop.promises.items() if m in value.members):
+            return value
+    return None
 
 
 # --- learning -------------------------------------------------------------------------------

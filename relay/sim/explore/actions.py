@@ -37,7 +37,11 @@ def enabled(w: World, n_tx: int, a: Bounds) -> list[Action]:
     if k < n_tx and min(w.ticks) >= k * a.produce_gap_ticks:
         acts += [("produce", k, r) for r in RELAYS]
     if a.reloads:
-        acts += [("reload", r) for r in RELAYS if not w.reloaded[r]]
+        acts += [
+            ("reload", r)
+            for r in RELAYS
+            if not w.reloaded[r] and w.ticks[r] >= a.reload_after_ticks
+        ]
     live = [i for i, q in enumerate(w.links) if q]
     acts += [("deliver", i) for i in live]
     low = min(w.ticks)

@@ -291,7 +291,7 @@ def _check_answers(
             if outcome == Outcome.COMMITTED.value:
                 committed_seqs.setdefault(key, []).append(seq)
                 for r in have:
-                    if infos[r].committed_point >= seq >= infos[r].base_point:
+                    if infos[r].committed_point >= seq > infos[r].base_point:
                         got = dict(w.delivered[r]).get(seq)
                         if got is None or invariants.key_of(got) != key:
                             p.append(

@@ -63,6 +63,9 @@ class Setup(NamedTuple):
     reader: int | None = None
     # limits of the setup itself, over the explorer's (Limits field -> value)
     limits: tuple[tuple[str, int], ...] = ()
+    # a relay reads its new file only once it ticked this many times: first views are
+    # proposed and accepted before (at any time, depth first would read every file first)
+    reload_after_ticks: int = 0
 
 
 SETUPS: dict[str, Setup] = {
@@ -83,6 +86,18 @@ SETUPS: dict[str, Setup] = {
         ((1, RELAYS), (2, (0, 1))),
         reloads=(CHANGED_SUBSCRIPTIONS,) * len(RELAYS),
         spread_produces=True,
+    ),
+    # Relays 0 and 1 serve "s" alone at start (relay 2 only "t"); each relay then reads,
+    # as an explored action, the file in which all three serve it: first views of relays
+    # 0-1 accepted, or decided, before the files moved meet proposals of relays 0-2
+    # (5.15 establishment). Either may be established, then changed to relays 0-2.
+    "refile": Setup(
+        (STALE_SUBSCRIPTIONS,) * len(RELAYS),
+        ((1, (0, 1)), (1, RELAYS), (2, RELAYS)),
+        reloads=(FULL_SUBSCRIPTIONS,) * len(RELAYS),
+        opened_by_use=True,
+        spread_produces=True,
+        reload_after_ticks=8,
     ),
     # One shared file serving "s" as a pattern's stream. The prefix reads it through
     # relay 0 until relays 1 and 2, which only relay 0's join opened it at, closed it
@@ -136,6 +151,7 @@ class Bounds:
     # times (0: at any time)
     produce_gap_ticks: int = 0
     reloads: bool = False  # each relay may read its new file once ("reload r")
+    reload_after_ticks: int = 0  # ... once it ticked this many times (Setup's)
 
 
 class CoreInfo(NamedTuple):

@@ -219,6 +219,7 @@ def run_explore(
         clock_step_ms,
         produce_gap_ticks,
         reloads=setup.reloads is not None,
+        reload_after_ticks=setup.reload_after_ticks,
     )
     ctx = Context(limits or EXPLORE_LIMITS, core_class, topologies)
     result = ExploreResult(
