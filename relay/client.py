@@ -18,16 +18,22 @@ relay's `client_endpoint` is used, the members of a stream are tried first, redi
 mapped to endpoints, and the topology's limits bound frames.
 
 Producing (docs/protocol.md G3): every transaction carries the producer's id and the next
-producer sequence number. On `unknown`, `fenced`, a timeout, a lost connection (also one
+producer sequence number. On `unknown`, `fenced`, `rejected` as `late` (that copy was left
+out) or as `store_backlog_full` (back-pressure: fewer than a quorum of the stream's relays
+can spool more, docs/protocol.md 5.14), a timeout, a lost connection (also one
 whose relay stopped answering ZMTP heartbeats for CLIENT_HEARTBEAT_TIMEOUT_MS, e.g. a
 stopped process) or a relay that is not connected, the SAME producer sequence is retried
 on another relay (the relays
-a `fenced` answer lists first), up to `max_attempts` attempts within `send_timeout_s`;
-retries never create a duplicate. A `rejected` answer is final (`Rejected`, or
-`UnknownStream` when no relay serves the stream), except that once an earlier attempt of
-the same producer sequence ended without a definite answer, the final error is `Unknown`:
-that earlier copy may still commit. Running out of attempts raises `Unknown` (some attempt
-may have reached a relay) or `Fenced` (every answer was `fenced`). With `window` > 1,
+a `fenced` answer lists first; once every relay was tried, after a pause of 50 ms
+doubling up to 1 s, relay.engines BACKOFF_*), up to `max_attempts` attempts within
+`send_timeout_s`; retries never create a duplicate. Any other `rejected` answer is final
+(`Rejected`, or `UnknownStream` when no relay serves the stream), except that once an
+earlier attempt of the same producer sequence ended without a definite answer, the final
+error is `Unknown`: that earlier copy may still commit. Running out of attempts raises
+`Unknown` (some attempt may have reached a relay), `Fenced` (the last answer was
+`fenced`), `StoreBacklogFull` (the last answer was `store_backlog_full`: retriable, the
+room comes back as the store ingests) or `Rejected` (the last answer was `late`).
+With `window` > 1,
 messages sent together are in flight at once, so their commit order may differ from the
 order they were given in. Attempts bound for the same relay at the same moment travel
 together in ProduceBatchReq frames of at most wire.PIPELINE_BATCH_ITEMS (and within the

@@ -249,6 +249,7 @@ class Op(IdentityStruct, eq=False):
     saw_unknown: bool = False  # an attempt may have reached a relay without an answer
     last_fenced: tuple[int, ...] | None = None  # the last answer's redirect if fenced
     last_late: bool = False  # the last answer was `rejected (late)`
+    last_backlog: bool = False  # the last answer was `rejected (store_backlog_full)`
     candidates: deque[str] = msgspec.field(default_factory=deque)
     # Tuples, not a set and a list: they are rarely more than one item long, and fewer
     # containers per transaction leave the garbage collector less to walk.
@@ -477,14 +478,25 @@ class ProduceEngine:
             self.stats["stale_answers"] += 1
             if outcome is Outcome.UNKNOWN:
                 op.saw_unknown = True
-        elif outcome is Outcome.REJECTED and reason.split(" ", 1)[0] == RejectReason.LATE.value:
-            # That copy will never be delivered (a committed prefix, or a view change,
-            # left it out): another attempt with the same producer seq is safe, and is
-            # what a producer wants, as after `fenced`.
-            self.stats["rejected_late"] += 1
-            self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, late=True)
         elif outcome is Outcome.REJECTED:
-            self._finish(op, error=self._rejected(op, endpoint, reason))
+            word = reason.split(" ", 1)[0]
+            if word == RejectReason.LATE.value:
+                # That copy will never be delivered (a committed prefix, or a view change,
+                # left it out): another attempt with the same producer seq is safe, and is
+                # what a producer wants, as after `fenced`.
+                self.stats["rejected_late"] += 1
+                self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, late=True)
+            elif word == RejectReason.STORE_BACKLOG_FULL.value:
+                # Back-pressure (docs/protocol.md 5.14): that relay took nothing, and room
+                # comes back as the store ingests the spools; another relay may already
+                # know of it (a relay learns its peers' room from their heartbeats).
+                # Retried as after `fenced`: the next relay, a pause once every relay said
+                # so, until the deadline (then StoreBacklogFull, still retriable).
+                self.stats["rejected_backlog"] += 1
+                note = f"{endpoint}: rejected (store_backlog_full)"
+                self._failed(op, now, note, unknown=False, backlog=True)
+            else:
+                self._finish(op, error=self._rejected(op, endpoint, reason))
         elif outcome is Outcome.FENCED:
             self.stats["fenced"] += 1
             note = f"{endpoint}: fenced"
@@ -636,6 +648,7 @@ class ProduceEngine:
         redirect: tuple[int, ...] = (),
         fenced: bool = False,
         late: bool = False,
+        backlog: bool = False,
     ) -> None:
         """The current attempt failed: go on with the next relay (redirects first)."""
         self._forget_batch(op)
@@ -647,6 +660,7 @@ class ProduceEngine:
         op.saw_unknown = op.saw_unknown or unknown
         op.last_fenced = redirect if fenced else None
         op.last_late = late
+        op.last_backlog = backlog
         if self._preferred.get(op.stream) == op.endpoint:
             del self._preferred[op.stream]
             self._orders.pop(op.stream, None)
@@ -691,8 +705,6 @@ class ProduceEngine:
             )
         if name == "unknown_stream":
             return UnknownStream(f"{self._what(op)}: {detail}")
-        if name == RejectReason.STORE_BACKLOG_FULL.value:
-            return StoreBacklogFull(f"{self._what(op)}: {detail}", reason=name)
         if name == wire.NOT_AUTHORIZED:
             # On the metadata stream, rights are per key (relay.access.Right.METADATA).
             right = "metadata" if op.stream == METADATA_STREAM else "produce"
@@ -717,6 +729,13 @@ class ProduceEngine:
                 f"{self._what(op)}: every copy was left out {why}: "
                 f"{_REJECT_TEXT['late']}; no copy will be delivered",
                 reason="late",
+            )
+        if op.last_backlog:
+            name = RejectReason.STORE_BACKLOG_FULL.value
+            return StoreBacklogFull(
+                f"{self._what(op)}: still refused {why}: rejected ({name}) by "
+                f"{op.endpoint}: {_REJECT_TEXT[name]}; this copy was not taken",
+                reason=name,
             )
         if op.last_fenced is not None:
             return Fenced(

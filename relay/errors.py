@@ -135,8 +135,10 @@ class Fenced(ClientError):
 
 class StoreBacklogFull(Rejected):
     """Fewer than a quorum of the stream's relays can spool more (docs/protocol.md 5.14):
-    the store has not taken their spools in time. This copy was not taken; retry later (the
-    room comes back as the store ingests), with the same producer seq or a new one."""
+    the store has not taken their spools in time. The producer retried the answer
+    `rejected (store_backlog_full)` until its `send_timeout_s` (or `max_attempts`) ran out,
+    and no copy was taken; retry later (the room comes back as the store ingests), with
+    the same producer seq or a new one."""
 
     retriable = True
 

@@ -36,7 +36,14 @@ from relay.client import (
 from relay.core import Limits
 from relay.core.messages import Outcome, ReadStatus
 from relay.engines import ProduceEngine, Relays
-from relay.errors import Fenced, OutOfRange, Rejected, Unknown, UnknownStream
+from relay.errors import (
+    Fenced,
+    OutOfRange,
+    Rejected,
+    StoreBacklogFull,
+    Unknown,
+    UnknownStream,
+)
 from relay.launcher import free_ports, write_loopback_topology
 from relay.node import RelayNode
 from relay.topology import MeshConfig, loads
@@ -323,6 +330,81 @@ def test_fenced_follows_redirect_and_gives_up_with_fenced() -> None:
                 p.send("s", b"v")
             assert info.value.redirect_to in ((3,), (1, 3))
             assert info.value.retriable
+
+
+def test_store_backlog_full_is_retried_until_the_deadline() -> None:
+    """`rejected (store_backlog_full)` is back-pressure (docs/protocol.md 5.14), not a
+    final answer: the producer tries the next relay, pauses once every relay said so and
+    tries again, until the deadline; only then does StoreBacklogFull (retriable) reach the
+    caller."""
+    backlog_full = produce_answer(Outcome.REJECTED, reason="store_backlog_full")
+    with (
+        FakeRelay(backlog_full) as full,
+        FakeRelay(produce_answer(Outcome.COMMITTED, seq=11)) as fine,
+    ):
+        with Producer([full.endpoint, fine.endpoint]) as p:
+            assert p.send("s", b"v") == 11
+            assert p.stats["rejected_backlog"] == 1 and p.stats["failed"] == 0
+        with (
+            Producer([full.endpoint], send_timeout_s=0.5) as p,
+            pytest.raises(StoreBacklogFull, match="still refused") as info,
+        ):
+            p.send("s", b"v")
+        assert info.value.retriable and info.value.reason == "store_backlog_full"
+        assert len(full.requests) >= 3  # 1 + 1 (the first send) + the retries of the second
+
+
+def _answer(frame: bytes, outcome: Outcome, seq: int = -1, reason: str = "") -> bytes:
+    req = wire.decode(frame, MAX_FRAME)
+    assert isinstance(req, wire.ProduceReq)
+    return wire.encode(wire.ProduceResp(req.request_id, outcome, seq, reason, ()))
+
+
+def test_unknown_then_store_backlog_full_is_retried_and_commits() -> None:
+    """Simulator seed 479: right after a heal, the first attempt is answered `unknown`, the
+    retry on the other relay `rejected (store_backlog_full)` (its picture of a peer's
+    spool was stale). The producer keeps the transaction and retries it (same producer
+    seq) after a pause, and it commits; it used to end `Unknown` there."""
+    a, b = "sim://0", "sim://1"
+    relays = Relays([a, b], {0: a, 1: b}, limits=Limits())
+    engine = ProduceEngine(
+        relays,
+        b"prod",
+        1,
+        window=1,
+        send_timeout_s=30.0,
+        request_timeout_s=5.0,
+        max_attempts=30,
+        connect_grace_s=0.0,
+        now=0.0,
+        first_request_id=1,
+    )
+    sent: list[tuple[str, bytes]] = []
+
+    def send(endpoint: str, frame: bytes) -> bool:
+        sent.append((endpoint, frame))
+        return True
+
+    op = engine.submit("a.one", None, b"v")
+    engine.step(0.0, send)
+    assert [e for e, _ in sent] == [a]
+    engine.on_frame(a, _answer(sent[-1][1], Outcome.UNKNOWN), 0.15)
+    engine.step(0.15, send)
+    assert [e for e, _ in sent] == [a, b]
+    engine.on_frame(b, _answer(sent[-1][1], Outcome.REJECTED, reason="store_backlog_full"), 0.16)
+    assert not op.done and engine.stats["rejected_backlog"] == 1
+    engine.step(0.16, send)
+    assert len(sent) == 2  # every relay was tried: a pause first
+    wakeup = engine.next_wakeup()
+    assert wakeup is not None and 0.16 < wakeup <= 0.16 + 1.0
+    engine.step(wakeup, send)
+    assert len(sent) == 3
+    engine.on_frame(sent[-1][0], _answer(sent[-1][1], Outcome.COMMITTED, seq=42), wakeup + 0.01)
+    assert op.done and op.error is None and op.result() == 42
+    reqs = [wire.decode(frame, MAX_FRAME) for _, frame in sent]
+    # every attempt carries the same producer seq
+    assert {r.producer_seq for r in reqs if isinstance(r, wire.ProduceReq)} == {1}
+    assert len(reqs) == 3
 
 
 class Holding:

@@ -336,6 +336,15 @@ def test_seeds_that_once_failed_forwarding(seed: int, kind: str) -> None:
     assert result.ok, _report([result])
 
 
+def test_seed_that_once_failed_on_store_backlog_full() -> None:
+    """Seed 479: a produce right after the heal was answered `unknown`, then `rejected
+    (store_backlog_full)` by a member that had not yet heard that its peer's spool had room
+    again (the peer's heartbeat sat behind a latency spike on their link); the producer
+    gave up on that back-pressure answer instead of retrying it within its deadline."""
+    result = run_seed(479, 4, "all")
+    assert result.ok, _report([result])
+
+
 def test_restart_onto_another_topology_keeps_recorded_streams() -> None:
     """A relay restarted onto a topology that no longer names it for a group of streams
     keeps serving them under the configuration its acceptor records keep (5.15): it
