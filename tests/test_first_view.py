@@ -11,6 +11,7 @@ from __future__ import annotations
 from relay.core import CoreConfig, Limits, RelayCore, Topology, codec, view
 from relay.core.messages import Interval, ViewPhase, ViewReply, ViewRequest, ViewValue
 from relay.core.state import FIRST_INCARNATION, PROVISIONAL, Proposal
+from relay.sim.script import Mesh
 
 T0 = 1_800_000_000_000
 STREAM = "s"
@@ -130,3 +131,40 @@ def test_a_carried_first_view_waits_for_the_promises_of_its_own_relays() -> None
     view._advance(core, st, prop, T0)
     assert phase(prop) is ViewPhase.ACCEPT and prop.value is not None
     assert prop.value != wider and prop.value.members == (0, 1, 3)
+
+
+def test_a_relay_whose_file_leaves_it_out_answers_a_first_view_that_includes_it() -> None:
+    # Relay 3's file does not name it for "s" (served by relays 0-2). A first view of
+    # relays 0, 1 and 3 proposed to it (its proposer carries one that may have been
+    # decided with relay 3) is answered: relay 3 opens the stream, follows those relays
+    # and promises. Then it learns the configuration relays 0-2 established, and leaves.
+    mesh = Mesh(Topology({0: (STREAM,), 1: (STREAM,), 2: (STREAM,), 3: ("t",)}), Limits())
+    for _ in range(600):
+        mesh.step_ms()
+    outsider = mesh.running(3)
+    assert STREAM not in outsider.streams and STREAM not in outsider.foreign
+    proposer = mesh.running(0)
+    ballot = (50 << view.BALLOT_ROUND_SHIFT) | 0
+    request = ViewRequest(
+        sender=0,
+        incarnation=proposer.incarnation,
+        floor=proposer.clock.floor,
+        target=3,
+        stream=STREAM,
+        phase=ViewPhase.PREPARE,
+        view=1,
+        ballot=ballot,
+        config=PROVISIONAL,
+        members=(0, 1, 3),
+    )
+    outsider.receive(codec.encode(request), mesh.clock(3), mesh.now)
+    st = outsider.streams[STREAM]
+    assert st.configuration == (PROVISIONAL, (0, 1, 3))
+    assert st.acceptor.promised == ballot  # (it promised: its answer is on its way)
+    assert outsider.counters["frame_not_member"] == 0
+    mesh.drain(3)
+    for _ in range(600):
+        mesh.step_ms()
+    assert STREAM not in outsider.streams
+    version, members = outsider.foreign[STREAM]
+    assert version >= 1 and members == MINE
