@@ -457,7 +457,9 @@ def tick(core: RelayState, st: StreamState, now_ms: int) -> None:
     # when the proposer we promised is gone; staggered by rank so that one goes first.
     place = rank(core, st, now_ms)
     wait_ms = place * VIEW_STAGGER_MS
-    if not _proposer_gone(core, acc, now_ms):
+    if _carries_elsewhere(st, acc):
+        wait_ms += VIEW_ROUND_MS + lag  # (its round is all it may take)
+    elif not _proposer_gone(core, acc, now_ms):
         wait_ms += VIEW_TAKEOVER_MS + lag  # (a live proposer may just be slow)
     stalled = acc.promised >= 0 and now_ms - acc.active_ms >= wait_ms
     if not excluding and not including and not moving_to and not stalled:
@@ -514,6 +516,20 @@ def _could_decide(
     # (the first view, which establishes the configuration, is decided by every member:
     # while one is not able to, a proposal would only stall in its accept phase, 5.15)
     return able >= membership.to_decide(st)
+
+
+def _carries_elsewhere(st: StreamState, acc: Acceptor) -> bool:
+    """We promised, in a stream's first view, a proposer that the first view we accepted
+    leaves out (5.15 establishment): should its proposal have to carry ours, it gives the
+    instance up to our relays (`_carry_first`), so we take over once its round is over,
+    not after the longer wait for a slow proposer."""
+    relay = acc.promised_to[0]
+    return (
+        st.config_version == PROVISIONAL
+        and acc.accepted is not None
+        and relay >= 0
+        and relay not in acc.accepted.members
+    )
 
 
 def _proposer_gone(core: RelayState, acc: Acceptor, now_ms: int) -> bool:
