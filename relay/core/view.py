@@ -91,7 +91,8 @@ CHANGE_PROMISE_WAIT_MS = VIEW_ROUND_MS // 4
 BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per proposer
 # A proposer whose first view had to carry one of other relays that leave it out waits
 # this long before proposing again: past the takeover of those relays, which its
-# promises froze (their wait, VIEW_TAKEOVER_MS, runs from the last promise).
+# promises froze (VIEW_ROUND_MS from the last promise, `_carries_elsewhere`, or
+# VIEW_TAKEOVER_MS for one that accepted nothing), with room for their rank stagger.
 FIRST_ELSEWHERE_WAIT_MS = 2 * VIEW_TAKEOVER_MS
 
 
