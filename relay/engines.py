@@ -248,8 +248,9 @@ class Op(IdentityStruct, eq=False):
     rounds: int = 0
     saw_unknown: bool = False  # an attempt may have reached a relay without an answer
     last_fenced: tuple[int, ...] | None = None  # the last answer's redirect if fenced
-    last_late: bool = False  # the last answer was `rejected (late)`
-    last_backlog: bool = False  # the last answer was `rejected (store_backlog_full)`
+    # the reason of the last answer if it was a rejection retried (`late`,
+    # `store_backlog_full`), else None
+    last_rejected: str | None = None
     candidates: deque[str] = msgspec.field(default_factory=deque)
     # Tuples, not a set and a list: they are rarely more than one item long, and fewer
     # containers per transaction leave the garbage collector less to walk.
@@ -485,7 +486,7 @@ class ProduceEngine:
                 # left it out): another attempt with the same producer seq is safe, and is
                 # what a producer wants, as after `fenced`.
                 self.stats["rejected_late"] += 1
-                self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, late=True)
+                self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, rejected=word)
             elif word == RejectReason.STORE_BACKLOG_FULL.value:
                 # Back-pressure (docs/protocol.md 5.14): that relay took nothing, and room
                 # comes back as the store ingests the spools; another relay may already
@@ -494,7 +495,7 @@ class ProduceEngine:
                 # so, until the deadline (then StoreBacklogFull, still retriable).
                 self.stats["rejected_backlog"] += 1
                 note = f"{endpoint}: rejected (store_backlog_full)"
-                self._failed(op, now, note, unknown=False, backlog=True)
+                self._failed(op, now, note, unknown=False, rejected=word)
             else:
                 self._finish(op, error=self._rejected(op, endpoint, reason))
         elif outcome is Outcome.FENCED:
@@ -647,8 +648,7 @@ class ProduceEngine:
         unknown: bool,
         redirect: tuple[int, ...] = (),
         fenced: bool = False,
-        late: bool = False,
-        backlog: bool = False,
+        rejected: str | None = None,
     ) -> None:
         """The current attempt failed: go on with the next relay (redirects first)."""
         self._forget_batch(op)
@@ -659,8 +659,7 @@ class ProduceEngine:
         op.notes.append(note)
         op.saw_unknown = op.saw_unknown or unknown
         op.last_fenced = redirect if fenced else None
-        op.last_late = late
-        op.last_backlog = backlog
+        op.last_rejected = rejected
         if self._preferred.get(op.stream) == op.endpoint:
             del self._preferred[op.stream]
             self._orders.pop(op.stream, None)
@@ -724,14 +723,14 @@ class ProduceEngine:
                 f"{self._what(op)}: no definite answer {why}; retrying with the same "
                 "producer id and producer seq is safe"
             )
-        if op.last_late:
+        if op.last_rejected == RejectReason.LATE.value:
             return Rejected(
                 f"{self._what(op)}: every copy was left out {why}: "
                 f"{_REJECT_TEXT['late']}; no copy will be delivered",
                 reason="late",
             )
-        if op.last_backlog:
-            name = RejectReason.STORE_BACKLOG_FULL.value
+        if op.last_rejected == RejectReason.STORE_BACKLOG_FULL.value:
+            name = op.last_rejected
             return StoreBacklogFull(
                 f"{self._what(op)}: still refused {why}: rejected ({name}) by "
                 f"{op.endpoint}: {_REJECT_TEXT[name]}; this copy was not taken",

@@ -345,6 +345,21 @@ def test_seed_that_once_failed_on_store_backlog_full() -> None:
     assert result.ok, _report([result])
 
 
+@pytest.mark.parametrize(
+    ("seed", "relays"),
+    [(1314, 7), (1348, 7), (1294, 4), (1036, 7), (1313, 7)],
+)
+def test_seeds_that_once_failed_first_views_across_changing_files(seed: int, relays: int) -> None:
+    """5.15 establishment: files changed while a stream's first view was being decided.
+    1314 and 1348: two groups of relays bound to two first views, each needing a relay of
+    the other, held the stream for ever. 1294: a first view that may have been decided
+    needed a relay whose file no longer named it. 1036: a proposer outside the relays of
+    the first view it had to carry kept them frozen. 1313: three such proposers in turn
+    kept its one holder frozen past the liveness bound."""
+    result = run_seed(seed, relays, "all")
+    assert result.ok, _report([result])
+
+
 def test_restart_onto_another_topology_keeps_recorded_streams() -> None:
     """A relay restarted onto a topology that no longer names it for a group of streams
     keeps serving them under the configuration its acceptor records keep (5.15): it

@@ -705,10 +705,8 @@ def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
     elif earlier:
         best = max(earlier, key=lambda p: p.accepted_ballot)
         assert best.accepted is not None
-        if best.accepted.config == 0:
-            # Accepted before views carried their configuration (an earlier release's
-            # acceptor record): it was decided among the same relays as ours.
-            return msgspec.structs.replace(best.accepted, config=config, members=st.members)
+        if best.accepted.config == PROVISIONAL:
+            return _of_an_earlier_release(st, best.accepted)
         return best.accepted
     start = max(p.reported for p in prop.promises.values())
     members = st.members
@@ -749,6 +747,13 @@ def _value(core: RelayState, st: StreamState, prop: Proposal) -> ViewValue:
     return ViewValue(prop.number, start, lo, tuple(intervals), entries, config, members)
 
 
+def _of_an_earlier_release(st: StreamState, value: ViewValue) -> ViewValue:
+    """A value accepted before views carried their configuration (an earlier release's
+    acceptor record): it was accepted among the same relays as ours, the only ones that
+    release knew."""
+    return msgspec.structs.replace(value, config=max(st.config_version, 1), members=st.members)
+
+
 def _earlier_first(st: StreamState, prop: Proposal) -> ViewValue | None:
     """The first view, accepted before in this instance, that the proposal must carry:
     the one accepted with the highest ballot among those that may have been decided
@@ -764,9 +769,7 @@ def _earlier_first(st: StreamState, prop: Proposal) -> ViewValue | None:
         value = promise.accepted
         assert value is not None
         if value.config == PROVISIONAL:
-            # Accepted before views carried their configuration (an earlier release's
-            # acceptor record): of the relays the promisers share.
-            return msgspec.structs.replace(value, config=1, members=st.members)
+            return _of_an_earlier_release(st, value)
         if all(p.accepted == value for m, p in prop.promises.items() if m in value.members):
             return value
     return None
