@@ -1006,6 +1006,7 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
         follow,
         follow_leaving,
         leaving_relays,
+        limit_changes,
         plan,
     )
     from relay.topology import load, read_text, text_digest
@@ -1035,6 +1036,8 @@ def reconfigure(config_path: str, apply_change: bool, wait_s: float, key_file: s
         click.echo(f"  {change.words()}")
     if not changes:
         click.echo("  no stream's relays change")
+    for line in limit_changes(new, replies):
+        click.echo(f"  {line}")
     if leaving:
         click.echo(
             f"  relays {list(leaving)} leave the mesh: each relay lets them go once no "

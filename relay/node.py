@@ -86,7 +86,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -100,6 +100,7 @@ from relay.core import (
     CommittedRecord,
     CoreConfig,
     Delivery,
+    Limits,
     Outgoing,
     ProduceReply,
     RelayCore,
@@ -433,7 +434,7 @@ class _UnreadReplies:
     for a fast reader."""
 
     def __init__(self, max_unread_bytes: int) -> None:
-        self._max_unread_bytes = max_unread_bytes
+        self.max_unread_bytes = max_unread_bytes
         self._clients: dict[bytes, _Probed] = {}  # by connection identity
         self._owner: dict[bytes, bytes] = {}  # connection identity -> client name
         self._owned: dict[bytes, set[bytes]] = {}  # client name -> its connections
@@ -461,7 +462,7 @@ class _UnreadReplies:
     def _spacing(self, client: bytes) -> int:
         name = self._owner.get(client)
         connections = 1 if name is None else len(self._owned[name])
-        share = self._max_unread_bytes // (PROBE_SHARE * connections)
+        share = self.max_unread_bytes // (PROBE_SHARE * connections)
         return max(PROBE_MIN_SPACING_BYTES, min(PROBE_SPACING_BYTES, share))
 
     def add(self, client: bytes, size: int, tracker: zmq.MessageTracker | None) -> None:
@@ -637,6 +638,9 @@ class RelayNode:
         # common (their frames are dropped unread), and when this relay last announced.
         self._peer_protocols: dict[int, peerprotocol.Announcement] = {}
         self._incompatible: set[int] = set()
+        # peer -> the line naming the mesh limits it holds at other values (when it
+        # announced them), so that each difference is logged once
+        self._limits_differ: dict[int, str] = {}
         self._announced_ms = -peerprotocol.ANNOUNCE_MS
         # Whether the node is the only task of its event loop (looked at every STATE_LOG_MS):
         # then it waits in zmq_poll, else through the loop.
@@ -744,6 +748,7 @@ class RelayNode:
                 "speaks": list(peerprotocol.SPEAKS),
             },
             "peer_protocols": self._peer_protocol_status(),
+            "limits": asdict(self.limits),  # (a reload may have changed them)
             # For the metrics and the status page (relay/metrics.py, relay/page.html).
             "version": __version__,
             "wall_ms": wall_ms(),
@@ -1218,6 +1223,7 @@ class RelayNode:
                 self._allowed[MESH_DOMAIN].pop(key, None)
             self._peer_protocols.pop(relay_id, None)
             self._incompatible.discard(relay_id)
+            self._limits_differ.pop(relay_id, None)
             self._links_down.discard(relay_id)
             log.warning(
                 "relay=%d let relay %d go: it left the mesh and no stream here counts it",
@@ -1386,6 +1392,8 @@ class RelayNode:
             except ConfigError as e:
                 return None, self._refuse_reload(str(e)), digest
         self.core.reload_topology(core_config)
+        if change.limits:
+            self._take_limits(new.limits)
         if clients is not None:
             # The handshakes from now on (the ZAP thread reads the entry), and the rights
             # of every request.
@@ -1412,6 +1420,14 @@ class RelayNode:
             extra={"relay": self.id, "reload": words, STATE_CHANGE: True},
         )
         return change, words, digest
+
+    def _take_limits(self, limits: Limits) -> None:
+        """The shell's bounds from a reloaded file (the core took its own): each applies to
+        what comes from then on."""
+        self.limits = limits
+        self.clients.set_limits(limits)
+        self._unread.max_unread_bytes = limits.max_unread_reply_bytes
+        self._intake.max_queued = limits.max_queued_requests_per_client
 
     def _refuse_reload(self, why: str) -> str:
         self.counters["topology_reload_refused"] += 1
@@ -1734,6 +1750,32 @@ class RelayNode:
                 heard.protocol,
                 extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
             )
+        self._compare_limits(heard)
+
+    def _compare_limits(self, heard: peerprotocol.Announcement) -> None:
+        """Name, once per difference, a peer holding limits every relay must hold alike at
+        other values than this relay (after a reload here, the next announcement shows)."""
+        relay = heard.relay
+        words = peerprotocol.limits_words(heard, self.limits)
+        if words == self._limits_differ.get(relay, ""):
+            return
+        if words:
+            self._limits_differ[relay] = words
+            self.counters["peer_limits_mismatch"] += 1
+            log.error(
+                "relay=%d %s",
+                self.id,
+                words,
+                extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+            )
+        else:
+            del self._limits_differ[relay]
+            log.warning(
+                "relay=%d relay %d holds this relay's mesh limits now",
+                self.id,
+                relay,
+                extra={"relay": self.id, "peer": relay, STATE_CHANGE: True},
+            )
 
     def _announce(self, socks: _Sockets, mono: int) -> None:
         """Every ANNOUNCE_MS, the protocol this relay speaks, to every peer."""
@@ -1741,7 +1783,8 @@ class RelayNode:
             return
         self._announced_ms = mono
         try:
-            socks.pub.send(peerprotocol.TOPIC + peerprotocol.announcement(self.id), _NOBLOCK)
+            frame = peerprotocol.announcement(self.id, self.limits)
+            socks.pub.send(peerprotocol.TOPIC + frame, _NOBLOCK)
         except zmq.ZMQError as e:
             self.counters["publish_dropped"] += 1
             self._warn("publish_dropped", "relay=%d publish failed: %s", self.id, e)
@@ -1753,6 +1796,7 @@ class RelayNode:
                 "speaks": list(heard.speaks),
                 "release": heard.release,
                 "problem": "" if heard.compatible() else peerprotocol.mismatch_words(heard),
+                "limits_problem": self._limits_differ.get(relay, ""),
             }
             for relay, heard in sorted(self._peer_protocols.items())
         }

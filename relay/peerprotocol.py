@@ -7,12 +7,17 @@ cannot read each other's frames. So every relay publishes, every ANNOUNCE_MS and
 topic of its own (`V|`, which no other frame uses and relays of earlier builds never
 subscribe to), one frame whose layout never changes: a msgpack array
 
-    [relay id, protocol it runs, oldest protocol it speaks, newest it speaks, release]
+    [relay id, protocol it runs, oldest protocol it speaks, newest it speaks, release,
+     {name: value} of the limits every relay must hold alike]
 
-(later builds may append fields; readers ignore what follows). A relay that hears a peer
-with no protocol in common names both in one line of its log, in its status
+(the sixth field is new in this build; earlier ones send five. Later builds may append
+fields: readers ignore what follows, and take a missing sixth as "not said"). A relay that
+hears a peer with no protocol in common names both in one line of its log, in its status
 (`node.peer_protocols`) and so in `relay status`, and drops that peer's other frames
-unread: nothing of theirs reaches the core, whose decoding they would only fail.
+unread: nothing of theirs reaches the core, whose decoding they would only fail. A peer
+that holds one of those limits (relay/core/config.py MESH_LIMITS) at another value is
+named the same way; its frames are still taken, since both relays speak the protocol, and
+the operator gives one of them the right file.
 
 This build speaks one protocol, PROTOCOL_VERSION. A release that changes the wire and
 still speaks the previous protocol would widen SPEAKS and run the mesh at the newest
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 import msgpack
 
 from relay import __version__
+from relay.core.config import MESH_LIMITS, Limits
 
 # Protocol 1: stream configurations and their changes (issue 47; heartbeat statuses carry
 # `wanted`, views `moving_to` and `holds`). Earlier builds announce nothing.
@@ -44,15 +50,23 @@ class Announcement:
     protocol: int
     speaks: tuple[int, int]
     release: str
+    mesh_limits: tuple[tuple[str, int], ...] = ()  # sorted by name; () from earlier builds
 
     def compatible(self, speaks: tuple[int, int] = SPEAKS) -> bool:
         """Whether this relay and one speaking `speaks` have a protocol in common."""
         return self.speaks[0] <= speaks[1] and speaks[0] <= self.speaks[1]
 
 
-def announcement(relay_id: int) -> bytes:
+def mesh_limits(limits: Limits) -> tuple[tuple[str, int], ...]:
+    """What this relay announces of its limits: those every relay must hold alike."""
+    return tuple((name, getattr(limits, name)) for name in sorted(MESH_LIMITS))
+
+
+def announcement(relay_id: int, limits: Limits) -> bytes:
     """This relay's announcement frame (without its topic)."""
-    frame: bytes = msgpack.packb([relay_id, PROTOCOL_VERSION, SPEAKS[0], SPEAKS[1], __version__])
+    frame: bytes = msgpack.packb(
+        [relay_id, PROTOCOL_VERSION, SPEAKS[0], SPEAKS[1], __version__, dict(mesh_limits(limits))]
+    )
     return frame
 
 
@@ -72,7 +86,13 @@ def parse(frame: bytes) -> Announcement:
         raise ValueError(f"bad numbers {numbers!r}")
     if type(release) is not str or len(release) > MAX_RELEASE_CHARS:
         raise ValueError("bad release")
-    return Announcement(relay, protocol, (oldest, newest), release)
+    held = fields[5] if len(fields) > 5 else {}
+    if not isinstance(held, dict) or not all(
+        type(k) is str and k in MESH_LIMITS and type(v) is int and 0 < v < 1 << 63
+        for k, v in held.items()
+    ):
+        raise ValueError(f"bad limits {held!r}")
+    return Announcement(relay, protocol, (oldest, newest), release, tuple(sorted(held.items())))
 
 
 def mismatch_words(peer: Announcement) -> str:
@@ -81,6 +101,24 @@ def mismatch_words(peer: Announcement) -> str:
         f"relay {peer.relay} speaks peer protocol {_span(peer.speaks)} (release "
         f"{peer.release}), this relay {_span(SPEAKS)} (release {__version__}): they cannot "
         "read each other's frames; its frames are dropped unread (docs/deploy.md section 9)"
+    )
+
+
+def limits_words(peer: Announcement, limits: Limits) -> str:
+    """One line naming the limits a peer holds at other values than this relay, each with
+    why they must agree; "" when none differs (or the peer does not say: an earlier build).
+    A limit a later build adds, which the peer does not announce, is not compared."""
+    differ = [
+        f"limits.{name} {value} there, {getattr(limits, name)} here ({MESH_LIMITS[name]})"
+        for name, value in peer.mesh_limits
+        if value != getattr(limits, name)
+    ]
+    if not differ:
+        return ""
+    return (
+        f"relay {peer.relay} holds other values of limits every relay must hold alike: "
+        + "; ".join(differ)
+        + ": give every relay the same file (docs/deploy.md section 4)"
     )
 
 

@@ -181,7 +181,7 @@ class ClientService:
         self._reload = reload
         self._warn = warn
         self._relay_id = relay_id
-        self.request_limit = wire.request_frame_limit(limits)
+        self.request_limit = wire.request_frame_limit(limits)  # (`set_limits` changes both)
         self._next_core_id = 1  # the core request id of the next produce
         self._produces: dict[int, PendingProduce] = {}  # by core request id
         # (deadline, first core id, last core id) per request frame: deadlines and ids
@@ -287,6 +287,11 @@ class ClientService:
             self.counters["client_not_a_request"] += 1
             wrong = MalformedFrame(f"{type(msg).__name__} is not a request")
             self.refuse(envelope, msg.request_id, wrong)
+
+    def set_limits(self, limits: Limits) -> None:
+        """Bounds from a reloaded topology, for every request from now on."""
+        self.limits = limits
+        self.request_limit = wire.request_frame_limit(limits)
 
     def set_access(self, access: AccessPolicy | None) -> None:
         """Clients' rights from a reloaded topology: every request from now on is checked

@@ -4,17 +4,19 @@ across streams; the relay's budget is always the sum of its timelines'."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import tracemalloc
 
 import pytest
 
 from relay.core import codec, memory
-from relay.core.config import Limits, Topology
+from relay.core.config import CoreConfig, Limits, Topology
 from relay.core.memory import MemoryBudget, entry_cost
 from relay.core.messages import Outcome, Transaction, TxBatch
 from relay.core.shell import ProduceRequest
 from relay.core.timeline import Timeline
+from relay.errors import ConfigError
 from relay.sim.script import START_UNIX_MS, Mesh
 
 ENTRIES = 20_000
@@ -131,3 +133,65 @@ def test_uncommitted_entries_of_all_streams_fill_the_relay() -> None:
     # Entries were admitted within the bound; the reports on them came after (5.10).
     reports = sum(st.timeline.report_log_bytes for st in core.streams.values())
     assert core.memory.used_bytes - reports <= core.memory.max_bytes
+
+
+def test_a_reload_resizes_what_the_limits_sized_and_the_accounts_stay_right() -> None:
+    """RelayCore.reload_topology with other limits (a reloaded file): the relay-wide
+    budget, the report log, the late pile and the vote tally take the new bounds at once;
+    the memory accounts still match what the streams hold, and the mesh commits on. A
+    limit every relay must hold alike, or one the links were made with, is refused."""
+    mesh = joined_mesh()
+    for n in range(8):
+        produce(mesh, "a", n)
+        for _ in range(20):
+            mesh.step_ms()
+    core = mesh.running(0)
+    assert len(core.streams["a"].report_log) == 4  # full: report_log_entries
+    before = mesh.limits
+    wider = dataclasses.replace(
+        before,
+        relay_buffer_max_bytes=2 * before.relay_buffer_max_bytes,
+        report_log_entries=2,
+        late_max_entries=7,
+        max_pending_vote_points=99,
+    )
+    for relay in range(3):
+        running = mesh.running(relay)
+        running.reload_topology(CoreConfig(relay, mesh.topology, wider))
+        assert running.limits is wider and running.memory.max_bytes == wider.relay_buffer_max_bytes
+        for st in running.streams.values():
+            assert st.report_log.maxlen == 2 and len(st.report_log) <= 2
+            assert st.timeline.late_max_entries == 7 and st.votes.max_points == 99
+        assert memory.accounting_errors(running) == []
+    for n in range(8, 16):
+        produce(mesh, "b", n)
+        for _ in range(20):
+            mesh.step_ms()
+            check_budgets(mesh)
+    assert [reply.outcome for _, reply in mesh.replies] == [Outcome.COMMITTED] * 16
+    for name in ("dedupe_window_entries", "heartbeat_interval_ms"):
+        other = dataclasses.replace(wider, **{name: getattr(wider, name) + 1})
+        with pytest.raises(ConfigError, match=f"changes limits \\['{name}'\\]"):
+            core.reload_topology(CoreConfig(0, mesh.topology, other))
+    assert core.limits is wider
+
+
+def test_a_relay_with_a_lower_max_tx_bytes_fills_a_larger_transaction_from_its_peers() -> None:
+    """Half way through a reload of a higher max_tx_bytes (relays 0 and 1 took it, relay 2
+    not yet): relay 2 drops the TxBatch of a transaction above its bound, as a bad frame,
+    and fills it from its peers like a lost frame, so every relay delivers it."""
+    mesh = Mesh(Topology({r: STREAMS for r in range(3)}), Limits(max_tx_bytes=4_096))
+    for _ in range(300):
+        mesh.step_ms()
+    higher = dataclasses.replace(mesh.limits, max_tx_bytes=4 * mesh.limits.max_tx_bytes)
+    for relay in (0, 1):
+        mesh.running(relay).reload_topology(CoreConfig(relay, mesh.topology, higher))
+    big = Transaction(b"p", 1, None, b"v" * (2 * mesh.limits.max_tx_bytes))
+    mesh.running(0).produce(ProduceRequest(1, "a", big), START_UNIX_MS + mesh.now, mesh.now)
+    for _ in range(2_000):
+        mesh.step_ms()
+        if all(mesh.delivered(r, "a") for r in range(3)):
+            break
+    assert [reply.outcome for _, reply in mesh.replies] == [Outcome.COMMITTED]
+    assert mesh.running(2).counters["frame_bad_field"] > 0
+    assert all(len(mesh.delivered(r, "a")) == 1 for r in range(3))

@@ -36,7 +36,7 @@ import zmq
 from relay import wire
 from relay.client import Consumer, Producer, Record
 from relay.core.messages import Outcome, ReadStatus
-from relay.errors import ClientError, Fenced
+from relay.errors import ClientError, Fenced, Rejected
 from relay.launcher import (
     Mesh,
     not_ready_reason,
@@ -1022,8 +1022,9 @@ def test_relay_reconfigure_plans_checks_and_drives_a_change(harness: Harness) ->
     """`relay reconfigure --config NEW.yaml` says what NEW.yaml changes and changes nothing;
     with --apply before NEW.yaml was copied to the relays it names every relay that read
     another file (exit 1); once copied it drives the change (exit 0) and the stream runs on
-    the new relays; a file that changes limits is refused by every relay, by name (exit 1),
-    and nothing changes."""
+    the new relays; a file that changes a limit every relay must hold alike is refused by
+    every relay, by name (exit 1), and nothing changes; one that lowers max_tx_bytes is
+    taken by every relay (exit 0), which then rejects a larger transaction."""
     mesh = harness.mesh([[STREAM, AUDIT]] * 3 + [[AUDIT]])
     path = mesh.config_path
     pump = harness.pump(topology=path)
@@ -1053,13 +1054,31 @@ def test_relay_reconfigure_plans_checks_and_drives_a_change(harness: Harness) ->
     pump.wait_for(pump.count() + 20)
 
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    doc["limits"] = {**(doc.get("limits") or {}), "max_tx_bytes": 1000}
+    doc["limits"] = {**(doc.get("limits") or {}), "dedupe_window_entries": 1000}
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     code, out = reconfigure(path, "--apply", "--wait", "2")
     assert code == 1, out
     for relay_id in mesh.relay_ids:
-        assert f"relay {relay_id}: refused: {path}: limits changes" in out, out
+        assert (
+            f"relay {relay_id}: refused: {path}: limits.dedupe_window_entries changes (every "
+            "relay must skip the same duplicates"
+        ) in out, out
     pump.wait_for(pump.count() + 20)  # the relays run on
+
+    del doc["limits"]["dedupe_window_entries"]
+    doc["limits"]["max_tx_bytes"] = 1000
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    code, out = reconfigure(path, "--apply")
+    assert code == 0, out
+    assert "-> 1000 (a reload applies it)" in out, out
+    for relay_id in mesh.relay_ids:
+        assert f"relay {relay_id}: took the file: limits.max_tx_bytes " in out, out
+    with (
+        Producer(clients(mesh, *mesh.relay_ids)) as producer,
+        pytest.raises(Rejected, match="too_large"),
+    ):
+        producer.send(STREAM, b"k", b"x" * 1500)
+    pump.wait_for(pump.count() + 20)  # the pump's small writes go on
     pump.stop()
     last = max(seq for _, seq in pump.committed)
     records, _ = read_until(clients(mesh, 0), STREAM, last)

@@ -28,7 +28,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from relay import wire
-from relay.core import codec
+from relay.core import Limits, codec
 from relay.core.messages import Outcome, ReadStatus
 from relay.core.shell import Outgoing
 from relay.errors import FrameError
@@ -868,9 +868,9 @@ def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`RelayNode.reload` (SIGHUP): a file that does not parse, or that changes what only a
-    restart applies (limits here), is refused with a line naming why, and the relay runs
-    on as before; a file that names a new stream for the relay is taken, and the relay
-    opens and serves it."""
+    restart applies (the heartbeat interval here), is refused with a line naming why, and
+    the relay runs on as before; a file that names a new stream for the relay is taken,
+    and the relay opens and serves it."""
     import yaml  # type: ignore[import-untyped, unused-ignore]
 
     async def scenario() -> None:
@@ -881,12 +881,13 @@ def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
 
             path.write_text("relays: [\n", encoding="utf-8")
             assert nodes[1].reload() is None
-            limits = {**doc, "limits": {**doc.get("limits", {}), "max_tx_bytes": MAX_TX * 2}}
+            limits = {**doc, "limits": {**doc.get("limits", {}), "heartbeat_interval_ms": 30}}
             path.write_text(yaml.safe_dump(limits, sort_keys=False), encoding="utf-8")
             assert nodes[1].reload() is None
             assert nodes[1].counters["topology_reload_refused"] == 2, nodes[1].counters
             refused = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
-            assert len(refused) == 2 and "limits changes" in refused[1], refused
+            assert len(refused) == 2, refused
+            assert "limits.heartbeat_interval_ms changes (the mesh links'" in refused[1], refused
             assert nodes[1].config is config  # nothing changed
             resp = await produce_until_definite(clients[1], "solo", b"p", 1, b"still")
             assert resp.outcome is Outcome.COMMITTED, resp
@@ -908,6 +909,57 @@ def test_a_reload_is_refused_by_name_unless_a_running_relay_can_take_it(
         asyncio.run(scenario())
 
 
+def test_limits_changed_in_the_file_apply_on_reload_both_ways(tmp_path: Path) -> None:
+    """A reload that lowers max_tx_bytes and max_pending_produces is taken by every relay
+    (its status shows the new values): a transaction between the two bounds is rejected
+    `too_large` through either relay, what was committed before stays; raised again above
+    the first file's bound, a transaction larger than that commits and reads back. A file
+    that changes a limit every relay must hold alike is refused, by name."""
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+
+    async def scenario() -> None:
+        async with mesh(tmp_path, {1: ["duo"], 2: ["duo"]}) as (config, nodes, clients):
+            await wait_joined(clients, "duo")
+            ok = await produce_until_definite(clients[1], "duo", b"p", 1, b"x" * 3_000)
+            assert ok.outcome is Outcome.COMMITTED, ok
+            path = config.path
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+
+            def write(**limits: int) -> None:
+                new = {**doc, "limits": {**doc.get("limits", {}), **limits}}
+                path.write_text(yaml.safe_dump(new, sort_keys=False), encoding="utf-8")
+
+            write(max_tx_bytes=2_048, max_pending_produces=500)
+            for node in nodes.values():
+                change = node.reload()
+                assert change is not None and not change.refused, change
+                assert change.limits == (
+                    ("max_pending_produces", 100_000, 500),
+                    ("max_tx_bytes", MAX_TX, 2_048),
+                ), change
+            for r, client in clients.items():
+                status = await client.status()
+                assert status["node"]["limits"]["max_tx_bytes"] == 2_048, status["node"]
+                assert nodes[r].core.limits.max_pending_produces == 500
+                resp = await client.produce("duo", b"p", 10 + r, b"x" * 2_500)
+                assert (resp.outcome, resp.reason) == (Outcome.REJECTED, "too_large"), resp
+
+            write(max_tx_bytes=2 * MAX_TX)
+            for node in nodes.values():
+                assert node.reload() is not None
+            resp = await produce_until_definite(clients[2], "duo", b"p", 2, b"y" * (MAX_TX + 500))
+            assert resp.outcome is Outcome.COMMITTED, resp
+            entries = await read_all(clients[1], "duo", 2)
+            sizes = [max(len(f) for f in e if isinstance(f, bytes)) for e in entries]
+            assert sizes == [3_000, MAX_TX + 500], sizes
+
+            write(max_tx_bytes=2 * MAX_TX, dedupe_window_entries=1_000)
+            assert nodes[1].reload() is None
+            assert nodes[1].core.limits.dedupe_window_entries == 262_144
+
+    asyncio.run(scenario())
+
+
 # --- peer protocol versions (relay/peerprotocol.py) ----------------------------------------
 
 
@@ -918,14 +970,16 @@ def test_a_peer_of_another_protocol_is_named_and_its_frames_are_dropped_unread(
     endpoint: relay 3 does not run) a relay 3 that speaks only protocol 99: it names both
     versions once in its log and in its status, `relay status` names it as a problem, and
     relay 3's other frames are dropped before the core sees them. Once relay 3 announces
-    this relay's protocol, its frames are taken again."""
+    this relay's protocol, its frames are taken again. A relay 3 announcing another dedupe
+    window (a limit every relay must hold alike) is named too, once, in the log, the
+    status and `relay status`, and no longer once it announces this relay's."""
     from relay import peerprotocol
     from relay.launcher import StatusReply
     from relay.tools.status import mesh_status
 
     streams = {1: ["duo"], 2: ["duo"], 3: ["solo"]}
     other = msgpack.packb([3, 99, 99, 99, "9.0.0"])
-    ours = peerprotocol.announcement(3)
+    ours = peerprotocol.announcement(3, Limits())
 
     async def scenario() -> None:
         async with mesh(tmp_path, streams, start=(1, 2)) as (config, nodes, clients):
@@ -977,6 +1031,39 @@ def test_a_peer_of_another_protocol_is_named_and_its_frames_are_dropped_unread(
                     return 3 not in node._incompatible
 
                 await wait_until_async(taken_again, "relay 3 taken again", poll_s=0.02)
+
+                # Relay 3 holds another dedupe window: named, once, in the log and status.
+                narrow = peerprotocol.announcement(3, Limits(dedupe_window_entries=1_000))
+
+                async def differs() -> bool:
+                    await rogue.send(peerprotocol.TOPIC + narrow)
+                    return 3 in node._limits_differ
+
+                await wait_until_async(differs, "relay 3's limits named", poll_s=0.02)
+                status = await clients[2].status()
+                words = status["node"]["peer_protocols"]["3"]["limits_problem"]
+                assert words == (
+                    "relay 3 holds other values of limits every relay must hold alike: "
+                    "limits.dedupe_window_entries 1000 there, 262144 here (every relay must "
+                    "skip the same duplicates (protocol 5.6)): give every relay the same file "
+                    "(docs/deploy.md section 4)"
+                ), words
+                doc = mesh_status("t.yaml", {2: StatusReply(2, "e", status)})
+                assert {"relay": 2, "stream": None, "problem": words} in doc["problems"], doc
+                assert doc["health"] == "degraded", doc
+                assert node.counters["peer_limits_mismatch"] == 1, node.counters
+
+                async def alike() -> bool:
+                    await rogue.send(peerprotocol.TOPIC + ours)
+                    return 3 not in node._limits_differ
+
+                await wait_until_async(alike, "relay 3's limits alike again", poll_s=0.02)
+                named = [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.getMessage().startswith("relay=2 relay 3 holds other values")
+                ]
+                assert len(named) == 1, named
             finally:
                 ctx.destroy(linger=0)
 

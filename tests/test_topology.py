@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -649,7 +651,27 @@ def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> Non
             extra="limits:\n  max_tx_bytes: 1000\n",
         )
     )
-    assert compare(old, limited, 0).refused == ("limits changes",)
+    lowered = compare(old, limited, 0)  # taken: it bounds what comes from then on
+    assert not lowered.refused and not lowered.empty, lowered
+    assert lowered.limits == (("max_tx_bytes", 1024 * 1024, 1000),), lowered
+    assert lowered.words().endswith("limits.max_tx_bytes 1048576 -> 1000"), lowered.words()
+    fixed = topology.loads(
+        _mesh_text(
+            {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},
+            extra=(
+                "limits:\n  dedupe_window_entries: 1000\n  heartbeat_interval_ms: 30\n"
+                "  max_tx_bytes: 1000\n"
+            ),
+        )
+    )
+    refused = compare(old, fixed, 0)
+    assert refused.refused == (
+        "limits.dedupe_window_entries changes (every relay must skip the same duplicates "
+        "(protocol 5.6))",
+        "limits.heartbeat_interval_ms changes (the mesh links' reconnect interval is set "
+        "when they open)",
+    ), refused.refused
+    assert refused.limits == (("max_tx_bytes", 1024 * 1024, 1000),), refused
     hidden = topology.loads(
         _mesh_text(
             {0: ["orders", "logs.*"], 1: ["orders"], 2: ["audit"]},
@@ -657,3 +679,19 @@ def test_a_new_file_changes_streams_relays_and_refuses_the_rest_by_name() -> Non
         )
     )
     assert compare(old, hidden, 0).refused == ("http changes",)  # at a restart
+
+
+def test_the_example_file_marks_the_limits_a_reload_does_not_take() -> None:
+    """config/topology.yaml marks `[start]` the limits a running relay cannot take
+    (LIMITS_AT_START) and `[mesh]` those every relay must hold alike (MESH_LIMITS), and
+    lists every limit: the marks follow the code."""
+    from relay.core.config import LIMITS_AT_START, MESH_LIMITS
+
+    marks: dict[str, str] = {}
+    for line in (ROOT / "config" / "topology.yaml").read_text(encoding="utf-8").splitlines():
+        found = re.match(r"\s*# (\w+): \d+\s*(?:# \[(start|mesh)\])?", line)
+        if found and found.group(1) in {f.name for f in dataclasses.fields(Limits)}:
+            marks[found.group(1)] = found.group(2) or ""
+    assert sorted(marks) == sorted(f.name for f in dataclasses.fields(Limits))
+    assert {n for n, m in marks.items() if m == "start"} == set(LIMITS_AT_START)
+    assert {n for n, m in marks.items() if m == "mesh"} == set(MESH_LIMITS)

@@ -10,7 +10,7 @@ the stream is established.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from relay.core.memory import DEDUPE_KEY_BYTES, REPORT_LOG_ENTRY_BYTES
 from relay.core.seq import MAX_RELAY_ID
@@ -98,6 +98,37 @@ class Limits:
         """The heartbeat interval of a quiet relay (5.11): never shorter than the usual one
         (a mesh configured to heartbeat rarely has nothing to gain from quiet)."""
         return max(self.quiet_heartbeat_interval_ms, self.heartbeat_interval_ms)
+
+
+# The limits a running relay cannot take from a reloaded file (relay/topology/change.py),
+# each with why; every other limit applies at the reload (`RelayCore.reload_topology` and
+# the shell's `RelayNode.reload`).
+LIMITS_AT_START: dict[str, str] = {
+    # libzmq copies socket options into each connection as it is made
+    "heartbeat_interval_ms": "the mesh links' reconnect interval is set when they open",
+    "suspect_timeout_ms": "the mesh links' heartbeats are set when they open",
+    "max_frame_bytes": "every socket's largest message is set when it opens",
+}
+# The limits every relay of the mesh must hold alike (docs/protocol.md 5.6, 5.3): a relay
+# with another dedupe window would skip other entries than its peers (its delivered history
+# would differ from theirs: a safety matter), and one with other checkpoints would report at
+# other points than theirs, so that they agree only at run ends (liveness). A reload does
+# not change them, and relays announce them (relay/peerprotocol.py), so that one holding
+# other values is named.
+MESH_LIMITS: dict[str, str] = {
+    "dedupe_window_entries": "every relay must skip the same duplicates (protocol 5.6)",
+    "checkpoint_interval_ms": "every relay must report at the same points (protocol 5.3)",
+    "max_checkpoints_per_report": "every relay must report at the same points (protocol 5.3)",
+}
+
+
+def limits_changed(old: Limits, new: Limits) -> dict[str, tuple[int, int]]:
+    """The limits `new` gives other values than `old`: name -> (old value, new value)."""
+    return {
+        f.name: (getattr(old, f.name), getattr(new, f.name))
+        for f in fields(Limits)
+        if getattr(old, f.name) != getattr(new, f.name)
+    }
 
 
 @dataclass(frozen=True)

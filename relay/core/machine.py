@@ -25,6 +25,7 @@ to the rule that owns it, and composes the rules where one event concerns severa
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import groupby
 from operator import attrgetter
@@ -48,7 +49,7 @@ from relay.core import (
     transit,
     view,
 )
-from relay.core.config import CoreConfig
+from relay.core.config import LIMITS_AT_START, MESH_LIMITS, CoreConfig, Limits, limits_changed
 from relay.core.messages import (
     STREAM_MESSAGES,
     TX_OVERHEAD_BYTES,
@@ -176,10 +177,15 @@ class RelayCore(RelayState):
         topology = config.topology
         if config.relay_id != self.id or self.id not in topology.subscriptions:
             raise ConfigError(f"relay {self.id} is not in the new topology")
-        if config.limits != self.config.limits:
-            raise ConfigError("the new topology changes limits: they apply at a restart")
+        fixed = sorted(
+            set(limits_changed(self.limits, config.limits)) & {*LIMITS_AT_START, *MESH_LIMITS}
+        )
+        if fixed:
+            raise ConfigError(f"the new topology changes limits {fixed}: they apply at a start")
         self.topology = topology
         self.config = config
+        if config.limits != self.limits:
+            self._take_limits(config.limits)
         for r in topology.relay_ids:
             if r != self.id and r not in self.peers:
                 self.peers[r] = PeerState()
@@ -190,6 +196,22 @@ class RelayCore(RelayState):
                 self.wake(st)
                 membership.reprovision(self, st)
         self._open_named_streams()
+
+    def _take_limits(self, limits: Limits) -> None:
+        """Bounds from a reloaded file (none of LIMITS_AT_START or MESH_LIMITS changes):
+        every check reads `self.limits` from now on; what was sized by a limit is resized.
+        Lower bounds refuse what would go past them from now on; what a stream holds beyond
+        them already goes as it commits and is delivered, as at any eviction (5.10). A
+        shorter report log forgets its oldest reports at once."""
+        self.limits = limits
+        self.memory.max_bytes = limits.relay_buffer_max_bytes
+        for st in self.streams.values():
+            st.timeline.late_max_entries = limits.late_max_entries
+            st.votes.max_points = limits.max_pending_vote_points
+            if st.report_log.maxlen != limits.report_log_entries:
+                st.report_log = deque(st.report_log, maxlen=limits.report_log_entries)
+                st.timeline.charge_report_log(len(st.report_log))
+        self.counters["limits_reloaded"] += 1
 
     def counted_relays(self) -> frozenset[int]:
         """The peers this relay still has a use for: those its topology names, the

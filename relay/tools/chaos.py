@@ -42,6 +42,9 @@ through another relay):
                      changes chaos.b's relays to what the files name (waited for)
   replace            as roll, onto a file that moves chaos.b by one relay (3 relays: from
                      relays 0-1 to 1-2; 5 relays: from 0-2 to 1-3), and back
+  limits             as roll, onto a file that changes only limits (CHANGED_LIMITS, which a
+                     reload takes), and back; after each roll every relay must run with
+                     its file's limits (its status says which)
   add-relay          docs/deploy.md section 9's "Adding a relay to the mesh", once: the
                      mesh starts without its last relay; that relay is started on a file
                      that adds it (chaos.a and chaos.b grow onto it), then every other
@@ -76,8 +79,8 @@ max_gap_s (the longest time without a commit acknowledgement over all producers,
 their start to their stop), recover_s (heal to the next commit: max and median) and
 rejoin_s (heal to every relay joined and unfenced, the longest; "(N late)": heals after
 which that did not happen within the settle time; the next fault then waits for it, at
-most REJOIN_MAX_S after the heal), change_s (roll, stale and replace: the longest time one
-change of topology took, from the first relay moved to chaos.b running on the relays the
+most REJOIN_MAX_S after the heal), change_s (roll, stale, replace, limits: the longest
+time one change of topology took, from the first relay moved to chaos.b running on the relays the
 files name, every relay ready) and, for them, the longest gap per stream (each producer
 writes one stream: a stream whose relays lost their majority, chaos.b on two relays with
 one killed, stalls; the other must not). `--json` adds
@@ -106,7 +109,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -144,12 +147,26 @@ SCENARIOS = (
     "roll",
     "stale",
     "replace",
+    "limits",
     "add-relay",
     "replace-relay",
 )
 # Changes of topology, with a fault half way (`_inject_change`, `_inject_add`,
 # `_inject_replace`).
-CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "add-relay", "replace-relay"})
+CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "limits", "add-relay", "replace-relay"})
+# What limits moves between (the run's file has the defaults): bounds a running relay takes
+# on a reload, each well above what the run's producers and consumers need.
+CHANGED_LIMITS = {
+    "max_tx_bytes": 64 * 1024,
+    "produce_timeout_ms": 1_500,
+    "max_pending_produces": 5_000,
+    "buffer_max_entries": 200_000,
+    "relay_buffer_max_bytes": 512 * 1024 * 1024,
+    "report_log_entries": 20_000,
+    "late_max_entries": 2_000,
+    "max_unread_reply_bytes": 16 * 1024 * 1024,
+    "max_queued_requests_per_client": 2_000,
+}
 # What mix picks from: the single faults (kill-cut is two at once).
 FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
 CLOCK_SCENARIOS = frozenset({"clock", "clock-restart", "mix"})
@@ -238,6 +255,8 @@ def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[in
     moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays). add-relay
     grows it onto the relay added to the mesh: 0-1 to 0-2 (3), 0-2 to 0-2 and 4 (5)."""
     every = tuple(range(relays))
+    if scenario == "limits":  # the other file changes limits only
+        other = False
     if scenario == "replace-relay":  # the run's only: write_replace_topologies moves it
         return every[: 2 if relays <= 3 else 3]
     if scenario == "add-relay":  # the last relay is the one added
@@ -264,7 +283,8 @@ def write_topology(
         for relay in range(net.relays - 1 if later else net.relays)
     }
     name = "topology-other.yaml" if other else "topology.yaml"
-    return _write_doc(directory / name, directory, net, streams)
+    limits = CHANGED_LIMITS if other and scenario == "limits" else None
+    return _write_doc(directory / name, directory, net, streams, limits)
 
 
 def write_replace_topologies(directory: Path, net: ChaosNet) -> tuple[Path, Path]:
@@ -281,7 +301,13 @@ def write_replace_topologies(directory: Path, net: ChaosNet) -> tuple[Path, Path
     )
 
 
-def _write_doc(path: Path, directory: Path, net: ChaosNet, streams: dict[int, list[str]]) -> Path:
+def _write_doc(
+    path: Path,
+    directory: Path,
+    net: ChaosNet,
+    streams: dict[int, list[str]],
+    limits: dict[str, int] | None = None,
+) -> Path:
     doc: dict[str, Any] = {
         "relays": [
             {
@@ -296,6 +322,8 @@ def _write_doc(path: Path, directory: Path, net: ChaosNet, streams: dict[int, li
         "streams": list(STREAMS),
         "data_dir": str(directory / "data"),
     }
+    if limits:
+        doc["limits"] = dict(limits)
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
 
@@ -947,10 +975,11 @@ def _inject_change(
     end: float,
     other: Path,
 ) -> None:
-    """roll, replace and stale (module doc): changes of topology, one relay at a time, by restarts
-    and by reloads in turn, each waited for as docs/deploy.md section 9 says, with a fault
-    half way; then the wait for the mesh to change the stream's relays (or, for stale, to
-    keep them); until `end`."""
+    """roll, replace, stale and limits (module doc): changes of topology, one relay at a
+    time, by restarts and by reloads in turn, each waited for as docs/deploy.md section 9
+    says, with a fault half way; then the wait for the mesh to change the stream's relays
+    (or, for stale and limits, to keep them; limits: for every relay to run with its
+    file's limits); until `end`."""
     relays = faults.relays
     ids = sorted(relays.procs)
     files = (relays.topology, other)
@@ -992,6 +1021,8 @@ def _inject_change(
         # The files agree now: the mesh changes the stream's relays to what they name.
         target = relays.config_of(order[0]).members(CHANGED_STREAM)
         _changed(relays, CHANGED_STREAM, target, event, result, options)
+        if name == "limits":
+            _check_limits(relays, event, result, options)
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
         event.rejoin_s = round(healed - began, 3)
@@ -1209,6 +1240,20 @@ def _serving_until(
             return ""
         time.sleep(POLL_S)
     return found or "not looked at in time"
+
+
+def _check_limits(
+    relays: RelayProcesses, event: FaultEvent, result: ScenarioResult, options: Options
+) -> None:
+    """Every relay runs with the limits of the file it was given (its status's
+    `node.limits`), whether it read it by SIGHUP or at a start after a kill."""
+    for relay, status in sorted(relays.statuses().items()):
+        want = asdict(relays.config_of(relay).limits)
+        running = ((status or {}).get("node") or {}).get("limits")
+        if running != want:
+            differ = sorted(k for k in want if (running or {}).get(k) != want[k])
+            result.problems.append(f"{event.detail}: relay {relay} runs other limits {differ}")
+            options.log(f"           NOT taken: relay {relay} runs other limits {differ}")
 
 
 def _check_stale_said(

@@ -7,7 +7,8 @@ checked against the running mesh and driven through it (docs/deploy.md section 9
    it) and the relays the new file names, with the steps the relays will take
    (`relay.core.membership.next_step`); a change the mesh cannot make is named (a stream
    of one relay moved to others, a stream no relay of the file serves: each keeps its
-   relays).
+   relays). Then each limit the file changes, with the relays holding another value and
+   whether a reload takes it.
    Nothing changes without `apply`.
 3. `apply`: every relay is asked to read its own topology file again (wire.ReloadReq,
    the admin right), which the operator copied to its host beforehand. Each answer says
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from relay import wire
+from relay.core.config import LIMITS_AT_START, MESH_LIMITS
 from relay.core.membership import next_step
 from relay.launcher import StatusReply, ask_relays, query_status
 from relay.streamhealth import configuration_words, relay_list
@@ -117,6 +119,25 @@ def plan(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[StreamChan
                 at = step
         out.append(StreamChange(stream, version, relays, target, tuple(steps), refusal))
     return out
+
+
+def limit_changes(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[str]:
+    """One line per limit the new file gives another value than a running relay holds
+    (its status's `node.limits`): the relays and their values, and whether a reload takes
+    it or it is refused by name (relay/core/config.py LIMITS_AT_START and MESH_LIMITS)."""
+    held: dict[str, dict[int, list[int]]] = {}  # limit -> value -> relays holding it
+    for relay, reply in sorted(replies.items()):
+        running = ((reply.status or {}).get("node") or {}).get("limits") or {}
+        for name, value in running.items():
+            if hasattr(new.limits, name) and value != getattr(new.limits, name):
+                held.setdefault(name, {}).setdefault(value, []).append(relay)
+    lines = []
+    for name, values in sorted(held.items()):
+        now = ", ".join(f"{v} on {relay_list(tuple(rs))}" for v, rs in sorted(values.items()))
+        why = LIMITS_AT_START.get(name) or MESH_LIMITS.get(name)
+        how = f"refused by a reload: {why}" if why else "a reload applies it"
+        lines.append(f"limits.{name}: {now} -> {getattr(new.limits, name)} ({how})")
+    return lines
 
 
 def leaving_relays(new: MeshConfig, replies: Mapping[int, StatusReply]) -> tuple[int, ...]:

@@ -175,9 +175,15 @@ def _spool_problems(status: Mapping[str, Any]) -> list[str]:
 
 
 def _protocol_problems(status: Mapping[str, Any]) -> list[str]:
-    """Peers with no peer protocol in common with this relay (relay/peerprotocol.py)."""
+    """Peers with no peer protocol in common with this relay, and peers holding limits the
+    mesh must hold alike at other values (relay/peerprotocol.py)."""
     peers = (status.get("node") or {}).get("peer_protocols") or {}
-    return [info["problem"] for _, info in sorted(peers.items()) if info.get("problem")]
+    return [
+        info[key]
+        for _, info in sorted(peers.items())
+        for key in ("problem", "limits_problem")
+        if info.get(key)
+    ]
 
 
 def _counter_notes(status: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int, str]]:

@@ -6,12 +6,14 @@ A running relay takes a new file whose only changes are the streams each relay s
 streams' relays (docs/protocol.md 5.15 changes), clients' rights and keys (`access`),
 which apply to each request from then on, relays added to the mesh (with their keys: the
 relay connects to them and lets them in), and relays removed from it (the relay lets them
-go once no stream it serves counts them: node `_forget_peers`). Anything else (a relay's
-address, ports or key, limits, security settings, what the HTTP port serves, the spool,
-the store, the data directory) is refused by name, and the relay runs on, unchanged, on
-its old file: those apply at a restart onto the new file. A relay may not take a file
-that leaves itself out: it serves no stream first (its `streams` empty), then it is
-stopped.
+go once no stream it serves counts them: node `_forget_peers`), and limits, which bound
+what comes from then on, except those the mesh's links are made with and those every
+relay must hold alike (relay/core/config.py LIMITS_AT_START, MESH_LIMITS). Anything else
+(a relay's address, ports or key, those limits, security settings, what the HTTP port
+serves, the spool, the store, the data directory) is refused by name, and the relay runs
+on, unchanged, on its old file: those apply at a restart onto the new file. A relay may
+not take a file that leaves itself out: it serves no stream first (its `streams` empty),
+then it is stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from relay.core.config import LIMITS_AT_START, MESH_LIMITS, limits_changed
 from relay.topology.mesh import MeshConfig, is_pattern
 
 
@@ -33,6 +36,7 @@ class TopologyChange:
     clients: tuple[str, ...]  # the clients whose rights or keys change (added, removed too)
     added_relays: tuple[int, ...]  # relays the new file adds to the mesh
     removed_relays: tuple[int, ...]  # ... and those it leaves out
+    limits: tuple[tuple[str, int, int], ...]  # the limits that change: (name, old, new)
     refused: tuple[str, ...]  # what a running relay cannot take, one phrase each
 
     @property
@@ -44,6 +48,7 @@ class TopologyChange:
             and not self.clients
             and not self.added_relays
             and not self.removed_relays
+            and not self.limits
             and not self.refused
             and old_served == new_served
             and old_declared == new_declared
@@ -66,6 +71,7 @@ class TopologyChange:
             parts.append(f"declared streams {list(self.declared[0])} -> {list(self.declared[1])}")
         if self.clients:
             parts.append(f"rights of clients {list(self.clients)}")
+        parts += [f"limits.{name} {old} -> {new}" for name, old, new in self.limits]
         return "; ".join(parts) if parts else "only what needs a restart"
 
 
@@ -93,9 +99,14 @@ def compare(
         for field in dataclasses.fields(before):
             if getattr(before, field.name) != getattr(after, field.name):
                 refused.append(f"relays[{rid}].{field.name} changes")
-    for name in ("limits", "spool", "store", "security", "http", "data_dir"):
+    for name in ("spool", "store", "security", "http", "data_dir"):
         if getattr(old, name) != getattr(new, name):
             refused.append(f"{name} changes")
+    limits = limits_changed(old.limits, new.limits)
+    for name in sorted(limits):
+        why = LIMITS_AT_START.get(name) or MESH_LIMITS.get(name)
+        if why is not None:
+            refused.append(f"limits.{name} changes ({why})")
     names = set(old.streams) | set(new.streams) | set(tracked)
     for spec in (*old.relays.values(), *new.relays.values()):
         names.update(s for s in spec.streams if not is_pattern(s))
@@ -112,6 +123,11 @@ def compare(
         declared=(old.streams, new.streams),
         added_relays=added,
         removed_relays=removed,
+        limits=tuple(
+            (name, *values)
+            for name, values in sorted(limits.items())
+            if name not in LIMITS_AT_START and name not in MESH_LIMITS
+        ),
         clients=tuple(
             sorted(
                 name
