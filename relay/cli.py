@@ -2123,7 +2123,8 @@ def bench(
     multiple=True,
     metavar="NAME",
     help="kill, pause, partition, partial-partition, kill-cut, clock, clock-restart, mix, roll, "
-    "stale, replace, add-relay, replace-relay, or all (repeat or comma-separate; default all).",
+    "stale, replace, limits, add-relay, replace-relay, or all (repeat or comma-separate; "
+    "default all).",
 )
 @click.option(
     "--duration-s",
@@ -2147,6 +2148,11 @@ def bench(
 )
 @click.option("--keep-logs", is_flag=True, help="Keep every scenario's relay logs.")
 @click.option(
+    "--curve",
+    is_flag=True,
+    help="CurveZMQ on every socket of the run (keys made for it), clients authenticated.",
+)
+@click.option(
     "--relay-log-level",
     "relay_log_level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
@@ -2164,6 +2170,7 @@ def chaos(
     as_json: bool,
     json_file: str | None,
     keep_logs: bool,
+    curve: bool,
     relay_log_level: str,
 ) -> None:
     """Run real relays under real faults, then check the history they kept (as root).
@@ -2172,8 +2179,8 @@ def chaos(
     partitions and libfaketime clock steps (bash scripts/chaos-deps.sh installs the tools).
     Prints per scenario: attempts, committed, unknown, fenced, lost, dup, phantom,
     divergent, stuck, the longest gap without a commit, the time to recover after a heal
-    and to rejoin. Exit codes: 0; 1 if a scenario lost, duplicated, invented, diverged
-    or got stuck; 3 if the harness could not run.
+    and to rejoin. Exit codes: 0; 1 if a scenario lost, duplicated, invented, diverged,
+    got stuck or committed nothing; 3 if the harness could not run.
     """
     from relay.tools.chaos import parse_scenarios, run_cli
 
@@ -2193,6 +2200,7 @@ def chaos(
             json_file=json_file,
             keep_logs=keep_logs,
             relay_log_level=relay_log_level.lower(),
+            curve=curve,
         )
     )
 

@@ -281,3 +281,24 @@ def test_a_short_run_keeps_every_acknowledged_write(netns: None, scenario: str) 
     assert (result.lost, result.dup, result.phantom, result.divergent) == (0, 0, 0, []), summary
     if result.log_dir is not None:  # kept because a relay got stuck: a liveness matter
         shutil.rmtree(result.log_dir, ignore_errors=True)
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["replace-relay", "add-relay"])
+def test_a_short_curve_run_adds_and_lets_go_relays_keeping_every_write(
+    netns: None, scenario: str
+) -> None:
+    """`--curve`: the same run with CurveZMQ on every socket, where adding a relay lets its
+    key in and letting one go rebinds the mesh ports (the relay let go must then hear
+    nobody), with a kill -9 half way."""
+    from relay.tools.chaos import run_scenarios
+
+    options = Options(relays=4, scenarios=(scenario,), duration_s=12.0, seed=1, curve=True)
+    [result] = run_scenarios(options)
+    summary = (result.problems, result.log_dir)
+    assert result.committed > 0 and not result.problems, summary
+    assert (result.lost, result.dup, result.phantom, result.divergent) == (0, 0, 0, []), summary
+    if result.log_dir is not None:
+        shutil.rmtree(result.log_dir, ignore_errors=True)

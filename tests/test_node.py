@@ -1058,12 +1058,12 @@ def test_a_peer_of_another_protocol_is_named_and_its_frames_are_dropped_unread(
                     return 3 not in node._limits_differ
 
                 await wait_until_async(alike, "relay 3's limits alike again", poll_s=0.02)
-                named = [
+                limits_lines = [
                     r.getMessage()
                     for r in caplog.records
                     if r.getMessage().startswith("relay=2 relay 3 holds other values")
                 ]
-                assert len(named) == 1, named
+                assert len(limits_lines) == 1, limits_lines
             finally:
                 ctx.destroy(linger=0)
 

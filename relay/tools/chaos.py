@@ -1,7 +1,7 @@
 """`relay chaos`: real relay processes under real faults, and a check of what they kept.
 
     sudo .venv/bin/relay chaos [--relays 3|5] [--scenario NAME ...|all] [--duration-s 90]
-        [--producers N] [--consumers N] [--seed S] [--json] [--keep-logs]
+        [--producers N] [--consumers N] [--seed S] [--json] [--keep-logs] [--curve]
 
 For each scenario, on a fresh mesh (relay/tools/netns.py: every relay in its own network
 namespace on a bridge, at 10.77.0.10+i; the clients on the host end, 10.77.0.1):
@@ -56,12 +56,17 @@ through another relay):
                      it and sent SIGHUP (a kill -9 half way of a relay not given it yet);
                      once every stream (the metadata stream too) runs on its new relays,
                      the file without relay 0 is given to the others and read, and relay 0
-                     is stopped once none of them counts it (4 relays: relays 0-2 become
-                     1-3; 5: 0-3 become 1-4, chaos.b 0-2 becomes 1, 2, 4)
+                     is stopped once none of them counts it (and, with --curve, once it
+                     hears none of them) (4 relays: relays 0-2 become 1-3; 5: 0-3 become
+                     1-4, chaos.b 0-2 becomes 1, 2, 4)
   stale              one relay given that other file, held, then the right one again (by
                      restart or SIGHUP as in roll); half way, the fault of roll (kill -9
                      of another relay, or the partition); the relay must name the stale
                      file in its status, and chaos.b must keep its relays
+
+With `--curve`, every file of the run turns CurveZMQ on (`secure`): the relays authenticate
+each other and the clients (one client key with every right), so the reloads that add and
+let go relays also rebind the mesh port (docs/deploy.md section 9).
 
 Relays of the clock scenarios (and of mix) run under libfaketime (LD_PRELOAD, a per-relay
 FAKETIME_TIMESTAMP_FILE re-read on every call, the monotonic clock left alone) from the
@@ -87,8 +92,8 @@ one killed, stalls; the other must not). `--json` adds
 the fault times, each relay's history span, `unverified` (acknowledged writes older than
 anything any relay or live consumer still shows: without a store, a history every relay
 has restarted past is gone) and the problems found. Exit codes: 0; 1 if any scenario
-lost, duplicated, invented, diverged or got stuck; 2 usage; 3 if the harness could not
-run (not root, tools missing).
+lost, duplicated, invented, diverged, got stuck or committed nothing; 2 usage; 3 if the
+harness could not run (not root, tools missing).
 Namespaces, links, rules and relay processes are always removed, also on failure and
 Ctrl-C; a crashed run's leftovers are removed at the next start.
 """
@@ -108,6 +113,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -118,8 +124,9 @@ import yaml  # type: ignore[import-untyped, unused-ignore]
 from relay.client import Consumer, Producer
 from relay.core.quorum import quorum
 from relay.errors import ClientError, Fenced, Rejected, UnknownStream
-from relay.launcher import not_ready_reason, query_status, startup_streams
+from relay.launcher import ADMIN_GRANT, not_ready_reason, query_status, startup_streams
 from relay.meta import METADATA_STREAM
+from relay.security import ClientCurve, KeyRing, client_curve
 from relay.streamhealth import relay_problems
 from relay.tools import chaos_history as history
 from relay.tools.netns import ChaosNet, NetError
@@ -218,6 +225,7 @@ class Options:
     keep_logs: bool = False
     relay_log_level: str = "warning"
     log: Callable[[str], None] = field(default=lambda text: None, compare=False)
+    curve: bool = False  # CurveZMQ on every socket, the clients with keys (`secure`)
 
 
 def parse_scenarios(names: Sequence[str]) -> tuple[str, ...]:
@@ -301,6 +309,25 @@ def write_replace_topologies(directory: Path, net: ChaosNet) -> tuple[Path, Path
     )
 
 
+def secure(directory: Path, paths: Sequence[Path]) -> None:
+    """`--curve`: CurveZMQ on in each of the run's files (keys in `directory/keys`, one
+    client, `admin`, with every right), and every relay's key pair and the client's made
+    (relay/security.py KeyRing.ensure): the relays run, and clients connect, as a mesh
+    deployed with security.curve does (docs/security.md)."""
+    keys = directory / "keys"
+    for path in paths:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc["security"] = {
+            "curve": True,
+            "keys_dir": str(keys),
+            "client_key_file": str(keys / "client-admin.key_secret"),
+        }
+        doc["access"] = {"admin": dict(ADMIN_GRANT)}
+        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    for path in paths:
+        KeyRing(load(path)).ensure()
+
+
 def _write_doc(
     path: Path,
     directory: Path,
@@ -361,6 +388,8 @@ class RelayProcesses:
         # the topology file whose text each relay's own file holds (default `topology`):
         # what it reads at its next start or SIGHUP
         self.topology_of: dict[int, Path] = {}
+        # with CurveZMQ, the run's client key (every right): statuses, producers, readers
+        self.curve = client_curve(self.config) if self.config.security.curve else None
 
     def endpoint(self, relay: int) -> str:
         return self.config.relays[relay].client_endpoint
@@ -490,7 +519,8 @@ class RelayProcesses:
 
     def statuses(self) -> dict[int, dict[str, Any] | None]:
         """The status of every relay started (add-relay: the added one once it is)."""
-        replies = query_status({r: self.endpoint(r) for r in self.procs}, STATUS_TIMEOUT_S)
+        endpoints = {r: self.endpoint(r) for r in self.procs}
+        replies = query_status(endpoints, STATUS_TIMEOUT_S, self.curve)
         return {r: reply.status for r, reply in replies.items()}
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -567,9 +597,10 @@ def _cpu_ticks(pid: int) -> tuple[str, int] | None:
 class ClientThread(threading.Thread):
     """A client running until `stopping` is set; `failure` if it died of an exception."""
 
-    def __init__(self, name: str, relays: dict[int, str]) -> None:
+    def __init__(self, name: str, relays: dict[int, str], curve: ClientCurve | None) -> None:
         super().__init__(name=name, daemon=True)
         self.relays = relays
+        self.curve = curve
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
 
@@ -577,11 +608,19 @@ class ClientThread(threading.Thread):
 class ProducerThread(ClientThread):
     """One transaction in flight at a time until stopped; records every attempt."""
 
-    def __init__(self, name: str, relays: dict[int, str], streams: Sequence[str]) -> None:
-        super().__init__(name, relays)
+    def __init__(
+        self,
+        name: str,
+        relays: dict[int, str],
+        streams: Sequence[str],
+        curve: ClientCurve | None = None,
+    ) -> None:
+        super().__init__(name, relays, curve)
         self.streams = streams
-        self.producer_id = name.encode()
+        # (with CurveZMQ a client writes under producer ids that begin with its name)
+        self.producer_id = (f"{curve.name}/" if curve is not None else "").encode() + name.encode()
         self.attempts: list[history.Attempt] = []
+        self.final_errors: Counter[str] = Counter()  # errors no retry can help, by kind
 
     def run(self) -> None:
         try:
@@ -591,6 +630,7 @@ class ProducerThread(ClientThread):
                 window=1,
                 send_timeout_s=SEND_TIMEOUT_S,
                 request_timeout_s=REQUEST_TIMEOUT_S,
+                curve=self.curve,
             ) as producer:
                 n = 0
                 while not self.stopping.is_set():
@@ -606,8 +646,10 @@ class ProducerThread(ClientThread):
                         outcome = history.REJECTED
                     except Fenced:
                         outcome = history.FENCED
-                    except ClientError:
+                    except ClientError as e:
                         outcome = history.UNKNOWN
+                        if not e.retriable:
+                            self.final_errors[f"{type(e).__name__}: {e}"] += 1
                     self.attempts.append(
                         history.Attempt(
                             stream,
@@ -628,15 +670,19 @@ class ProducerThread(ClientThread):
 class ConsumerThread(ClientThread):
     """A live consumer of one stream from earliest, failing over like any client."""
 
-    def __init__(self, name: str, relays: dict[int, str], stream: str) -> None:
-        super().__init__(name, relays)
+    def __init__(
+        self, name: str, relays: dict[int, str], stream: str, curve: ClientCurve | None = None
+    ) -> None:
+        super().__init__(name, relays, curve)
         self.stream = stream
         self.records: list[history.HistoryRecord] = []
         self.errors: list[str] = []
 
     def run(self) -> None:
         try:
-            with Consumer(self.relays, timeout_s=CONSUMER_IDLE_S, store=False) as consumer:
+            with Consumer(
+                self.relays, timeout_s=CONSUMER_IDLE_S, store=False, curve=self.curve
+            ) as consumer:
                 consumer.subscribe(self.stream, "earliest")
                 while not self.stopping.is_set():
                     try:
@@ -658,11 +704,13 @@ def _record(record: Any) -> history.HistoryRecord:
     )
 
 
-def read_history(endpoint: str, relay: int, stream: str) -> history.RelayHistory:
+def read_history(
+    endpoint: str, relay: int, stream: str, curve: ClientCurve | None = None
+) -> history.RelayHistory:
     """Everything the relay holds of the stream, read from it alone."""
     records: list[history.HistoryRecord] = []
     deadline = time.monotonic() + READ_TIMEOUT_S
-    with Consumer({relay: endpoint}, timeout_s=READ_IDLE_S, store=False) as consumer:
+    with Consumer({relay: endpoint}, timeout_s=READ_IDLE_S, store=False, curve=curve) as consumer:
         consumer.subscribe(stream, "earliest")
         for record in consumer:
             records.append(_record(record))
@@ -822,8 +870,10 @@ class ScenarioResult:
 
     @property
     def ok(self) -> bool:
+        """Nothing lost, duplicated, invented, divergent or stuck, and something committed
+        (a run that commits nothing checks nothing)."""
         bad = self.lost or self.dup or self.phantom or self.divergent or self.stuck
-        return not bad and self.converged
+        return not bad and self.converged and self.committed > 0
 
 
 def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> ScenarioResult:
@@ -842,6 +892,9 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
         full = write_topology(directory, net, other=True, scenario=name)
     elif name == "replace-relay":
         full, final = write_replace_topologies(directory, net)
+    other = write_topology(directory, net, other=True, scenario=name)
+    if options.curve:
+        secure(directory, (base, full, other, *((final,) if name == "replace-relay" else ())))
     relays = RelayProcesses(
         net, full, directory, faketime=faketime, log_level=options.relay_log_level
     )
@@ -864,13 +917,18 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
             streams = [STREAMS[i % len(STREAMS)]]
             producers.append(
                 ProducerThread(
-                    f"{net.prefix}-{name}-p{i}", {r: endpoints[r] for r in order}, streams
+                    f"{net.prefix}-{name}-p{i}",
+                    {r: endpoints[r] for r in order},
+                    streams,
+                    relays.curve,
                 )
             )
         for i in range(options.consumers):
             order = [(i + 1 + k) % options.relays for k in range(options.relays)]
             consumers.append(
-                ConsumerThread(f"c{i}", {r: endpoints[r] for r in order}, STREAMS[i % 2])
+                ConsumerThread(
+                    f"c{i}", {r: endpoints[r] for r in order}, STREAMS[i % 2], relays.curve
+                )
             )
         for thread in (*producers, *consumers):
             thread.start()
@@ -881,7 +939,6 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
         elif added is not None:
             _inject_add(options, faults, rng, result, t0, end, full, added)
         elif name in CHANGE_SCENARIOS:
-            other = write_topology(directory, net, other=True, scenario=name)
             _inject_change(name, options, faults, rng, result, t0, end, other)
         else:
             _inject(name, options, faults, rng, result, t0, end)
@@ -1112,6 +1169,13 @@ def _inject_replace(
     if counting:
         result.problems.append(f"{event.detail}: relays {counting} still count relay {removed}")
         options.log(f"           NOT let go: relay {removed} still counted by {counting}")
+    elif relays.curve is not None:
+        # With CurveZMQ the relays that let it go bound their mesh ports again and refuse
+        # its key: it hears nobody (docs/deploy.md section 9).
+        heard = _heard_until(relays, removed, time.monotonic() + REJOIN_MAX_S)
+        if heard:
+            result.problems.append(f"{event.detail}: relay {removed}, let go, hears {heard}")
+            options.log(f"           NOT shut out: relay {removed} still hears {heard}")
     relays.retire(removed)
     _ready_after(relays, removed, event, result, options)
     healed = time.monotonic()
@@ -1160,6 +1224,18 @@ def _counting(relays: RelayProcesses, staying: Sequence[int], removed: int) -> l
         for r in staying
         if removed in (((statuses.get(r) or {}).get("node") or {}).get("leaving", [removed]))
     ]
+
+
+def _heard_until(relays: RelayProcesses, relay: int, deadline: float) -> list[int]:
+    """Wait until `relay` hears no other relay, or `deadline`: those it still hears."""
+    heard: list[int] = []
+    while time.monotonic() < deadline:
+        status = relays.statuses().get(relay) or {}
+        heard = list(status.get("peers_heard") or [])
+        if "peers_heard" in status and not heard:
+            return []
+        time.sleep(POLL_S)
+    return heard or [-1]  # (-1: its status never came)
 
 
 def _reload(relays: RelayProcesses, relay: int, event: FaultEvent, result: ScenarioResult) -> None:
@@ -1416,7 +1492,7 @@ def _read_histories(relays: RelayProcesses, result: ScenarioResult) -> list[hist
 
     def read(relay: int, stream: str) -> None:
         try:
-            got = read_history(relays.endpoint(relay), relay, stream)
+            got = read_history(relays.endpoint(relay), relay, stream, relays.curve)
         except Unreadable as e:
             with lock:
                 errors.append(f"cannot read the history: {e}")
@@ -1463,6 +1539,9 @@ def _problems_of_threads(
             result.problems.append(f"{thread.name} did not stop")
         if thread.failure is not None:
             result.problems.append(f"{thread.name} failed: {thread.failure!r}")
+    for producer in producers:
+        for error, count in producer.final_errors.most_common(3):
+            result.problems.append(f"{producer.name}: {count} x {error}")
     for consumer in consumers:
         for error in consumer.errors[:3]:
             result.problems.append(f"consumer {consumer.name}: {error}")
@@ -1627,6 +1706,7 @@ def document(options: Options, results: Sequence[ScenarioResult]) -> dict[str, A
         "producers": options.producers,
         "consumers": options.consumers,
         "seed": options.seed,
+        "curve": options.curve,
         "scenarios": [dataclasses.asdict(r) | {"ok": r.ok} for r in results],
         "ok": all(r.ok for r in results),
     }
@@ -1644,6 +1724,7 @@ def run_cli(
     keep_logs: bool,
     json_file: str | None = None,
     relay_log_level: str = "warning",
+    curve: bool = False,
     out: IO[str] | None = None,
 ) -> int:
     out = sys.stdout if out is None else out
@@ -1652,7 +1733,16 @@ def run_cli(
         print(text, file=sys.stderr, flush=True)
 
     options = Options(
-        relays, scenarios, duration_s, producers, consumers, seed, keep_logs, relay_log_level, log
+        relays,
+        scenarios,
+        duration_s,
+        producers,
+        consumers,
+        seed,
+        keep_logs,
+        relay_log_level,
+        log,
+        curve,
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -1673,7 +1763,8 @@ def run_cli(
     else:
         print(
             f"relay chaos: {options.relays} relays, {options.duration_s:g} s per scenario, "
-            f"{options.producers} producers, {options.consumers} consumers, seed {options.seed}",
+            f"{options.producers} producers, {options.consumers} consumers, seed {options.seed}"
+            + (", CurveZMQ" if options.curve else ""),
             file=out,
         )
         print(table(results), file=out)
