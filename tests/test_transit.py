@@ -5,6 +5,8 @@ crash-cut-link single fault.)"""
 
 from __future__ import annotations
 
+import itertools
+
 from relay.core import CoreConfig, Limits, RelayCore, Topology, codec
 from relay.core.messages import Heartbeat, Relayed, RepairRequest
 
@@ -117,3 +119,90 @@ def test_a_heartbeat_passed_on_from_a_peer_heard_directly_is_ignored() -> None:
     core.receive(relayed(2, 0, 0, heartbeat(1, (2,))), T0, 3)  # an older path's copy
     assert core.counters["transit_received"] == 0
     assert core.peers[1].hears == frozenset({0, 2})
+
+
+# --- outages do not widen a peer's timeout (5.2 suspicion) -------------------------------------
+
+
+def _beats(core: RelayCore, sender: int, start_ms: int, count: int) -> int:
+    """`count` heartbeats of `sender`, one per heartbeat interval from `start_ms`; the
+    time of the last."""
+    for k in range(count):
+        at = start_ms + k * LIMITS.heartbeat_interval_ms
+        core.receive(heartbeat(sender, (0, 1, 2), T0 + at), T0 + at, at)
+        core.tick(T0 + at, at)
+    return start_ms + (count - 1) * LIMITS.heartbeat_interval_ms
+
+
+def test_a_late_heartbeat_widens_the_timeout_but_an_outage_does_not() -> None:
+    from relay.core import links
+
+    core = relay(0)
+    last = _beats(core, 1, 1, 10)
+    base = LIMITS.suspect_timeout_ms
+    assert links.timeout_ms(core, core.peers[1]) == base
+    # 400 ms late, the connection open all along: a slow pace, the timeout widens.
+    last = _beats(core, 1, last + 400, 1)
+    assert links.timeout_ms(core, core.peers[1]) == 3 * 400
+    # Its gaps decay back to the base timeout.
+    last = _beats(core, 1, last + LIMITS.heartbeat_interval_ms, 60)
+    assert links.timeout_ms(core, core.peers[1]) == base
+    # A partition: silent for longer than any timeout, then heard again.
+    last = _beats(core, 1, last + 5_000, 2)
+    assert links.timeout_ms(core, core.peers[1]) == base
+    # 400 ms again, but its connection closed meanwhile (a cut link the transport gave up
+    # on, a stopped process): an outage too.
+    core.peer_lost(1, T0 + last + 200, last + 200)
+    last = _beats(core, 1, last + 400, 1)
+    assert links.timeout_ms(core, core.peers[1]) == base
+    assert core.counters["heartbeat_gap_outage"] == 2
+
+
+def test_a_relay_that_dies_just_after_a_heal_is_cut_within_its_usual_timeout() -> None:
+    """5 relays, stream b on relays 0-2; a partition {0, 1} | {2, 3, 4} for 2 s heals
+    with the links to relays 3 and 4 first (relays 0 and 1 hear relay 2 through them for
+    a moment, 5.13), and relay 2 crashes 100 ms later. Before outages were told from
+    slow heartbeats, the partition's silence kept relay 2's timeout at its longest
+    (SUSPECT_MAX_FACTOR x suspect_timeout_ms), its frames passed on through relays 3 and 4
+    kept it live past the crash, and b committed nothing for 1.1 s (`relay chaos --relays
+    5 --scenario replace`: 0.8-1.2 s)."""
+    from relay.core.config import Limits as MeshLimits
+    from relay.core.messages import Transaction
+    from relay.core.shell import ProduceRequest
+    from relay.sim.script import START_UNIX_MS, Mesh
+
+    both, one = ("a", "b"), ("a",)
+    mesh = Mesh(Topology({0: both, 1: both, 2: both, 3: one, 4: one}), MeshLimits())
+    for _ in range(300):
+        mesh.step_ms()
+    commits: list[int] = []
+
+    def run(ms: int) -> None:
+        for t in range(ms):
+            if t % 3 == 0:
+                n = len(mesh.all_replies) + t + 1_000_000 * len(commits)
+                tx = Transaction(b"p", mesh.now, None, b"v")
+                mesh.running(1).produce(
+                    ProduceRequest(n, "b", tx), START_UNIX_MS + mesh.now, mesh.now
+                )
+            seen = len(mesh.replies)
+            mesh.step_ms()
+            commits.extend(mesh.now for _, reply in mesh.replies[seen:] if reply.seq >= 0)
+
+    def cut(pairs: set[tuple[int, int]], on: bool) -> None:
+        for (a, b), link in mesh.links.items():
+            if (a, b) in pairs or (b, a) in pairs:
+                link.cut = on
+
+    cut({(a, b) for a in (0, 1) for b in (2, 3, 4)}, True)
+    run(2_000)
+    healed = mesh.now
+    cut({(a, b) for a in (0, 1) for b in (3, 4)}, False)
+    run(30)
+    cut({(0, 2), (1, 2)}, False)
+    run(100)
+    mesh.crash(2)
+    run(1_500)
+    after = [t for t in commits if t >= healed]
+    longest = max(b - a for a, b in itertools.pairwise(after))
+    assert longest < 2 * LIMITS.suspect_timeout_ms, longest

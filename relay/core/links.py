@@ -184,6 +184,13 @@ def on_heartbeat(
     last one announced), the gap this one announces, and the sender's clock."""
     if peer.heartbeat_ms > 0:
         gap = now_ms - peer.heartbeat_ms - peer.quiet_gap_ms
+        if peer.lost_ms > peer.heartbeat_ms or gap > outage_ms(core):
+            # An outage (its connection closed meanwhile, or a silence no timeout
+            # stretches to: a cut link, a stopped process), not a slow pace: counted, it
+            # would keep the peer's timeout at its longest for a while after the heal, and
+            # a crash then would go unseen for as long (5.2).
+            gap = 0
+            core.counters["heartbeat_gap_outage"] += 1
         decayed = peer.gap_max_ms - (peer.gap_max_ms >> GAP_DECAY_SHIFT)
         peer.gap_max_ms = max(gap, decayed)
     peer.heartbeat_ms = now_ms
@@ -193,6 +200,12 @@ def on_heartbeat(
     peer.quiet_gap_ms = max(0, announced - limits.heartbeat_interval_ms)
     if sent_wall_ms > 0:
         peer.wall_offset_ms = sent_wall_ms - core.wall_ms
+
+
+def outage_ms(core: RelayState) -> int:
+    """A peer silent longer than this was cut off or stopped, not slow: no timeout waits
+    this long (`timeout_ms`)."""
+    return SUSPECT_MAX_FACTOR * core.limits.suspect_timeout_ms
 
 
 def forgive_stall(core: RelayState, now_ms: int) -> None:
@@ -256,6 +269,7 @@ def peer_lost(core: RelayState, relay_id: int, now_ms: int) -> None:
     if peer is None:
         core.counters["peer_lost_unknown"] += 1
         return
+    peer.lost_ms = now_ms
     silent_since = now_ms - timeout_ms(core, peer)
     peer.direct_ms = min(peer.direct_ms, silent_since)
     if peer.relayed_ms > silent_since:

@@ -100,9 +100,11 @@ class PeerState:
     want_in: dict[str, tuple[int, int]] = field(default_factory=dict)
     sync_links: bool = True  # a new link takes the first link_seq it sees as its start
     # 5.2 failure detection: its last heartbeat, and a decaying maximum of the gaps
-    # between its heartbeats (a scheduling stall there widens its timeout)
+    # between its heartbeats (a scheduling stall there widens its timeout); when the
+    # shell last saw its connection close (`peer_lost`)
     heartbeat_ms: int = NEVER
     gap_max_ms: int = 0
+    lost_ms: int = NEVER
     # 5.11 quiet: how much longer than heartbeat_interval_ms its last heartbeat said the
     # next may take, and whether it said it has nothing in flight
     quiet_gap_ms: int = 0
