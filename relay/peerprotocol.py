@@ -88,11 +88,12 @@ def parse(frame: bytes) -> Announcement:
         raise ValueError("bad release")
     held = fields[5] if len(fields) > 5 else {}
     if not isinstance(held, dict) or not all(
-        type(k) is str and k in MESH_LIMITS and type(v) is int and 0 < v < 1 << 63
-        for k, v in held.items()
+        type(k) is str and type(v) is int and 0 < v < 1 << 63 for k, v in held.items()
     ):
         raise ValueError(f"bad limits {held!r}")
-    return Announcement(relay, protocol, (oldest, newest), release, tuple(sorted(held.items())))
+    # (a limit a later build announces and this one does not know is not compared)
+    known = tuple(sorted((k, v) for k, v in held.items() if k in MESH_LIMITS))
+    return Announcement(relay, protocol, (oldest, newest), release, known)
 
 
 def mismatch_words(peer: Announcement) -> str:
