@@ -684,14 +684,41 @@ def _bind_problem(host: str, port: int) -> str | None:
     return None
 
 
+# Ports `free_ports` picks from: below the kernel's ephemeral range, which outgoing
+# connections take their local ports from. A port picked there can be taken by any
+# connection while the relay that listens on it restarts ("Address already in use").
+PICKED_PORTS_LOW = 10_000
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+EPHEMERAL_LOW_DEFAULT = 32_768
+PICK_ATTEMPTS_PER_PORT = 50
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports free on `host` right now (held open together while chosen)."""
+    """`count` distinct ports free on `host` right now (held open together while chosen),
+    at random below the ephemeral range where there is room (else any the kernel gives)."""
+    import random
+
     held: list[socket.socket] = []
+    high = _ephemeral_low()
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
-            sock.bind((host, 0))
+            for _ in range(PICK_ATTEMPTS_PER_PORT if high > PICKED_PORTS_LOW else 0):
+                try:
+                    sock.bind((host, random.randrange(PICKED_PORTS_LOW, high)))
+                    break
+                except OSError:
+                    continue
+            else:
+                sock.bind((host, 0))
         return [int(sock.getsockname()[1]) for sock in held]
     finally:
         for sock in held:
