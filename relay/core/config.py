@@ -122,6 +122,12 @@ MESH_LIMITS: dict[str, str] = {
 }
 
 
+def fixed_limit_reason(name: str) -> str | None:
+    """Why a reload does not change limit `name` (LIMITS_AT_START, MESH_LIMITS); None if
+    it does."""
+    return LIMITS_AT_START.get(name) or MESH_LIMITS.get(name)
+
+
 def limits_changed(old: Limits, new: Limits) -> dict[str, tuple[int, int]]:
     """The limits `new` gives other values than `old`: name -> (old value, new value)."""
     return {

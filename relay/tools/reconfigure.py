@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from relay import wire
-from relay.core.config import LIMITS_AT_START, MESH_LIMITS
+from relay.core.config import fixed_limit_reason
 from relay.core.membership import next_step
 from relay.launcher import StatusReply, ask_relays, query_status
 from relay.streamhealth import configuration_words, relay_list
@@ -134,7 +134,7 @@ def limit_changes(new: MeshConfig, replies: Mapping[int, StatusReply]) -> list[s
     lines = []
     for name, values in sorted(held.items()):
         now = ", ".join(f"{v} on {relay_list(tuple(rs))}" for v, rs in sorted(values.items()))
-        why = LIMITS_AT_START.get(name) or MESH_LIMITS.get(name)
+        why = fixed_limit_reason(name)
         how = f"refused by a reload: {why}" if why else "a reload applies it"
         lines.append(f"limits.{name}: {now} -> {getattr(new.limits, name)} ({how})")
     return lines

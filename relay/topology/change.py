@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from relay.core.config import LIMITS_AT_START, MESH_LIMITS, limits_changed
+from relay.core.config import fixed_limit_reason, limits_changed
 from relay.topology.mesh import MeshConfig, is_pattern
 
 
@@ -104,7 +104,7 @@ def compare(
             refused.append(f"{name} changes")
     limits = limits_changed(old.limits, new.limits)
     for name in sorted(limits):
-        why = LIMITS_AT_START.get(name) or MESH_LIMITS.get(name)
+        why = fixed_limit_reason(name)
         if why is not None:
             refused.append(f"limits.{name} changes ({why})")
     names = set(old.streams) | set(new.streams) | set(tracked)
@@ -126,7 +126,7 @@ def compare(
         limits=tuple(
             (name, *values)
             for name, values in sorted(limits.items())
-            if name not in LIMITS_AT_START and name not in MESH_LIMITS
+            if fixed_limit_reason(name) is None
         ),
         clients=tuple(
             sorted(
