@@ -3,13 +3,14 @@ protocol core passes a bounded exploration."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
 from relay.core import commit, membership, view
 from relay.core.machine import RelayCore
-from relay.core.messages import PeerMessage, ViewPhase, ViewRequest
+from relay.core.messages import PeerMessage, ViewPhase, ViewReply, ViewRequest
 from relay.core.state import GENESIS_POINT, PROVISIONAL, PeerState, StreamState
 from relay.sim.explore import ExploreResult, run_explore
 
@@ -132,6 +133,53 @@ def test_files_that_move_while_first_views_are_accepted_find_no_violation() -> N
     assert walks.counters.get("config_followed", 0) > 0
     # (the walks end before a producer hears its answer: commits are delivered)
     assert walks.coverage.get("some tx committed and delivered", 0) > 0
+
+
+class ForgettingCore(RelayCore):
+    """Planted bug (5.15 establishment, the carry rule): a first view's proposer does not
+    hear what its promisers accepted before, so it never carries an earlier first view
+    and makes its own value even where one may have been decided."""
+
+    def _dispatch(self, msg: PeerMessage, peer: PeerState, now_ms: int) -> None:
+        if (
+            isinstance(msg, ViewReply)
+            and msg.phase is ViewPhase.PROMISE
+            and msg.view == 1
+            and msg.accepted is not None
+        ):
+            msg = msgspec.structs.replace(msg, accepted=None, accepted_ballot=-1)
+        super()._dispatch(msg, peer, now_ms)
+
+
+def _carrying_walk(core_class: type[RelayCore]) -> ExploreResult:
+    # (this walk reaches a first view to carry after about 58,000 states)
+    return run_explore(
+        max_states=60_000,
+        strategy="walk",
+        seed=5,
+        core_class=core_class,
+        shrink=False,
+        topologies="refile",
+        max_ticks=REFILE_MAX_TICKS,
+    )
+
+
+def test_first_views_carried_across_files_keep_one_value() -> None:
+    walks = _carrying_walk(RelayCore)
+    assert walks.ok, "\n".join(str(v) for v in walks.violations)
+    assert walks.counters.get("config_carried", 0) > 0  # (the carry rule was used)
+
+
+def test_a_first_view_not_carried_is_caught() -> None:
+    # Relays 0 and 1 both accept relay 0's first view of relays 0-1, which decides it
+    # before anyone learns so; the files move, and relay 1's first view of relays 0-2,
+    # made with promises that told of that acceptance, is decided as well. The agreement
+    # check sees it at once; the configuration checks only once a relay adopts the first.
+    result = _carrying_walk(ForgettingCore)
+    assert not result.ok
+    message = result.violations[0].message
+    assert message.startswith("view 1 decided 2 values: at ballot "), message
+    assert "by relays [0, 1, 2]" in message, message
 
 
 # --- a stream closed at the relays no read reached (5.11 closing) -------------------------

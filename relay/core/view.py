@@ -93,6 +93,9 @@ BALLOT_ROUND_SHIFT = 10  # ballot = round << shift | proposer id: unique per pro
 # this long before proposing again: past the takeover of those relays, which its
 # promises froze (VIEW_ROUND_MS from the last promise, `_carries_elsewhere`, or
 # VIEW_TAKEOVER_MS for one that accepted nothing), with room for their rank stagger.
+# Its own promise of that round holds it for VIEW_TAKEOVER_MS as well, 200 ms past their
+# VIEW_ROUND_MS: too little once the stagger between them exceeds it (streams of more
+# than 10 relays), and this bound covers streams of up to 40.
 FIRST_ELSEWHERE_WAIT_MS = 2 * VIEW_TAKEOVER_MS
 
 

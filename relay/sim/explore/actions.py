@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import msgspec
+
 from relay.core import codec
 from relay.core.machine import RelayCore
 from relay.core.messages import Heartbeat, JoinRequest, Reports, TxBatch
@@ -20,6 +22,7 @@ from relay.sim.explore.model import (
     START_UNIX_MS,
     STREAM,
     TXS,
+    Acceptance,
     Action,
     Bounds,
     Context,
@@ -218,6 +221,7 @@ def _settle(
         sent[rid] = sent[rid] + tuple(seen.sent)
         sent_votes = tuple(sent)
     forwarded = _forwarded_copies(w, core)
+    acceptances = _acceptances(ctx, w, rid, core)
     snap = ctx.freeze(core, info)
     cores = list(w.cores)
     cores[rid] = snap
@@ -240,9 +244,31 @@ def _settle(
             forwarded=forwarded,
             left_votes=left_votes,
             sent_votes=sent_votes,
+            acceptances=acceptances,
         ),
         p,
     )
+
+
+def _acceptances(ctx: Context, w: World, rid: int, core: RelayCore) -> tuple[Acceptance, ...]:
+    """World.acceptances with what relay `rid` accepted in this step, if anything (an
+    acceptor holds only its last acceptance, so each is taken as it is made)."""
+    st = core.streams.get(STREAM)
+    if not ctx.setup.check_agreement or st is None or st.acceptor.accepted is None:
+        return w.acceptances
+    acc, value = st.acceptor, st.acceptor.accepted
+    made = Acceptance(
+        acc.number,
+        acc.accepted_ballot,
+        msgspec.msgpack.encode(value),
+        value.config,
+        value.members,
+        rid,
+        st.configuration,
+    )
+    if made in w.acceptances:
+        return w.acceptances
+    return tuple(sorted((*w.acceptances, made)))
 
 
 def _tag_reports(old: CoreInfo, new: CoreInfo) -> CoreInfo:

@@ -27,6 +27,7 @@ from relay.sim.explore.model import (
     SETUPS,
     STREAM,
     TXS,
+    Acceptance,
     CoreInfo,
     Vote,
     World,
@@ -113,7 +114,41 @@ def check_world(
     if len(established) > 1:
         _check_across(w.sent_votes, prefix_of, established, p)
     _check_answers(w, infos, issued, p)
+    _check_agreement(w.acceptances, p)
     return p
+
+
+def decided(acceptances: Iterable[Acceptance]) -> dict[int, dict[bytes, tuple[int, list[int]]]]:
+    """The values each instance decided, per the acceptances made (5.12, 5.15): a first
+    view once every one of its relays accepted it at one ballot, any other view once a
+    quorum of the relays it was accepted under did. View number -> value -> (the lowest
+    ballot it was decided at, the relays that accepted it then)."""
+    by_ballot: dict[tuple[int, int, bytes], list[Acceptance]] = {}
+    for a in acceptances:
+        by_ballot.setdefault((a.number, a.ballot, a.value), []).append(a)
+    out: dict[int, dict[bytes, tuple[int, list[int]]]] = {}
+    for (number, ballot, value), made in sorted(by_ballot.items()):
+        relays = sorted({a.relay for a in made})
+        first = made[0]
+        if first.config == 1 and number == 1:
+            done = set(first.members) <= set(relays)
+        else:
+            done = any(
+                len({a.relay for a in made if a.under == under}) >= quorum(len(under[1]))
+                for under in {a.under for a in made}
+            )
+        if done:
+            out.setdefault(number, {}).setdefault(value, (ballot, relays))
+    return out
+
+
+def _check_agreement(acceptances: tuple[Acceptance, ...], p: list[str]) -> None:
+    """One value per instance (5.12; for first views section 6, 5.15 establishment): also
+    one that nobody learnt was decided."""
+    for number, values in sorted(decided(acceptances).items()):
+        if len(values) > 1:
+            each = "; ".join(f"at ballot {b} by relays {rs}" for b, rs in sorted(values.values()))
+            p.append(f"view {number} decided {len(values)} values: {each}")
 
 
 def _check_configs(infos: list[CoreInfo], allowed: tuple[Configuration, ...], p: list[str]) -> None:

@@ -66,6 +66,10 @@ class Setup(NamedTuple):
     # a relay reads its new file only once it ticked this many times: first views are
     # proposed and accepted before (at any time, depth first would read every file first)
     reload_after_ticks: int = 0
+    # keep every acceptance made (World.acceptances) and check that no instance decides two
+    # values: where first views accepted under one file meet proposals under another, an
+    # instance may decide a value nobody learns, which the other checks cannot see
+    check_agreement: bool = False
 
 
 SETUPS: dict[str, Setup] = {
@@ -98,6 +102,7 @@ SETUPS: dict[str, Setup] = {
         opened_by_use=True,
         spread_produces=True,
         reload_after_ticks=8,
+        check_agreement=True,
     ),
     # One shared file serving "s" as a pattern's stream. The prefix reads it through
     # relay 0 until relays 1 and 2, which only relay 0's join opened it at, closed it
@@ -210,6 +215,19 @@ class CoreSnap(NamedTuple):
 Vote = tuple[int, bytes, Configuration]  # a report (point, digest) and its configuration
 
 
+class Acceptance(NamedTuple):
+    """Relay `relay` accepted `value` (its encoding) for view `number` at `ballot`, holding
+    the configuration `under` (5.12, 5.15): what decides an instance."""
+
+    number: int
+    ballot: int
+    value: bytes
+    config: int  # the value's configuration version and relays
+    members: tuple[int, ...]
+    relay: int
+    under: Configuration
+
+
 class World(NamedTuple):
     cores: tuple[CoreSnap, ...]
     links: tuple[tuple[bytes, ...], ...]  # LINKS order, head first
@@ -241,6 +259,8 @@ class World(NamedTuple):
     # (5.12) included; kept only where more than one configuration can be established
     # (Context.across)
     sent_votes: tuple[tuple[Vote, ...], ...] = ((), (), ())
+    # every acceptance any relay made, kept only where Setup.check_agreement says
+    acceptances: tuple[Acceptance, ...] = ()
 
 
 def world_fingerprint(w: World) -> bytes:
@@ -264,6 +284,7 @@ def world_fingerprint(w: World) -> bytes:
         w.reloaded,
         w.left_votes,
         w.sent_votes,
+        w.acceptances,
         tuple(c.info.report_configs for c in w.cores),
     )
     hsh = hashlib.blake2b(digest_size=16)
