@@ -19,8 +19,9 @@ mapped to endpoints, and the topology's limits bound frames.
 
 Producing (docs/protocol.md G3): every transaction carries the producer's id and the next
 producer sequence number. On `unknown`, `fenced`, `rejected` as `late` (that copy was left
-out) or as `store_backlog_full` (back-pressure: fewer than a quorum of the stream's relays
-can spool more, docs/protocol.md 5.14), a timeout, a lost connection (also one
+out), as `store_backlog_full` (back-pressure: fewer than a quorum of the stream's relays
+can spool more, docs/protocol.md 5.14) or as `buffer_full` (back-pressure: the relay's
+buffer or pending produces are full, 5.10), a timeout, a lost connection (also one
 whose relay stopped answering ZMTP heartbeats for CLIENT_HEARTBEAT_TIMEOUT_MS, e.g. a
 stopped process) or a relay that is not connected, the SAME producer sequence is retried
 on another relay (the relays
@@ -32,7 +33,9 @@ earlier attempt of the same producer sequence ended without a definite answer, t
 error is `Unknown`: that earlier copy may still commit. Running out of attempts raises
 `Unknown` (some attempt may have reached a relay), `Fenced` (the last answer was
 `fenced`), `StoreBacklogFull` (the last answer was `store_backlog_full`: retriable, the
-room comes back as the store ingests) or `Rejected` (the last answer was `late`).
+room comes back as the store ingests), `BufferFull` (the last answer was `buffer_full`:
+retriable, room comes back as the relays drain) or `Rejected` (the last answer was
+`late`).
 With `window` > 1,
 messages sent together are in flight at once, so their commit order may differ from the
 order they were given in. Attempts bound for the same relay at the same moment travel

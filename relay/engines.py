@@ -29,6 +29,7 @@ from relay.core.fields import MAX_STREAM_NAME_BYTES, MAX_U63, MAX_U64
 from relay.core.seq import EPOCH_MS, MAX_MS, compose
 from relay.core.structs import IdentityStruct
 from relay.errors import (
+    BufferFull,
     ClientError,
     Fenced,
     FrameError,
@@ -68,13 +69,21 @@ SendFn: TypeAlias = Callable[[str, bytes], bool]
 _REJECT_TEXT = {
     "late": "a committed prefix past its sequence number left it out",
     "too_large": "the transaction exceeds max_tx_bytes",
-    "buffer_full": "the relay's buffer or pending produces are full",
+    "buffer_full": "the relay's buffer or pending produces are full; retry later",
     "invalid": "the relay found the transaction invalid",
     "unknown_stream": "no relay serves the stream",
     "duplicate_mismatch": "another transaction already holds this producer id and producer seq",
     "too_many_streams": "the relay would have to open a stream beyond its bounds",
     "store_backlog_full": "fewer than a quorum of the stream's relays can spool more until "
     "the store ingests their spools; retry later",
+}
+
+# Rejections that are back-pressure, not final: that relay took nothing and will have room
+# again; the producer retries them until its deadline. Reason -> (its stats counter, the
+# retriable error raised once the attempts run out).
+_BACKPRESSURE: dict[str, tuple[str, type[Rejected]]] = {
+    RejectReason.STORE_BACKLOG_FULL.value: ("rejected_backlog", StoreBacklogFull),
+    RejectReason.BUFFER_FULL.value: ("rejected_buffer_full", BufferFull),
 }
 
 
@@ -248,8 +257,8 @@ class Op(IdentityStruct, eq=False):
     rounds: int = 0
     saw_unknown: bool = False  # an attempt may have reached a relay without an answer
     last_fenced: tuple[int, ...] | None = None  # the last answer's redirect if fenced
-    # the reason of the last answer if it was a rejection retried (`late`,
-    # `store_backlog_full`), else None
+    # the reason of the last answer if it was a rejection retried (`late`, or one of
+    # _BACKPRESSURE), else None
     last_rejected: str | None = None
     candidates: deque[str] = msgspec.field(default_factory=deque)
     # Tuples, not a set and a list: they are rarely more than one item long, and fewer
@@ -487,14 +496,16 @@ class ProduceEngine:
                 # what a producer wants, as after `fenced`.
                 self.stats["rejected_late"] += 1
                 self._failed(op, now, f"{endpoint}: rejected (late)", unknown=False, rejected=word)
-            elif word == RejectReason.STORE_BACKLOG_FULL.value:
-                # Back-pressure (docs/protocol.md 5.14): that relay took nothing, and room
-                # comes back as the store ingests the spools; another relay may already
-                # know of it (a relay learns its peers' room from their heartbeats).
-                # Retried as after `fenced`: the next relay, a pause once every relay said
-                # so, until the deadline (then StoreBacklogFull, still retriable).
-                self.stats["rejected_backlog"] += 1
-                note = f"{endpoint}: rejected (store_backlog_full)"
+            elif word in _BACKPRESSURE:
+                # Back-pressure: that relay took nothing. Room comes back as the store
+                # ingests the spools (`store_backlog_full`, docs/protocol.md 5.14: another
+                # relay may know of it already, from its peers' heartbeats), or as the
+                # relay's buffer and pending produces drain (`buffer_full`, 5.10: another
+                # relay may have room now). Retried as after `fenced`: the next relay, a
+                # pause once every relay said so, until the deadline (then the reason's
+                # own error, still retriable).
+                self.stats[_BACKPRESSURE[word][0]] += 1
+                note = f"{endpoint}: rejected ({word})"
                 self._failed(op, now, note, unknown=False, rejected=word)
             else:
                 self._finish(op, error=self._rejected(op, endpoint, reason))
@@ -729,9 +740,9 @@ class ProduceEngine:
                 f"{_REJECT_TEXT['late']}; no copy will be delivered",
                 reason="late",
             )
-        if op.last_rejected == RejectReason.STORE_BACKLOG_FULL.value:
+        if op.last_rejected in _BACKPRESSURE:
             name = op.last_rejected
-            return StoreBacklogFull(
+            return _BACKPRESSURE[name][1](
                 f"{self._what(op)}: still refused {why}: rejected ({name}) by "
                 f"{op.endpoint}: {_REJECT_TEXT[name]}; this copy was not taken",
                 reason=name,

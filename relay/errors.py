@@ -143,6 +143,16 @@ class StoreBacklogFull(Rejected):
     retriable = True
 
 
+class BufferFull(Rejected):
+    """The relays tried had no room for the transaction: their buffers or pending produces
+    were full (docs/protocol.md 5.10), and stayed so. The producer retried the answer
+    `rejected (buffer_full)` until its `send_timeout_s` (or `max_attempts`) ran out, and no
+    copy was taken; retry later (room comes back as consumers and commits drain the
+    relays), with the same producer seq or a new one."""
+
+    retriable = True
+
+
 class UnknownStream(ClientError):
     """No relay of the topology serves this stream."""
 

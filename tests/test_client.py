@@ -37,6 +37,7 @@ from relay.core import Limits
 from relay.core.messages import Outcome, ReadStatus
 from relay.engines import ProduceEngine, Relays
 from relay.errors import (
+    BufferFull,
     Fenced,
     OutOfRange,
     Rejected,
@@ -332,25 +333,34 @@ def test_fenced_follows_redirect_and_gives_up_with_fenced() -> None:
             assert info.value.retriable
 
 
-def test_store_backlog_full_is_retried_until_the_deadline() -> None:
-    """`rejected (store_backlog_full)` is back-pressure (docs/protocol.md 5.14), not a
-    final answer: the producer tries the next relay, pauses once every relay said so and
-    tries again, until the deadline; only then does StoreBacklogFull (retriable) reach the
-    caller."""
-    backlog_full = produce_answer(Outcome.REJECTED, reason="store_backlog_full")
+@pytest.mark.parametrize(
+    ("reason", "counter", "error"),
+    [
+        ("store_backlog_full", "rejected_backlog", StoreBacklogFull),
+        ("buffer_full", "rejected_buffer_full", BufferFull),
+    ],
+)
+def test_backpressure_is_retried_until_the_deadline(
+    reason: str, counter: str, error: type[Rejected]
+) -> None:
+    """`rejected (store_backlog_full)` (docs/protocol.md 5.14) and `rejected (buffer_full)`
+    (5.10) are back-pressure, not final answers: the producer tries the next relay, pauses
+    once every relay said so and tries again, until the deadline; only then does the
+    reason's error (retriable) reach the caller."""
+    full_answer = produce_answer(Outcome.REJECTED, reason=reason)
     with (
-        FakeRelay(backlog_full) as full,
+        FakeRelay(full_answer) as full,
         FakeRelay(produce_answer(Outcome.COMMITTED, seq=11)) as fine,
     ):
         with Producer([full.endpoint, fine.endpoint]) as p:
             assert p.send("s", b"v") == 11
-            assert p.stats["rejected_backlog"] == 1 and p.stats["failed"] == 0
+            assert p.stats[counter] == 1 and p.stats["failed"] == 0
         with (
             Producer([full.endpoint], send_timeout_s=0.5) as p,
-            pytest.raises(StoreBacklogFull, match="still refused") as info,
+            pytest.raises(error, match="still refused") as info,
         ):
             p.send("s", b"v")
-        assert info.value.retriable and info.value.reason == "store_backlog_full"
+        assert info.value.retriable and info.value.reason == reason
         assert len(full.requests) >= 3  # 1 + 1 (the first send) + the retries of the second
 
 
