@@ -128,6 +128,7 @@ PendingProduce = tuple[Envelope, int, str, bool, float]
 class ParkedRead:
     envelope: Envelope
     request: wire.ReadReq
+    client: bytes | str  # whose share a stream this read opens counts against (`_crowded`)
 
 
 class ClientService:
@@ -252,7 +253,7 @@ class ClientService:
             if crowded:
                 self._respond(envelope, wire.ErrorResp(msg.request_id, "TooManyStreams", crowded))
                 return
-            self._on_read(envelope, msg, mono_ms)
+            self._on_read(envelope, msg, mono_ms, client or envelope[0])
         elif isinstance(msg, wire.MetaReq):
             # A get names its key; a list shows only the keys the client may use.
             denied = self._denied(client, Right.METADATA, msg.key if msg.op == "get" else "")
@@ -626,14 +627,16 @@ class ClientService:
 
     # --- reads --------------------------------------------------------------------------
 
-    def _on_read(self, envelope: Envelope, req: wire.ReadReq, mono_ms: int) -> None:
+    def _on_read(
+        self, envelope: Envelope, req: wire.ReadReq, mono_ms: int, client: bytes | str
+    ) -> None:
         self.counters["read_requests"] += 1
         result = self._read(req)
         if result.status is ReadStatus.OK and not result.entries and req.wait_ms > 0:
             if self._parked_count < MAX_PARKED_READS:
                 pid = next(self._next_parked)
                 deadline = mono_ms + req.wait_ms
-                self._parked.setdefault(req.stream, {})[pid] = ParkedRead(envelope, req)
+                self._parked.setdefault(req.stream, {})[pid] = ParkedRead(envelope, req, client)
                 self._parked_count += 1
                 heapq.heappush(self._parked_deadlines, (deadline, pid, req.stream))
                 return
@@ -794,8 +797,8 @@ class ClientService:
     def closed(self, stream: str) -> None:
         """The core closed `stream` (blank and idle, docs/protocol.md 5.11): it no
         longer counts against the client that opened it. Its parked reads stay: a read
-        at the end of its wait opens it again, and so does a first produce anywhere,
-        whose deliveries answer them."""
+        at the end of its wait opens it again, counted against its own client's share
+        (`expire`), and so does a first produce anywhere, whose deliveries answer them."""
         client = self._opener.pop(stream, None)
         if client is None or client not in self._opened:
             return
@@ -827,6 +830,13 @@ class ClientService:
             self._parked_count -= 1
             if not parked:
                 del self._parked[stream]
+            # The stream may have closed while the read waited (5.11): reading opens it
+            # again, on the share of the client that asked, as its next request would.
+            crowded = self._crowded(read.client, stream)
+            if crowded:
+                error = wire.ErrorResp(read.request.request_id, "TooManyStreams", crowded)
+                self._respond(read.envelope, error)
+                continue
             self._answer_read(read.envelope, read.request, self._read(read.request))
 
     def next_deadline_ms(self) -> int | None:

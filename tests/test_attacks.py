@@ -16,6 +16,7 @@ import http.client
 import itertools
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +216,65 @@ def test_new_streams_are_bounded_per_client(mesh: Mesh) -> None:
     with Producer(relays(mesh), send_timeout_s=60) as producer:  # another client
         assert producer.send("orders.fresh", b"v") > 0
         assert producer.send(STREAM, b"v") > 0
+
+
+PARKED_WAIT_MS = 40_000  # far past the closing and the refill below, on a loaded machine
+REREAD_EVERY_MS = 1_000  # well within IDLE_STREAM_CLOSE_MS: the streams read stay open
+
+
+def test_a_parked_read_reopens_its_stream_on_its_own_clients_share(mesh: Mesh) -> None:
+    """The attack: park a long read on a new name, let the stream close (nobody writes
+    it), open a full share of other names, and let the read's wait run out: reading then
+    would open the stream again. It is counted against the same client, so it is refused
+    by name (TooManyStreams), not opened beyond the share."""
+    client = RawDealer(mesh.endpoints[1].client)
+    try:
+        parked = "orders.parked"
+        asks = itertools.count(1000)
+
+        def joined() -> bool:  # (a read parked before would be answered as it joins)
+            client.sock.send(wire.encode(wire.ReadReq(next(asks), parked, -1, 1, 0)))
+            answer = client.answer()
+            return isinstance(answer, wire.ReadResp) and answer.status is ReadStatus.OK
+
+        wait_until(joined, f"relay 1 to open and join {parked}")
+        client.sock.send(wire.encode(wire.ReadReq(1, parked, -1, 1, PARKED_WAIT_MS)))
+        first = [f"orders.share-{i}" for i in range(NEW_STREAMS_PER_CLIENT - 1)]
+        for i, name in enumerate(first):
+            client.sock.send(wire.encode(wire.ReadReq(10 + i, name, -1, 1, 0)))
+        opened = [client.answer() for _ in first]
+        assert all(isinstance(a, wire.ReadResp) and a.request_id != 1 for a in opened), opened
+        wait_until(
+            lambda: (
+                not any(
+                    n == parked or n.startswith("orders.share-") for n in status(mesh, 1)["streams"]
+                )
+            ),
+            timeout_s=120,
+            what="relay 1 to close the client's streams, the parked read's among them",
+        )
+        # A full share again, kept open by reading it (a stream read within
+        # idle_stream_close_ms stays), until the parked read's wait is over.
+        refill = [f"orders.refill-{i}" for i in range(NEW_STREAMS_PER_CLIENT)]
+        late = None
+        deadline = time.monotonic() + (PARKED_WAIT_MS + 60_000) / 1000
+        while late is None:
+            assert time.monotonic() < deadline, "the parked read never answered"
+            for name in refill:
+                client.sock.send(wire.encode(wire.ReadReq(next(asks), name, -1, 1, 0)))
+            for _ in refill:
+                answer = client.answer()
+                if answer.request_id == 1:
+                    late = answer
+                    answer = client.answer()  # (the refill's answer still comes)
+                assert isinstance(answer, wire.ReadResp), answer
+            if late is None and client.sock.poll(REREAD_EVERY_MS):
+                late = wire.decode(client.sock.recv(), 64 * 1024 * 1024)
+        assert isinstance(late, wire.ErrorResp), late
+        assert late.error == "TooManyStreams", late
+        assert parked not in status(mesh, 1)["streams"]
+    finally:
+        client.close()
 
 
 def ready_body(mesh: Mesh, relay: int) -> dict[str, Any] | None:
