@@ -107,41 +107,53 @@ def page_url(mesh: Mesh) -> str:
     return url + "/"
 
 
+def _not_live(dom: str, relays: list[int]) -> list[str]:
+    """What keeps the page from showing every relay live: each up, committing (a rate above
+    0), its committed seqs shown whole, hearing every other, and no stream fenced or
+    stalled."""
+    out = [] if 'data-state="live"' in dom else ["the mesh not live"]
+    committing = {int(relay) for relay, rate in re.findall(RATE_CELL, dom) if float(rate) > 0}
+    out += [f"relay {r} not committing" for r in relays if r not in committing]
+    for relay in relays:
+        up = f'<tr id="relay-{relay}" data-relay="{relay}"><td>{relay}</td><td class="ok">up<'
+        if up not in dom:
+            out.append(f"relay {relay} not up")
+        for stream in STREAMS:
+            cell = rf'id="stream-{relay}-{re.escape(stream)}".*?data-kind="committed">'
+            committed = re.search(cell + r"committed (\d+)<", dom)
+            if not committed or len(committed[1]) < 18:  # not a rounded float
+                out.append(f"relay {relay}: {stream}'s committed seq not shown whole")
+        for peer in relays:
+            if peer != relay and f'<td class="ok" data-link="{relay}-{peer}">hears' not in dom:
+                out.append(f"relay {relay} not hearing {peer}")
+    out += [word for word in (">fenced:", ">stalled:") if word in dom]
+    return out
+
+
 def test_the_page_shows_every_relay_live_in_a_real_browser(
     mesh: Mesh, browser: Browser, tmp_path: Path
 ) -> None:
     url = page_url(mesh)
     relays = sorted(mesh.config.relays)
+    problems: list[str] = ["not looked at yet"]
 
     def live_page() -> str | None:
+        # Every condition at once, on one page: on a loaded machine a view change may fence
+        # a stream for a moment (fenced: not_admitted), which the next page no longer shows.
         dom = browser.dom(url)
-        if 'data-state="live"' not in dom:
-            return None
-        committing = {int(relay) for relay, rate in re.findall(RATE_CELL, dom) if float(rate) > 0}
-        return dom if committing == set(relays) else None
+        problems[:] = _not_live(dom, relays)
+        return dom if not problems else None
 
     with _Load(mesh) as load:
-        dom = wait_until(
+        wait_until(
             live_page,
-            "the page to show every relay live, each with a commit rate above 0",
+            lambda: f"the page to show every relay live and committing, not {problems}",
             timeout_s=PAGE_TIMEOUT_S,
         )
         screenshot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "status-page.png")
         code, _, err = browser.run(url, f"--screenshot={screenshot}", "--window-size=1400,900")
     assert load.error is None, load.error
     assert load.sent > 0
-    # Every relay up, every link heard, each relay's committed seqs shown whole.
-    for relay in relays:
-        up = f'<tr id="relay-{relay}" data-relay="{relay}"><td>{relay}</td><td class="ok">up<'
-        assert up in dom, (relay, dom)
-        for stream in STREAMS:
-            cell = rf'id="stream-{relay}-{re.escape(stream)}".*?data-kind="committed">'
-            committed = re.search(cell + r"committed (\d+)<", dom)
-            assert committed and len(committed[1]) >= 18, (relay, dom)  # not a rounded float
-        for peer in relays:
-            if peer != relay:
-                assert f'<td class="ok" data-link="{relay}-{peer}">hears' in dom, (relay, peer)
-    assert ">fenced:" not in dom and ">stalled:" not in dom, dom
     data = screenshot.read_bytes()
     assert code == 0 and data.startswith(PNG_MAGIC), err
     assert len(data) > MIN_SCREENSHOT_BYTES, len(data)
