@@ -418,6 +418,18 @@ class _Probed:
         self.probe_end = 0
 
 
+class _Owner:
+    """The client name a connection is one of (`_UnreadReplies.note_owner`), and the prunes
+    since the connection was last named or had answers counted: its requests may wait in
+    the intake a while before any answer, so it is not forgotten at once."""
+
+    __slots__ = ("idle", "name")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.idle = 0
+
+
 _Queued = tuple[list[bytes], int]  # a client request's parts, its connection's descriptor
 
 
@@ -436,19 +448,18 @@ class _UnreadReplies:
     def __init__(self, max_unread_bytes: int) -> None:
         self.max_unread_bytes = max_unread_bytes
         self._clients: dict[bytes, _Probed] = {}  # by connection identity
-        self._owner: dict[bytes, bytes] = {}  # connection identity -> client name
+        self._owner: dict[bytes, _Owner] = {}  # connection identity -> its client
         self._owned: dict[bytes, set[bytes]] = {}  # client name -> its connections
-        # Prunes since a connection was last named or had answers counted: its requests
-        # may wait in the intake a while before any answer, so it is not forgotten at once.
-        self._owner_idle: dict[bytes, int] = {}
 
     def note_owner(self, client: bytes, name: bytes) -> None:
         """Connection `client` is one of client `name`'s (CurveZMQ's User-Id)."""
-        if self._owner.get(client) != name:
-            self._forget_owner(client)
-            self._owner[client] = name
-            self._owned.setdefault(name, set()).add(client)
-        self._owner_idle[client] = 0
+        owner = self._owner.get(client)
+        if owner is not None and owner.name == name:
+            owner.idle = 0
+            return
+        self._forget_owner(client)
+        self._owner[client] = _Owner(name)
+        self._owned.setdefault(name, set()).add(client)
 
     def wants_probe(self, client: bytes) -> bool:
         """Whether the next answer to `client` should be tracked: none is under way, and
@@ -460,8 +471,8 @@ class _UnreadReplies:
         return known.probe is None and known.sent - known.probe_start >= self._spacing(client)
 
     def _spacing(self, client: bytes) -> int:
-        name = self._owner.get(client)
-        connections = 1 if name is None else len(self._owned[name])
+        owner = self._owner.get(client)
+        connections = 1 if owner is None else len(self._owned[owner.name])
         share = self.max_unread_bytes // (PROBE_SHARE * connections)
         return max(PROBE_MIN_SPACING_BYTES, min(PROBE_SPACING_BYTES, share))
 
@@ -478,10 +489,10 @@ class _UnreadReplies:
         """At least the bytes of answers libzmq still holds for connection `client` and
         the other connections of its client name, at most that plus what was sent to
         each after its last tracked answer that went out."""
-        name = self._owner.get(client)
-        if name is None:
+        owner = self._owner.get(client)
+        if owner is None:
             return self._of_connection(client)
-        return sum(self._of_connection(c) for c in self._owned[name])
+        return sum(self._of_connection(c) for c in self._owned[owner.name])
 
     def _of_connection(self, client: bytes) -> int:
         known = self._clients.get(client)
@@ -504,22 +515,21 @@ class _UnreadReplies:
                 known.idle, known.pruned_at = 0, known.sent
             if known.sent == known.out or known.idle >= UNREAD_IDLE_PRUNES:
                 del self._clients[client]
-        for client in self._owner:
-            if client in self._clients:
-                self._owner_idle[client] = 0
-            else:
-                self._owner_idle[client] += 1
-        for client in [c for c, idle in self._owner_idle.items() if idle >= UNREAD_IDLE_PRUNES]:
+        idle = []
+        for client, owner in self._owner.items():
+            owner.idle = 0 if client in self._clients else owner.idle + 1
+            if owner.idle >= UNREAD_IDLE_PRUNES:
+                idle.append(client)
+        for client in idle:
             self._forget_owner(client)
 
     def _forget_owner(self, client: bytes) -> None:
-        self._owner_idle.pop(client, None)
-        name = self._owner.pop(client, None)
-        if name is not None:
-            owned = self._owned[name]
+        owner = self._owner.pop(client, None)
+        if owner is not None:
+            owned = self._owned[owner.name]
             owned.discard(client)
             if not owned:
-                del self._owned[name]
+                del self._owned[owner.name]
 
     @staticmethod
     def _update(known: _Probed) -> None:
@@ -654,6 +664,7 @@ class RelayNode:
         self._held: list[bytes] = []
         self._held_topic = b""
         self._held_bytes = 0
+        self._bundle_max_bytes = min(self.limits.max_frame_bytes, codec.BUNDLE_MAX_BYTES)
         self._views: dict[str, _StreamView] = {}
         self._left: set[str] = set()  # streams left (5.15), logged
         self._delivered: set[str] = set()  # streams with entries delivered here
@@ -2077,7 +2088,7 @@ class RelayNode:
             held
             and topic == self._held_topic
             and len(held) < codec.BUNDLE_MAX_FRAMES
-            and self._held_bytes + size <= self.limits.max_frame_bytes
+            and self._held_bytes + size <= self._bundle_max_bytes
         ):
             held.append(out.frame)
             self._held_bytes += size

@@ -690,7 +690,12 @@ def test_frames_of_a_turn_for_one_topic_go_as_one_bundle(tmp_path: Path) -> None
     bundle of the frames in order; a frame for another topic ends the bundle."""
 
     async def scenario() -> None:
-        async with mesh(tmp_path, {1: ["duo"], 2: ["duo"]}, start=(1,)) as (config, nodes, _):
+        frame_limit = {"max_frame_bytes": 4 * codec.BUNDLE_MAX_BYTES}
+        async with mesh(tmp_path, {1: ["duo"], 2: ["duo"]}, (1,), frame_limit) as (
+            config,
+            nodes,
+            _,
+        ):
             node = nodes[1]
             ctx = zmq.asyncio.Context()
             try:
@@ -724,6 +729,18 @@ def test_frames_of_a_turn_for_one_topic_go_as_one_bundle(tmp_path: Path) -> None
                 assert codec.is_bundle(inner)
                 assert codec.decode_bundle(inner, config.limits.max_frame_bytes) == frames[:2]
                 assert node.counters["peer_bundles_sent"] >= 1
+                # Frames that would make a bundle larger than BUNDLE_MAX_BYTES go apart,
+                # whatever max_frame_bytes allows (a peer may hold a lower one).
+                large = [b"\x92\x01" + bytes([i]) * (codec.BUNDLE_MAX_BYTES // 2) for i in (1, 2)]
+                for frame in large:
+                    node._publish(socks, Outgoing(frame, stream="duo"))
+                node._send_held(socks)
+                heard: list[bytes] = []
+                while len(heard) < 2:
+                    message = await asyncio.wait_for(listener.recv(), 30)
+                    if len(message) > codec.BUNDLE_MAX_BYTES // 2:
+                        heard.append(message[len(b"S|duo|") :])
+                assert heard == large
             finally:
                 ctx.destroy(linger=0)
 

@@ -124,6 +124,11 @@ MAX_CARRIED_FRAME_BYTES = 1 << 30
 BUNDLE_CODE = 0
 BUNDLE_PREFIX = bytes((0x92, BUNDLE_CODE))  # a 2-array (fixarray) starting with the code
 BUNDLE_MAX_FRAMES = 64  # frames in one bundle (a turn's output for one topic is a few)
+# Bytes in one bundle at most (and at most the sender's max_frame_bytes): relays whose
+# max_frame_bytes differ (a roll onto a new value, docs/deploy.md section 4) never send
+# each other a bundle the other refuses while both hold at least this much; a larger
+# bundle would save nothing worth having.
+BUNDLE_MAX_BYTES = 1 << 20
 # What a bundle adds to its frames: its headers, and each frame's bin header.
 BUNDLE_OVERHEAD_BYTES = 8
 BUNDLE_ITEM_OVERHEAD_BYTES = 5

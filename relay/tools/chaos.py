@@ -45,6 +45,9 @@ through another relay):
   limits             as roll, onto a file that changes only limits (CHANGED_LIMITS, which a
                      reload takes), and back; after each roll every relay must run with
                      its file's limits (its status says which)
+  start-limits       as limits, onto a file that changes the limits a relay takes only at
+                     a start (CHANGED_START_LIMITS: the mesh links' timings and largest
+                     frame), by restarts only, and back
   add-relay          docs/deploy.md section 9's "Adding a relay to the mesh", once: the
                      mesh starts without its last relay; that relay is started on a file
                      that adds it (chaos.a and chaos.b grow onto it), then every other
@@ -155,12 +158,17 @@ SCENARIOS = (
     "stale",
     "replace",
     "limits",
+    "start-limits",
     "add-relay",
     "replace-relay",
 )
 # Changes of topology, with a fault half way (`_inject_change`, `_inject_add`,
 # `_inject_replace`).
-CHANGE_SCENARIOS = frozenset({"roll", "stale", "replace", "limits", "add-relay", "replace-relay"})
+CHANGE_SCENARIOS = frozenset(
+    {"roll", "stale", "replace", "limits", "start-limits", "add-relay", "replace-relay"}
+)
+# The scenarios whose other file changes limits only, and what they change.
+LIMITS_SCENARIOS = frozenset({"limits", "start-limits"})
 # What limits moves between (the run's file has the defaults): bounds a running relay takes
 # on a reload, each well above what the run's producers and consumers need.
 CHANGED_LIMITS = {
@@ -173,6 +181,15 @@ CHANGED_LIMITS = {
     "late_max_entries": 2_000,
     "max_unread_reply_bytes": 16 * 1024 * 1024,
     "max_queued_requests_per_client": 2_000,
+}
+# What start-limits moves between: docs/deploy.md section 4's `[start]` limits, the
+# timings raised together (suspect_timeout_ms still several times heartbeat_interval_ms
+# in every pair of old and new files) and the largest frame lowered, far above what the
+# run sends.
+CHANGED_START_LIMITS = {
+    "heartbeat_interval_ms": 30,
+    "suspect_timeout_ms": 250,
+    "max_frame_bytes": 48 * 1024 * 1024,
 }
 # What mix picks from: the single faults (kill-cut is two at once).
 FAULT_KINDS = tuple(k for k in SCENARIOS if k not in ("kill-cut", "mix", *CHANGE_SCENARIOS))
@@ -263,7 +280,7 @@ def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[in
     moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays). add-relay
     grows it onto the relay added to the mesh: 0-1 to 0-2 (3), 0-2 to 0-2 and 4 (5)."""
     every = tuple(range(relays))
-    if scenario == "limits":  # the other file changes limits only
+    if scenario in LIMITS_SCENARIOS:  # the other file changes limits only
         other = False
     if scenario == "replace-relay":  # the run's only: write_replace_topologies moves it
         return every[: 2 if relays <= 3 else 3]
@@ -291,7 +308,9 @@ def write_topology(
         for relay in range(net.relays - 1 if later else net.relays)
     }
     name = "topology-other.yaml" if other else "topology.yaml"
-    limits = CHANGED_LIMITS if other and scenario == "limits" else None
+    limits = None
+    if other and scenario in LIMITS_SCENARIOS:
+        limits = CHANGED_START_LIMITS if scenario == "start-limits" else CHANGED_LIMITS
     return _write_doc(directory / name, directory, net, streams, limits)
 
 
@@ -1035,11 +1054,11 @@ def _inject_change(
     end: float,
     other: Path,
 ) -> None:
-    """roll, replace, stale and limits (module doc): changes of topology, one relay at a
-    time, by restarts and by reloads in turn, each waited for as docs/deploy.md section 9
-    says, with a fault half way; then the wait for the mesh to change the stream's relays
-    (or, for stale and limits, to keep them; limits: for every relay to run with its
-    file's limits); until `end`."""
+    """roll, replace, stale, limits and start-limits (module doc): changes of topology, one
+    relay at a time, by restarts and by reloads in turn (start-limits: by restarts), each
+    waited for as docs/deploy.md section 9 says, with a fault half way; then the wait for
+    the mesh to change the stream's relays (or, for stale and the limits, to keep them;
+    the limits: for every relay to run with its file's limits); until `end`."""
     relays = faults.relays
     ids = sorted(relays.procs)
     files = (relays.topology, other)
@@ -1048,7 +1067,8 @@ def _inject_change(
     for cycle in itertools.count():
         if time.monotonic() >= end:
             break
-        how = "SIGHUP" if cycle % 2 else "restart"
+        # (start-limits: a reload would refuse them, by name)
+        how = "SIGHUP" if cycle % 2 and name != "start-limits" else "restart"
         began = time.monotonic()
         order = rng.sample(ids, len(ids)) if name != "stale" else [rng.choice(ids)]
         steps = [(relay, files[onto]) for relay in order]
@@ -1081,7 +1101,7 @@ def _inject_change(
         # The files agree now: the mesh changes the stream's relays to what they name.
         target = relays.config_of(order[0]).members(CHANGED_STREAM)
         _changed(relays, CHANGED_STREAM, target, event, result, options)
-        if name == "limits":
+        if name in LIMITS_SCENARIOS:
             _check_limits(relays, event, result, options)
         healed = time.monotonic()
         event.heal_s = round(healed - t0, 3)
