@@ -139,13 +139,15 @@ Checked in every state (checks.py: the shared invariants of relay/sim/invariants
     under one that leaves it out; a relay that reported or committed past genesis holds
     one of them (a provisional relay reports nothing); a relay's established
     configuration changes only to a later version.
-  * agreement ("refile"): no view is decided twice with different values, also when
-    nobody learnt one of them (section 6). Every acceptance any relay makes is kept
-    (World.acceptances); a first view is decided once every one of its relays accepted it
-    at one ballot, any other view once a quorum of the relays it was accepted under did.
-    Where first views accepted under one file meet proposals under another, a proposer
-    that ignored what its promisers accepted decides a second value that the other checks
-    see only if a relay adopted the first.
+  * agreement ("stale", "change", "refile"): no view is decided twice with different
+    values, also when nobody learnt one of them (section 6). Every acceptance any relay
+    makes is kept (World.acceptances); a first view is decided once every one of its
+    relays accepted it at one ballot, any other view once a quorum of the relays it was
+    accepted under did.
+    Where files differ or change, a proposer that ignored what its promisers accepted
+    decides a second value that the other checks see only if a relay adopted the first.
+    ("same" keeps no acceptances: its first view is decided in the prefix, and the
+    acceptances would multiply its states.)
   * G3: a producer gets at most one answer per request; `committed(seq)` names a copy of
     its own transaction, every relay committed past seq delivered that transaction at seq,
     and all committed answers for one key name the same seq; `rejected` copies are in no

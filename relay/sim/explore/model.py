@@ -67,8 +67,8 @@ class Setup(NamedTuple):
     # proposed and accepted before (at any time, depth first would read every file first)
     reload_after_ticks: int = 0
     # keep every acceptance made (World.acceptances) and check that no instance decides two
-    # values: where first views accepted under one file meet proposals under another, an
-    # instance may decide a value nobody learns, which the other checks cannot see
+    # values: where files differ or change, an instance may decide a value nobody learns,
+    # which the other checks cannot see
     check_agreement: bool = False
 
 
@@ -82,6 +82,7 @@ SETUPS: dict[str, Setup] = {
         ((1, (0, 1)),),
         opened_by_use=True,
         spread_produces=True,
+        check_agreement=True,
     ),
     # Established on relays 0-2 at start; every relay then reads a file that takes relay 2
     # off the stream: the mesh changes it to relays 0-1 (version 2) once the files agree.
@@ -90,6 +91,7 @@ SETUPS: dict[str, Setup] = {
         ((1, RELAYS), (2, (0, 1))),
         reloads=(CHANGED_SUBSCRIPTIONS,) * len(RELAYS),
         spread_produces=True,
+        check_agreement=True,
     ),
     # Relays 0 and 1 serve "s" alone at start (relay 2 only "t"); each relay then reads,
     # as an explored action, the file in which all three serve it: first views of relays
