@@ -2160,6 +2160,14 @@ def bench(
     show_default=True,
     help="Log level of the relays (their logs are kept for failed scenarios).",
 )
+@click.option(
+    "--from-build",
+    "from_build",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="upgrade: a checkout of another build (DIR/relay is its package) the mesh starts on.",
+)
 def chaos(
     relays: str,
     scenarios: tuple[str, ...],
@@ -2172,6 +2180,7 @@ def chaos(
     keep_logs: bool,
     curve: bool,
     relay_log_level: str,
+    from_build: Path | None,
 ) -> None:
     """Run real relays under real faults, then check the history they kept (as root).
 
@@ -2201,6 +2210,7 @@ def chaos(
             keep_logs=keep_logs,
             relay_log_level=relay_log_level.lower(),
             curve=curve,
+            from_build=from_build,
         )
     )
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -299,6 +300,39 @@ def test_a_short_curve_run_adds_and_lets_go_relays_keeping_every_write(
     [result] = run_scenarios(options)
     summary = (result.problems, result.log_dir)
     assert result.committed > 0 and not result.problems, summary
+    assert (result.lost, result.dup, result.phantom, result.divergent) == (0, 0, 0, []), summary
+    if result.log_dir is not None:
+        shutil.rmtree(result.log_dir, ignore_errors=True)
+
+
+# A build that speaks this peer protocol (1), for the upgrade run: the last commit before
+# the upgrade scenario. A release that changes the wire makes it a build the mesh cannot
+# roll from, and this moves on (docs/deploy.md section 9).
+UPGRADE_FROM = "d62c180"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_short_upgrade_run_keeps_every_acknowledged_write(netns: None, tmp_path: Path) -> None:
+    """docs/deploy.md section 9's upgrade: the mesh on an earlier build (this repository
+    at UPGRADE_FROM), every relay restarted in turn onto this one (and back, time
+    permitting), with a kill -9 half way of each roll."""
+    from relay.tools.chaos import run_scenarios
+
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", UPGRADE_FROM], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    options = Options(
+        relays=3, scenarios=("upgrade",), duration_s=20.0, seed=1, from_build=tmp_path
+    )
+    [result] = run_scenarios(options)
+    summary = (result.problems, result.log_dir)
+    assert result.committed > 0 and not result.problems, summary
+    rolls = [f for f in result.faults if f.kind == "upgrade"]
+    assert rolls and rolls[0].heal_s is not None, result.faults  # (onto this build, at least)
     assert (result.lost, result.dup, result.phantom, result.divergent) == (0, 0, 0, []), summary
     if result.log_dir is not None:
         shutil.rmtree(result.log_dir, ignore_errors=True)

@@ -48,6 +48,11 @@ through another relay):
   start-limits       as limits, onto a file that changes the limits a relay takes only at
                      a start (CHANGED_START_LIMITS: the mesh links' timings and largest
                      frame), by restarts only, and back
+  upgrade            docs/deploy.md section 9's upgrade, not in `all`: the mesh starts on
+                     another build of the package (`--from-build DIR`, a checkout of a
+                     release that speaks this peer protocol), and every relay in turn is
+                     restarted onto this build, the next only once it is ready, with the
+                     fault of roll half way; then back onto the other build, and so on
   add-relay          docs/deploy.md section 9's "Adding a relay to the mesh", once: the
                      mesh starts without its last relay; that relay is started on a file
                      that adds it (chaos.a and chaos.b grow onto it), then every other
@@ -162,6 +167,8 @@ SCENARIOS = (
     "add-relay",
     "replace-relay",
 )
+# Scenarios that need another build (`Options.from_build`): not in `all`.
+BUILD_SCENARIOS = ("upgrade",)
 # Changes of topology, with a fault half way (`_inject_change`, `_inject_add`,
 # `_inject_replace`).
 CHANGE_SCENARIOS = frozenset(
@@ -243,6 +250,8 @@ class Options:
     relay_log_level: str = "warning"
     log: Callable[[str], None] = field(default=lambda text: None, compare=False)
     curve: bool = False  # CurveZMQ on every socket, the clients with keys (`secure`)
+    # upgrade: the root of another checkout of the package, which the mesh starts on
+    from_build: Path | None = None
 
 
 def parse_scenarios(names: Sequence[str]) -> tuple[str, ...]:
@@ -255,8 +264,9 @@ def parse_scenarios(names: Sequence[str]) -> tuple[str, ...]:
                 continue
             if name == "all":
                 chosen.extend(s for s in SCENARIOS if s not in chosen)
-            elif name not in SCENARIOS:
-                raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+            elif name not in (*SCENARIOS, *BUILD_SCENARIOS):
+                known = ", ".join((*SCENARIOS, *BUILD_SCENARIOS))
+                raise ValueError(f"unknown scenario {name!r}; known: {known}")
             elif name not in chosen:
                 chosen.append(name)
     return tuple(chosen) or SCENARIOS
@@ -280,7 +290,7 @@ def changed_relays(relays: int, other: bool, scenario: str = "roll") -> tuple[in
     moves it by one relay: relays 0-1 to 1-2 (3 relays), 0-2 to 1-3 (5 relays). add-relay
     grows it onto the relay added to the mesh: 0-1 to 0-2 (3), 0-2 to 0-2 and 4 (5)."""
     every = tuple(range(relays))
-    if scenario in LIMITS_SCENARIOS:  # the other file changes limits only
+    if scenario in LIMITS_SCENARIOS or scenario in BUILD_SCENARIOS:  # (limits only, or none)
         other = False
     if scenario == "replace-relay":  # the run's only: write_replace_topologies moves it
         return every[: 2 if relays <= 3 else 3]
@@ -409,6 +419,8 @@ class RelayProcesses:
         self.topology_of: dict[int, Path] = {}
         # with CurveZMQ, the run's client key (every right): statuses, producers, readers
         self.curve = client_curve(self.config) if self.config.security.curve else None
+        # the checkout each relay runs from at its next start (upgrade); none: this one
+        self.build_of: dict[int, Path] = {}
 
     def endpoint(self, relay: int) -> str:
         return self.config.relays[relay].client_endpoint
@@ -468,11 +480,17 @@ class RelayProcesses:
             )
         if not self.own_file(relay).exists():
             self.give_file(relay, self.topology_of.get(relay, self.topology))
+        # Another build's package first on the path: `python -m` puts the working
+        # directory before PYTHONPATH, so the relay also runs from the build's root.
+        build = self.build_of.get(relay)
+        if build is not None:
+            env["PYTHONPATH"] = str(build)
         argv = [sys.executable, "-m", "relay", "run", "--config", str(self.own_file(relay))]
         argv += ["--relay", str(relay), "--log-level", self.log_level]
         with open(self.directory / f"relay-{relay}.log", "ab") as out:
             self.procs[relay] = subprocess.Popen(
                 self.net.command(relay, argv),
+                cwd=build,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -920,6 +938,10 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
     relays = RelayProcesses(
         net, full, directory, faketime=faketime, log_level=options.relay_log_level
     )
+    if name in BUILD_SCENARIOS:
+        if options.from_build is None:
+            raise ChaosError(f"{name} needs another build: --from-build DIR")
+        relays.build_of.update(dict.fromkeys(range(options.relays), options.from_build))
     if added is not None:
         relays.topology_of.update(dict.fromkeys(range(added), base))
     rng = random.Random(f"{seed}:{name}:{options.relays}")
@@ -960,7 +982,7 @@ def run_scenario(name: str, options: Options, net: ChaosNet, seed: int) -> Scena
             _inject_replace(options, faults, rng, result, t0, end, (full, final), added or 0)
         elif added is not None:
             _inject_add(options, faults, rng, result, t0, end, full, added)
-        elif name in CHANGE_SCENARIOS:
+        elif name in CHANGE_SCENARIOS or name in BUILD_SCENARIOS:
             _inject_change(name, options, faults, rng, result, t0, end, other)
         else:
             _inject(name, options, faults, rng, result, t0, end)
@@ -1054,29 +1076,37 @@ def _inject_change(
     end: float,
     other: Path,
 ) -> None:
-    """roll, replace, stale, limits and start-limits (module doc): changes of topology, one
-    relay at a time, by restarts and by reloads in turn (start-limits: by restarts), each
-    waited for as docs/deploy.md section 9 says, with a fault half way; then the wait for
-    the mesh to change the stream's relays (or, for stale and the limits, to keep them;
-    the limits: for every relay to run with its file's limits); until `end`."""
+    """roll, replace, stale, limits, start-limits and upgrade (module doc): changes of
+    topology or of build, one relay at a time, by restarts and by reloads in turn
+    (start-limits and upgrade: by restarts), each waited for as docs/deploy.md section 9
+    says, with a fault half way; then the wait for the mesh to change the stream's
+    relays (or, for stale, the limits and upgrade, to keep them; the limits: for every
+    relay to run with its file's limits); until `end`."""
     relays = faults.relays
     ids = sorted(relays.procs)
     files = (relays.topology, other)
-    onto = 1  # the file the next change moves to
+    # upgrade: the build each side runs (the run starts on the other one; None: this one)
+    builds = (options.from_build, None)
+    onto = 1  # the file (and build) the next change moves to
     _sleep_until(t0 + max(1.0, options.duration_s * WARMUP_FRACTION))
     for cycle in itertools.count():
         if time.monotonic() >= end:
             break
-        # (start-limits: a reload would refuse them, by name)
-        how = "SIGHUP" if cycle % 2 and name != "start-limits" else "restart"
+        # (start-limits: a reload would refuse them, by name; upgrade: a new process)
+        by_restart = name == "start-limits" or name in BUILD_SCENARIOS
+        how = "SIGHUP" if cycle % 2 and not by_restart else "restart"
         began = time.monotonic()
         order = rng.sample(ids, len(ids)) if name != "stale" else [rng.choice(ids)]
         steps = [(relay, files[onto]) for relay in order]
         if name == "stale":
             steps.append((order[0], files[0]))  # held on the stale file, then put right
+        build = builds[onto]
+        moved_onto = files[onto].name
+        if name in BUILD_SCENARIOS:
+            moved_onto = "this build" if build is None else f"the build in {build}"
         event = FaultEvent(
             name,
-            f"relays {order} onto {files[onto].name}"
+            f"relays {order} onto {moved_onto}"
             + (f", then back onto {files[0].name}" if name == "stale" else "")
             + f", by {how}",
             round(began - t0, 3),
@@ -1088,6 +1118,10 @@ def _inject_change(
                 others = order[i:] if name != "stale" else [r for r in ids if r != order[0]]
                 _fault_half_way(options, faults, rng, result, t0, others)
             relays.give_file(relay, topology)
+            if name in BUILD_SCENARIOS and build is not None:
+                relays.build_of[relay] = build
+            elif name in BUILD_SCENARIOS:
+                relays.build_of.pop(relay, None)
             if how == "SIGHUP" and relays.alive(relay):
                 _reload(relays, relay, event, result)
             else:
@@ -1756,6 +1790,7 @@ def run_cli(
     json_file: str | None = None,
     relay_log_level: str = "warning",
     curve: bool = False,
+    from_build: Path | None = None,
     out: IO[str] | None = None,
 ) -> int:
     out = sys.stdout if out is None else out
@@ -1774,6 +1809,7 @@ def run_cli(
         relay_log_level,
         log,
         curve,
+        from_build.resolve() if from_build is not None else None,
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
