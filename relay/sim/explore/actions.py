@@ -252,22 +252,17 @@ def _settle(
 
 def _acceptances(ctx: Context, w: World, rid: int, core: RelayCore) -> tuple[Acceptance, ...]:
     """World.acceptances with what relay `rid` accepted in this step, if anything (an
-    acceptor holds only its last acceptance, so each is taken as it is made)."""
+    acceptor holds only its last acceptance, so each is taken as it is made; one ballot
+    of one instance has one value, so an acceptance kept is known by those)."""
     st = core.streams.get(STREAM)
     if not ctx.setup.check_agreement or st is None or st.acceptor.accepted is None:
         return w.acceptances
-    acc, value = st.acceptor, st.acceptor.accepted
-    made = Acceptance(
-        acc.number,
-        acc.accepted_ballot,
-        msgspec.msgpack.encode(value),
-        value.config,
-        value.members,
-        rid,
-        st.configuration,
-    )
-    if made in w.acceptances:
-        return w.acceptances
+    acc = st.acceptor
+    for a in w.acceptances:
+        if (a.number, a.ballot, a.relay) == (acc.number, acc.accepted_ballot, rid):
+            return w.acceptances
+    value = msgspec.msgpack.encode(acc.accepted)
+    made = Acceptance(acc.number, acc.accepted_ballot, value, rid, st.configuration)
     return tuple(sorted((*w.acceptances, made)))
 
 

@@ -13,9 +13,11 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 
+import msgspec
+
 from relay.core import digest as dg
 from relay.core.machine import RelayCore
-from relay.core.messages import Entry, Outcome, Transaction
+from relay.core.messages import Entry, Outcome, Transaction, ViewValue
 from relay.core.quorum import quorum
 from relay.core.seq import relay_of
 from relay.core.state import GENESIS_POINT, Configuration
@@ -128,13 +130,13 @@ def decided(acceptances: Iterable[Acceptance]) -> dict[int, dict[bytes, tuple[in
         by_ballot.setdefault((a.number, a.ballot, a.value), []).append(a)
     out: dict[int, dict[bytes, tuple[int, list[int]]]] = {}
     for (number, ballot, value), made in sorted(by_ballot.items()):
-        relays = sorted({a.relay for a in made})
-        first = made[0]
-        if first.config == 1 and number == 1:
-            done = set(first.members) <= set(relays)
+        relays = sorted(a.relay for a in made)  # (each once: actions._acceptances)
+        view = msgspec.msgpack.decode(value, type=ViewValue)
+        if view.config == 1 and number == 1:
+            done = set(view.members) <= set(relays)
         else:
             done = any(
-                len({a.relay for a in made if a.under == under}) >= quorum(len(under[1]))
+                len([a for a in made if a.under == under]) >= quorum(len(under[1]))
                 for under in {a.under for a in made}
             )
         if done:

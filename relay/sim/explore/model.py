@@ -218,14 +218,13 @@ Vote = tuple[int, bytes, Configuration]  # a report (point, digest) and its conf
 
 
 class Acceptance(NamedTuple):
-    """Relay `relay` accepted `value` (its encoding) for view `number` at `ballot`, holding
-    the configuration `under` (5.12, 5.15): what decides an instance."""
+    """Relay `relay` accepted `value` (its msgpack encoding: states hash and sort it) for
+    view `number` at `ballot`, holding the configuration `under` then (5.12, 5.15): what
+    decides an instance."""
 
     number: int
     ballot: int
     value: bytes
-    config: int  # the value's configuration version and relays
-    members: tuple[int, ...]
     relay: int
     under: Configuration
 
